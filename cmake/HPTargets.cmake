@@ -1,0 +1,33 @@
+# Helpers shared by every layer.
+#
+# Compile time is dominated by libtorch's headers (a TU that includes
+# <torch/torch.h> costs ~20 s here). Two precompiled headers keep that down:
+#   hp_pch_aten  - ATen + c10d, for the layers below nn/ and their tests
+#   hp_pch_torch - <torch/torch.h>, for nn/ and above, tools and tests of them
+# A target picks one with hp_use_pch(<target> aten|torch).
+
+set(HP_WARNINGS -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers)
+
+add_library(hp_pch_aten STATIC ${HP_ROOT}/cmake/pch_anchor.cpp)
+target_link_libraries(hp_pch_aten PUBLIC torch Threads::Threads)
+target_include_directories(hp_pch_aten PUBLIC ${HP_ROOT})
+target_precompile_headers(hp_pch_aten PRIVATE ${HP_ROOT}/cmake/pch_aten.h)
+
+add_library(hp_pch_torch STATIC ${HP_ROOT}/cmake/pch_anchor.cpp)
+target_link_libraries(hp_pch_torch PUBLIC torch Threads::Threads)
+target_include_directories(hp_pch_torch PUBLIC ${HP_ROOT})
+target_precompile_headers(hp_pch_torch PRIVATE ${HP_ROOT}/cmake/pch_torch.h)
+
+function(hp_use_pch target kind)
+  target_precompile_headers(${target} REUSE_FROM hp_pch_${kind})
+endfunction()
+
+# hp_library(<name> PCH aten|torch SOURCES ... DEPS ...)
+function(hp_library name)
+  cmake_parse_arguments(A "" "PCH" "SOURCES;DEPS" ${ARGN})
+  add_library(${name} STATIC ${A_SOURCES})
+  target_include_directories(${name} PUBLIC ${HP_ROOT})
+  target_link_libraries(${name} PUBLIC torch Threads::Threads ${A_DEPS})
+  target_compile_options(${name} PRIVATE ${HP_WARNINGS})
+  hp_use_pch(${name} ${A_PCH})
+endfunction()

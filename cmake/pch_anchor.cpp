@@ -1,0 +1,2 @@
+// Anchor translation unit for the precompiled-header targets.
+namespace hp_pch { int anchor = 0; }

@@ -1,0 +1,72 @@
+#include "hp/dist/collective_checks.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "hp/util/error.h"
+
+namespace hp::dist {
+namespace {
+
+std::atomic<bool>& checks_flag() {
+  static std::atomic<bool> flag{[] {
+    const char* value = std::getenv("HP_CHECK_COLLECTIVES");
+    return value != nullptr && std::strcmp(value, "0") != 0 && value[0] != '\0';
+  }()};
+  return flag;
+}
+
+const char* kind_name(int64_t kind) {
+  switch (static_cast<CallKind>(kind)) {
+    case CallKind::kAllGather: return "all_gather";
+    case CallKind::kReduceScatter: return "reduce_scatter";
+    case CallKind::kAllReduce: return "all_reduce";
+    case CallKind::kBroadcast: return "broadcast";
+    case CallKind::kAllToAll: return "all_to_all";
+    case CallKind::kBarrier: return "barrier";
+  }
+  return "unknown";
+}
+
+constexpr int kFields = 6;
+
+}  // namespace
+
+bool collective_checks_enabled() { return checks_flag().load(std::memory_order_relaxed); }
+void set_collective_checks(bool enabled) { checks_flag().store(enabled); }
+
+void verify_same_call(Group& group, const CallFingerprint& mine) {
+  if (group.size() == 1) return;
+  at::Tensor local = at::tensor(
+      std::vector<int64_t>{static_cast<int64_t>(mine.kind), static_cast<int64_t>(mine.sequence),
+                           mine.input_numel, mine.output_numel, mine.dtype, mine.extra},
+      at::kLong);
+  at::Tensor all = at::empty({group.size(), kFields}, at::kLong);
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int r = 0; r < group.size(); ++r) outputs[0].push_back(all[r]);
+  std::vector<at::Tensor> inputs{local};
+  group.backend().allgather(outputs, inputs)->wait();
+
+  auto rows = all.accessor<int64_t, 2>();
+  bool same = true;
+  for (int r = 1; r < group.size() && same; ++r) {
+    for (int f = 0; f < kFields; ++f) same = same && rows[r][f] == rows[0][f];
+  }
+  if (same) return;
+  std::string message = cat("collective mismatch on ", group.describe(),
+                            ": the ranks issued different calls:");
+  for (int r = 0; r < group.size(); ++r) {
+    message += cat("\n  group rank ", r, " (global ", group.global_rank(r), "): ",
+                   kind_name(rows[r][0]), " #", rows[r][1], " input numel ", rows[r][2],
+                   ", output numel ", rows[r][3], ", dtype ",
+                   c10::toString(static_cast<at::ScalarType>(rows[r][4])), ", arg ",
+                   rows[r][5]);
+  }
+  throw CollectiveError(message);
+}
+
+}  // namespace hp::dist

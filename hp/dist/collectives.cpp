@@ -1,0 +1,352 @@
+#include "hp/dist/collectives.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <cstdlib>
+#include <functional>
+#include <mutex>
+
+#include "hp/dist/collective_checks.h"
+#include "hp/util/error.h"
+
+namespace hp::dist {
+
+// What a Work needs to finish a collective and to explain a failure.
+struct Work::State {
+  const char* op = "";
+  std::string group;
+  uint64_t sequence = 0;
+  int group_rank = 0;
+  std::chrono::milliseconds timeout{0};
+  std::string sizes;
+  c10::intrusive_ptr<c10d::Work> backend_work;
+  std::function<void()> finish;  // the local step; runs once, in wait()
+  std::mutex mutex;
+  bool done = false;
+  std::exception_ptr error;
+};
+
+namespace {
+
+std::string what_of(const std::exception& e) {
+  if (auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
+    return c10_error->what_without_backtrace();
+  }
+  return e.what();
+}
+
+std::string describe_tensor(const at::Tensor& t) {
+  return cat(to_string(t.sizes().vec()), " ", t.scalar_type());
+}
+
+std::string failure_message(const Work::State& s, const std::string& cause) {
+  return cat(s.op, " failed on ", s.group, " (this rank is group rank ", s.group_rank,
+             ", sequence number ", s.sequence, ", timeout ", s.timeout.count(), " ms); ",
+             s.sizes, ": ", cause);
+}
+
+// Gloo 1.13 rejects bf16, bool and int16 ("Invalid scalar type"): move their
+// bytes as a same-size type it knows (fp16 for bf16: gathers, broadcasts and
+// all-to-alls only copy bytes, so this is bit-exact). Never reduce through it.
+at::Tensor wire_view(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kBFloat16: return t.view(at::kHalf);
+    case at::kBool: return t.view(at::kByte);
+    default: return t;
+  }
+}
+
+bool is_low_precision(at::ScalarType type) {
+  return type == at::kBFloat16 || type == at::kHalf;
+}
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg: return c10d::ReduceOp::SUM;
+    case ReduceOp::kMax: return c10d::ReduceOp::MAX;
+    case ReduceOp::kMin: return c10d::ReduceOp::MIN;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+void check_member(const Group& group, const char* op) {
+  HP_CHECK_ARG(group.is_member(), op, ": this process is not a member of ", group.describe());
+}
+
+void check_defined(const at::Tensor& t, const char* op, const char* name) {
+  HP_CHECK_ARG(t.defined(), op, ": ", name, " is an undefined tensor");
+  HP_CHECK_ARG(t.device().is_cpu(), op, ": ", name, " is on ", t.device(),
+               " but this build's Gloo groups move CPU tensors; expected a CPU tensor");
+}
+
+void check_contiguous(const at::Tensor& t, const char* op, const char* name) {
+  HP_CHECK_ARG(t.is_contiguous(), op, ": ", name, " ", describe_tensor(t),
+               " must be contiguous (the facade works on flat buffers)");
+}
+
+void check_reduce_dtype(const at::Tensor& t, ReduceOp op_kind, const char* op) {
+  HP_CHECK_ARG(op_kind != ReduceOp::kAvg || at::isFloatingType(t.scalar_type()), op,
+               ": reduce op 'avg' needs a floating-point tensor, got ", t.scalar_type());
+  HP_CHECK_ARG(t.scalar_type() != at::kBool || op_kind == ReduceOp::kMax ||
+                   op_kind == ReduceOp::kMin,
+               op, ": a bool tensor reduces with 'max' (any) or 'min' (all), got '",
+               to_string(op_kind), "'");
+}
+
+// Runs `issue` (which hands the tensors to the backend) with the sequence
+// number claimed and any backend exception turned into a CollectiveError.
+Work launch(Group& group, const char* op, std::string sizes, CallFingerprint fingerprint,
+            const std::function<c10::intrusive_ptr<c10d::Work>()>& issue,
+            std::function<void()> finish) {
+  auto state = std::make_shared<Work::State>();
+  state->op = op;
+  state->group = group.describe();
+  state->group_rank = group.rank();
+  state->timeout = group.timeout();
+  state->sizes = std::move(sizes);
+  state->sequence = group.next_sequence_number();
+  state->finish = std::move(finish);
+  fingerprint.sequence = state->sequence;
+  try {
+    if (collective_checks_enabled()) verify_same_call(group, fingerprint);
+    if (issue) state->backend_work = issue();
+  } catch (const CollectiveError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CollectiveError(failure_message(*state, what_of(e)));
+  }
+  return Work(std::move(state));
+}
+
+}  // namespace
+
+void Work::wait() {
+  if (!state_) return;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (!state_->done) {
+    try {
+      if (state_->backend_work) state_->backend_work->wait();
+      if (state_->finish) state_->finish();
+    } catch (const std::exception& e) {
+      state_->error = std::make_exception_ptr(CollectiveError(failure_message(*state_, what_of(e))));
+    }
+    state_->done = true;
+    state_->finish = nullptr;  // releases scratch buffers
+    state_->backend_work.reset();
+  }
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+bool Work::is_completed() const {
+  if (!state_) return true;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->done || !state_->backend_work || state_->backend_work->isCompleted();
+}
+
+std::string Work::describe() const {
+  if (!state_) return "";
+  return cat(state_->op, " on ", state_->group, " (seq ", state_->sequence, ")");
+}
+
+Work all_gather_into(Group& group, const at::Tensor& output, const at::Tensor& input) {
+  constexpr const char* op = "all_gather";
+  check_member(group, op);
+  check_defined(output, op, "output");
+  check_defined(input, op, "input");
+  check_contiguous(output, op, "output");
+  HP_CHECK_ARG(output.scalar_type() == input.scalar_type(), op, ": output dtype ",
+               output.scalar_type(), " differs from input dtype ", input.scalar_type());
+  const int64_t n = input.numel();
+  HP_CHECK_ARG(output.numel() == group.size() * n, op, ": output ", describe_tensor(output),
+               " must have group size ", group.size(), " x input numel ", n, " = ",
+               group.size() * n, " elements");
+  at::Tensor in = input.contiguous();
+  std::string sizes = cat("input ", describe_tensor(input), ", output ", describe_tensor(output));
+  CallFingerprint fp{CallKind::kAllGather, 0, n, output.numel(), int(input.scalar_type())};
+  if (group.size() == 1 || n == 0) {
+    return launch(group, op, std::move(sizes), fp, nullptr, [output, in] {
+      if (output.data_ptr() != in.data_ptr()) output.view(-1).copy_(in.view(-1));
+    });
+  }
+  return launch(group, op, std::move(sizes), fp, [&group, output, in, n] {
+    at::Tensor flat_out = wire_view(output).view(-1);
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    outputs[0].reserve(group.size());
+    for (int r = 0; r < group.size(); ++r) outputs[0].push_back(flat_out.narrow(0, r * n, n));
+    std::vector<at::Tensor> inputs{wire_view(in).view(-1)};
+    return group.backend().allgather(outputs, inputs);
+  }, nullptr);
+}
+
+Work reduce_scatter(Group& group, const at::Tensor& output, const at::Tensor& input,
+                    ReduceOp op_kind) {
+  constexpr const char* op = "reduce_scatter";
+  check_member(group, op);
+  check_defined(output, op, "output");
+  check_defined(input, op, "input");
+  check_contiguous(output, op, "output");
+  check_reduce_dtype(input, op_kind, op);
+  HP_CHECK_ARG(output.scalar_type() == input.scalar_type(), op, ": output dtype ",
+               output.scalar_type(), " differs from input dtype ", input.scalar_type());
+  const int64_t n = output.numel();
+  const int size = group.size();
+  HP_CHECK_ARG(input.numel() == size * n, op, ": input ", describe_tensor(input),
+               " must have group size ", size, " x output numel ", n, " = ", size * n,
+               " elements");
+  at::Tensor in = input.contiguous();
+  std::string sizes = cat("input ", describe_tensor(input), ", output ", describe_tensor(output),
+                          ", op ", to_string(op_kind));
+  CallFingerprint fp{CallKind::kReduceScatter, 0, in.numel(), n, int(input.scalar_type()),
+                     int(op_kind)};
+  if (size == 1 || n == 0) {
+    return launch(group, op, std::move(sizes), fp, nullptr, [output, in] {
+      if (output.data_ptr() != in.data_ptr()) output.view(-1).copy_(in.view(-1));
+    });
+  }
+  // Low-precision data travels as its own bits and is summed in fp32 here.
+  const bool low = is_low_precision(in.scalar_type());
+  at::Tensor send = wire_view(in).view(-1);
+  at::Tensor recv = at::empty({size * n}, send.options());
+  auto finish = [output, recv, size, n, op_kind, low, dtype = in.scalar_type()] {
+    at::Tensor chunks = (low ? recv.view(dtype).to(at::kFloat) : recv.view(dtype)).view({size, n});
+    at::Tensor out = output.view(-1);
+    at::Tensor reduced;
+    switch (op_kind) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg:
+        reduced = low ? chunks.sum(0) : at::sum_out(out, chunks, {0});
+        if (op_kind == ReduceOp::kAvg) reduced.div_(size);
+        break;
+      case ReduceOp::kMax: reduced = low ? chunks.amax(0) : at::amax_out(out, chunks, {0}); break;
+      case ReduceOp::kMin: reduced = low ? chunks.amin(0) : at::amin_out(out, chunks, {0}); break;
+    }
+    if (low) out.copy_(reduced);
+  };
+  return launch(group, op, std::move(sizes), fp, [&group, send, recv] {
+    at::Tensor s = send, r = recv;
+    std::vector<int64_t> equal_splits;
+    return group.backend().alltoall_base(r, s, equal_splits, equal_splits);
+  }, std::move(finish));
+}
+
+Work all_reduce(Group& group, const at::Tensor& tensor, ReduceOp op_kind) {
+  constexpr const char* op = "all_reduce";
+  check_member(group, op);
+  check_defined(tensor, op, "tensor");
+  check_contiguous(tensor, op, "tensor");
+  check_reduce_dtype(tensor, op_kind, op);
+  std::string sizes = cat("tensor ", describe_tensor(tensor), ", op ", to_string(op_kind));
+  CallFingerprint fp{CallKind::kAllReduce, 0, tensor.numel(), tensor.numel(),
+                     int(tensor.scalar_type()), int(op_kind)};
+  const int size = group.size();
+  if (size == 1 || tensor.numel() == 0) return launch(group, op, std::move(sizes), fp, nullptr, nullptr);
+  // bf16 is summed in fp32 and copied back; bool reduces as bytes.
+  const bool bf16 = tensor.scalar_type() == at::kBFloat16;
+  at::Tensor buffer = bf16 ? tensor.to(at::kFloat) : wire_view(tensor);
+  std::function<void()> finish;
+  if (bf16 || op_kind == ReduceOp::kAvg) {
+    finish = [tensor, buffer, bf16, size, op_kind] {
+      if (op_kind == ReduceOp::kAvg) buffer.div_(size);
+      if (bf16) tensor.copy_(buffer);
+    };
+  }
+  return launch(group, op, std::move(sizes), fp, [&group, buffer, op_kind] {
+    std::vector<at::Tensor> tensors{buffer};
+    c10d::AllreduceOptions options;
+    options.reduceOp = to_c10d(op_kind);
+    return group.backend().allreduce(tensors, options);
+  }, std::move(finish));
+}
+
+Work broadcast(Group& group, const at::Tensor& tensor, int source) {
+  constexpr const char* op = "broadcast";
+  check_member(group, op);
+  check_defined(tensor, op, "tensor");
+  check_contiguous(tensor, op, "tensor");
+  HP_CHECK_ARG(source >= 0 && source < group.size(), op, ": source ", source,
+               " is not a group rank of ", group.describe(), "; expected 0 <= source < ",
+               group.size());
+  std::string sizes = cat("tensor ", describe_tensor(tensor), ", source ", source);
+  CallFingerprint fp{CallKind::kBroadcast, 0, tensor.numel(), tensor.numel(),
+                     int(tensor.scalar_type()), source};
+  if (group.size() == 1 || tensor.numel() == 0) {
+    return launch(group, op, std::move(sizes), fp, nullptr, nullptr);
+  }
+  return launch(group, op, std::move(sizes), fp, [&group, tensor, source] {
+    std::vector<at::Tensor> tensors{wire_view(tensor)};
+    c10d::BroadcastOptions options;
+    options.rootRank = source;
+    return group.backend().broadcast(tensors, options);
+  }, nullptr);
+}
+
+Work all_to_all(Group& group, const at::Tensor& output, const at::Tensor& input,
+                const std::vector<int64_t>& output_splits,
+                const std::vector<int64_t>& input_splits) {
+  constexpr const char* op = "all_to_all";
+  check_member(group, op);
+  check_defined(output, op, "output");
+  check_defined(input, op, "input");
+  check_contiguous(output, op, "output");
+  HP_CHECK_ARG(output.scalar_type() == input.scalar_type(), op, ": output dtype ",
+               output.scalar_type(), " differs from input dtype ", input.scalar_type());
+  HP_CHECK_ARG(output.dim() >= 1 && input.dim() >= 1, op,
+               ": input and output need at least one dimension, got input ",
+               describe_tensor(input), " and output ", describe_tensor(output));
+  const int size = group.size();
+  auto check_splits = [&](const std::vector<int64_t>& splits, const at::Tensor& t,
+                          const char* name) {
+    if (splits.empty()) {
+      HP_CHECK_ARG(t.size(0) % size == 0, op, ": ", name, " ", describe_tensor(t),
+                   " has dim 0 of ", t.size(0), " rows, not divisible by group size ", size,
+                   "; pass explicit splits");
+      return;
+    }
+    HP_CHECK_ARG(static_cast<int>(splits.size()) == size, op, ": ", name, "_splits ",
+                 to_string(splits), " must have one entry per group rank (", size, ")");
+    int64_t total = 0;
+    for (int64_t s : splits) {
+      HP_CHECK_ARG(s >= 0, op, ": ", name, "_splits ", to_string(splits),
+                   " has a negative entry");
+      total += s;
+    }
+    HP_CHECK_ARG(total == t.size(0), op, ": ", name, "_splits ", to_string(splits), " sum to ",
+                 total, " but ", name, " has ", t.size(0), " rows");
+  };
+  check_splits(output_splits, output, "output");
+  check_splits(input_splits, input, "input");
+  HP_CHECK_ARG(output.numel() / std::max<int64_t>(output.size(0), 1) ==
+                   input.numel() / std::max<int64_t>(input.size(0), 1),
+               op, ": a row of output ", describe_tensor(output), " and of input ",
+               describe_tensor(input), " must hold the same number of elements");
+  at::Tensor in = input.contiguous();
+  std::string sizes = cat("input ", describe_tensor(input), " splits ", to_string(input_splits),
+                          ", output ", describe_tensor(output), " splits ",
+                          to_string(output_splits));
+  CallFingerprint fp{CallKind::kAllToAll, 0, in.numel(), output.numel(), int(in.scalar_type())};
+  if (size == 1) {
+    return launch(group, op, std::move(sizes), fp, nullptr, [output, in] {
+      if (output.data_ptr() != in.data_ptr()) output.copy_(in);
+    });
+  }
+  return launch(group, op, std::move(sizes), fp,
+                [&group, output, in, output_splits, input_splits] {
+                  at::Tensor o = wire_view(output), i = wire_view(in);
+                  std::vector<int64_t> os = output_splits, is = input_splits;
+                  return group.backend().alltoall_base(o, i, os, is);
+                },
+                nullptr);
+}
+
+Work barrier(Group& group) {
+  constexpr const char* op = "barrier";
+  check_member(group, op);
+  CallFingerprint fp{CallKind::kBarrier, 0, 0, 0, 0};
+  if (group.size() == 1) return launch(group, op, "no tensors", fp, nullptr, nullptr);
+  return launch(group, op, "no tensors", fp, [&group] { return group.backend().barrier(); },
+                nullptr);
+}
+
+}  // namespace hp::dist

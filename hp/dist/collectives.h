@@ -1,0 +1,54 @@
+// The collectives facade: asynchronous collectives on a Group, over the
+// flat, contiguous buffers that the layers above pack.
+//
+// Every function validates its arguments locally and raises ArgumentError
+// before anything reaches the wire (a peer must never hang because one rank
+// rejected its input). Sizes that differ across ranks cannot be seen locally;
+// set HP_CHECK_COLLECTIVES=1 to have every collective first compare
+// (op, sequence number, sizes, dtype) across the group, which turns a
+// mismatch into a CollectiveError on every rank instead of a backend abort.
+//
+// dtypes: Gloo 1.13 cannot move bf16 or bool; the facade moves them as
+// same-size integers (bit-exact) and reduces bf16/fp16 in fp32.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "hp/dist/group.h"
+#include "hp/dist/reduce_op.h"
+#include "hp/dist/work.h"
+
+namespace hp::dist {
+
+// output[i*n:(i+1)*n] = input of group rank i, n = input.numel().
+// output must be contiguous with group.size() * n elements of input's dtype;
+// the group ranks' pieces land in views of it (no reshaping copy after).
+Work all_gather_into(Group& group, const at::Tensor& output, const at::Tensor& input);
+
+// output = op over ranks of input[r*n:(r+1)*n] where r is this rank's group
+// rank and n = output.numel(). Implemented as one all-to-all plus a local
+// reduction (the same bytes on the wire as a ring reduce-scatter; Gloo 1.13
+// has none); the reduction runs in wait().
+Work reduce_scatter(Group& group, const at::Tensor& output, const at::Tensor& input,
+                    ReduceOp op = ReduceOp::kSum);
+
+// tensor = op over ranks of tensor, in place.
+Work all_reduce(Group& group, const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+
+// tensor = tensor of group rank `source`, in place.
+Work broadcast(Group& group, const at::Tensor& tensor, int source);
+
+// Exchanges dim-0 slices: this rank sends input rows
+// [sum(input_splits[:j]), +input_splits[j]) to group rank j and receives
+// output_splits[j] rows from it, in group-rank order. Empty split vectors
+// mean equal splits.
+Work all_to_all(Group& group, const at::Tensor& output, const at::Tensor& input,
+                const std::vector<int64_t>& output_splits = {},
+                const std::vector<int64_t>& input_splits = {});
+
+Work barrier(Group& group);
+
+}  // namespace hp::dist

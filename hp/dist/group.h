@@ -1,0 +1,67 @@
+// A process group: an ordered set of global ranks that run collectives
+// together, backed by one c10d ProcessGroupGloo.
+//
+// Groups are made by hp::dist::world_group() and hp::dist::new_group(); a
+// process that is not in `ranks()` holds a non-member Group whose
+// collectives raise ArgumentError. Every collective issued on a member
+// increments the group's sequence number, which error messages report so
+// that a desynchronised job can be diagnosed (ranks that disagree on the
+// sequence number issued collectives in a different order).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace c10d {
+class ProcessGroup;
+}
+
+namespace hp::dist {
+
+class Group {
+ public:
+  // `backend` is null for a non-member.
+  Group(std::vector<int> ranks, int global_rank, std::shared_ptr<c10d::ProcessGroup> backend,
+        std::string name, std::chrono::milliseconds timeout);
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+
+  // Global ranks in group-rank order.
+  const std::vector<int>& ranks() const { return ranks_; }
+  int size() const { return static_cast<int>(ranks_.size()); }
+  // This process's rank within the group, or -1 when it is not a member.
+  int rank() const { return rank_; }
+  bool is_member() const { return rank_ >= 0; }
+  // Global rank of a group rank.
+  int global_rank(int group_rank) const { return ranks_.at(group_rank); }
+  const std::string& name() const { return name_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // Collectives issued on this group so far.
+  uint64_t sequence_number() const { return sequence_.load(); }
+  // Claims the next sequence number (the collectives facade calls this).
+  uint64_t next_sequence_number() { return sequence_.fetch_add(1); }
+
+  // "group 'world' ranks [0, 1, 2]".
+  std::string describe() const;
+
+  // The c10d process group, for code that needs the raw backend (benchmarks
+  // comparing against it). Raises ArgumentError on a non-member.
+  c10d::ProcessGroup& backend() const;
+
+ private:
+  std::vector<int> ranks_;
+  int rank_ = -1;
+  std::shared_ptr<c10d::ProcessGroup> backend_;
+  std::string name_;
+  std::chrono::milliseconds timeout_;
+  std::atomic<uint64_t> sequence_{0};
+};
+
+using GroupPtr = std::shared_ptr<Group>;
+
+}  // namespace hp::dist

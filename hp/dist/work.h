@@ -1,0 +1,40 @@
+// A handle on an issued collective, in the spirit of c10d::Work.
+//
+// A collective runs on the backend's threads while the caller computes; the
+// caller calls wait() before it touches the output. wait() also runs the
+// local step that completes the collective on this rank (the sum of a
+// reduce-scatter, the division of an average, the copy-back of a dtype the
+// backend cannot move), so the output is valid only after wait() returns.
+// A failure or timeout raises CollectiveError naming the op, the group's
+// ranks, the tensor sizes and the group's sequence number. wait() is
+// idempotent; a Work that was never waited for is waited for by nobody: it
+// is the caller's job (the destructor does not block).
+#pragma once
+
+#include <memory>
+#include <string>
+
+namespace hp::dist {
+
+class Work {
+ public:
+  struct State;
+
+  // A completed handle (what a world of one returns).
+  Work() = default;
+  explicit Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+  // Blocks until the collective finished and its local completion ran.
+  void wait();
+
+  // True once wait() has returned, or when the backend reports completion.
+  bool is_completed() const;
+
+  // "all_gather on group 'world' ranks [0, 1] (seq 3)" or "" when trivial.
+  std::string describe() const;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace hp::dist

@@ -1,0 +1,200 @@
+#include "hp/dist/world.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
+#include "hp/util/error.h"
+
+namespace hp::dist {
+namespace {
+
+struct World {
+  LaunchEnv env;
+  std::chrono::milliseconds timeout{0};
+  int threads = 2;
+  c10::intrusive_ptr<c10d::Store> store;
+  std::shared_ptr<::gloo::transport::Device> device;
+  GroupPtr world;
+  std::map<std::pair<std::vector<int>, std::string>, GroupPtr> groups;
+};
+
+std::mutex g_mutex;
+std::unique_ptr<World> g_world;
+
+World& the_world() {
+  HP_CHECK_ARG(g_world != nullptr,
+               "the process group is not initialized; call hp::dist::init_process_group() first");
+  return *g_world;
+}
+
+std::string what_of(const std::exception& e) {
+  if (auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
+    return c10_error->what_without_backtrace();
+  }
+  return e.what();
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// The transport every group of this process uses. Local jobs stay on
+// loopback; multi-node jobs bind to GLOO_SOCKET_IFNAME when given (as
+// torch.distributed does), else to HP_GLOO_HOST, else to this host's name.
+std::shared_ptr<::gloo::transport::Device> make_device(const LaunchEnv& env) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  if (const char* host = std::getenv("HP_GLOO_HOST")) {
+    return c10d::ProcessGroupGloo::createDeviceForHostname(host);
+  }
+  if (is_loopback(env.master_addr)) {
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+std::string group_name(const World& w, const std::vector<int>& ranks, const std::string& tag) {
+  bool whole_world = static_cast<int>(ranks.size()) == w.env.world_size;
+  for (size_t i = 0; whole_world && i < ranks.size(); ++i) whole_world = ranks[i] == int(i);
+  std::string base = whole_world ? "world" : cat("group", to_string(ranks));
+  return tag.empty() ? base : cat(base, "#", tag);
+}
+
+GroupPtr make_group(World& w, const std::vector<int>& ranks, const std::string& tag,
+                    std::chrono::milliseconds timeout) {
+  std::string name = group_name(w, ranks, tag);
+  int group_rank = -1;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] == w.env.rank) group_rank = static_cast<int>(i);
+  }
+  if (group_rank < 0) {
+    return std::make_shared<Group>(ranks, w.env.rank, nullptr, name, timeout);
+  }
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  options->devices.push_back(w.device);
+  options->threads = w.threads;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  try {
+    auto store = c10::make_intrusive<c10d::PrefixStore>("hp/" + name, w.store);
+    pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, group_rank,
+                                                     static_cast<int>(ranks.size()), options);
+  } catch (const std::exception& e) {
+    throw CollectiveError(cat("creating process group '", name, "' ranks ", to_string(ranks),
+                              " failed on rank ", w.env.rank, " (timeout ", timeout.count(),
+                              " ms): ", what_of(e)));
+  }
+  // c10d objects are intrusively counted; the deleter keeps one reference.
+  std::shared_ptr<c10d::ProcessGroup> backend(pg.get(), [pg](c10d::ProcessGroup*) mutable {
+    pg.reset();
+  });
+  return std::make_shared<Group>(ranks, w.env.rank, std::move(backend), name, timeout);
+}
+
+}  // namespace
+
+std::chrono::milliseconds default_timeout() {
+  if (const char* value = std::getenv("HP_TIMEOUT_S")) {
+    char* end = nullptr;
+    double seconds = std::strtod(value, &end);
+    HP_CHECK_ARG(end && *end == '\0' && seconds > 0, "HP_TIMEOUT_S must be a positive number ",
+                 "of seconds, got '", value, "'");
+    return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  }
+  return std::chrono::seconds(300);
+}
+
+void init_process_group(const InitOptions& options) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  HP_CHECK_ARG(g_world == nullptr,
+               "init_process_group: the process group is already initialized; call "
+               "destroy_process_group() first");
+  HP_CHECK_ARG(options.threads >= 1, "InitOptions.threads must be >= 1, got ", options.threads);
+  HP_CHECK_ARG(options.timeout.count() >= 0, "InitOptions.timeout must be >= 0 ms, got ",
+               options.timeout.count());
+  auto w = std::make_unique<World>();
+  w->env = read_launch_env();
+  w->timeout = options.timeout.count() > 0 ? options.timeout : default_timeout();
+  w->threads = options.threads;
+
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<std::uint16_t>(w->env.master_port);
+  store_options.isServer = w->env.rank == 0;
+  store_options.numWorkers = static_cast<size_t>(w->env.world_size);
+  store_options.waitWorkers = true;
+  store_options.timeout = w->timeout;
+  try {
+    w->store = c10::make_intrusive<c10d::TCPStore>(w->env.master_addr, store_options);
+  } catch (const std::exception& e) {
+    throw CollectiveError(cat("init_process_group: rendezvous at ", w->env.master_addr, ":",
+                              w->env.master_port, " failed for rank ", w->env.rank, " of ",
+                              w->env.world_size, " (timeout ", w->timeout.count(),
+                              " ms): ", what_of(e)));
+  }
+  w->device = make_device(w->env);
+  std::vector<int> all(w->env.world_size);
+  for (int r = 0; r < w->env.world_size; ++r) all[r] = r;
+  w->world = make_group(*w, all, "", w->timeout);
+  w->groups[{all, ""}] = w->world;
+  g_world = std::move(w);
+}
+
+bool is_initialized() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_world != nullptr;
+}
+
+void destroy_process_group() {
+  std::unique_ptr<World> w;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    w = std::move(g_world);
+  }
+}
+
+int get_rank() { return launch_env().rank; }
+int get_world_size() { return launch_env().world_size; }
+
+const LaunchEnv& launch_env() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return the_world().env;
+}
+
+GroupPtr world_group() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return the_world().world;
+}
+
+GroupPtr new_group(const std::vector<int>& ranks, const GroupOptions& options) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  World& w = the_world();
+  HP_CHECK_ARG(!ranks.empty(), "new_group: ranks must not be empty");
+  std::vector<bool> seen(w.env.world_size, false);
+  for (int r : ranks) {
+    HP_CHECK_ARG(r >= 0 && r < w.env.world_size, "new_group: rank ", r, " in ranks ",
+                 to_string(ranks), " is out of range for world size ", w.env.world_size);
+    HP_CHECK_ARG(!seen[r], "new_group: rank ", r, " appears twice in ranks ", to_string(ranks));
+    seen[r] = true;
+  }
+  HP_CHECK_ARG(options.timeout.count() >= 0, "new_group: timeout must be >= 0 ms, got ",
+               options.timeout.count());
+  auto key = std::make_pair(ranks, options.tag);
+  auto timeout = options.timeout.count() > 0 ? options.timeout : w.timeout;
+  auto it = w.groups.find(key);
+  if (it != w.groups.end()) {
+    HP_CHECK_ARG(it->second->timeout() == timeout, "new_group: ", it->second->describe(),
+                 " already exists with timeout ", it->second->timeout().count(),
+                 " ms, asked for ", timeout.count(), " ms; give the new one its own tag");
+    return it->second;
+  }
+  auto group = make_group(w, ranks, options.tag, timeout);
+  w.groups.emplace(key, group);
+  return group;
+}
+
+}  // namespace hp::dist

@@ -1,0 +1,50 @@
+// The process world: rendezvous, the world group and sub-groups.
+//
+// init_process_group() reads the launcher's environment (launch_env.h),
+// meets the other ranks at a TCPStore on MASTER_ADDR:MASTER_PORT (rank 0
+// hosts it) and builds the world's Gloo process group. Sub-groups are made
+// collectively, as in torch.distributed: every rank of the world calls
+// new_group() with the same arguments in the same order (non-members get a
+// non-member Group back); groups are cached by (ranks, tag), so asking twice
+// returns the same group. A different tag gives a separate process group over
+// the same ranks: collectives on two groups run independently, which the
+// layers above use as communication "streams".
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "hp/dist/group.h"
+#include "hp/dist/launch_env.h"
+
+namespace hp::dist {
+
+struct InitOptions {
+  // Applies to the rendezvous and to every collective (0 = the default:
+  // HP_TIMEOUT_S from the environment, else 300 s).
+  std::chrono::milliseconds timeout{0};
+  // Backend worker threads per process group.
+  int threads = 2;
+};
+
+struct GroupOptions {
+  std::string tag;
+  // 0 = the world's timeout.
+  std::chrono::milliseconds timeout{0};
+};
+
+void init_process_group(const InitOptions& options = {});
+bool is_initialized();
+// Drops every group; a later init_process_group() starts afresh.
+void destroy_process_group();
+
+int get_rank();
+int get_world_size();
+const LaunchEnv& launch_env();
+std::chrono::milliseconds default_timeout();
+
+GroupPtr world_group();
+GroupPtr new_group(const std::vector<int>& ranks, const GroupOptions& options = {});
+
+}  // namespace hp::dist

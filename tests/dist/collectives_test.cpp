@@ -1,0 +1,238 @@
+// Every collective of the facade on the world group, compared against what
+// a single process computes from all ranks' inputs (each rank can recreate
+// any rank's input: inputs are seeded by rank). Run on 2, 3 and 4 ranks.
+//
+// Inputs are small integers stored in the tested dtype, so sums are exact
+// in every dtype and any reduction order; one test uses real-valued fp32
+// data with a 1e-6 relative tolerance (fp32 sums of <= 4 terms in another
+// order differ by a few ulps at most).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "hp/dist/collectives.h"
+#include "hp/dist/world.h"
+#include "tests/support/tensor_checks.h"
+
+namespace hp::dist {
+namespace {
+
+using test::tensors_close;
+using test::tensors_equal;
+
+// Rank r's input: integers in [-20, 20) as `dtype`, the same on every process.
+at::Tensor input_of(int r, at::IntArrayRef shape, at::ScalarType dtype, int salt = 0) {
+  at::Generator gen = at::detail::createCPUGenerator(1000 + 17 * r + salt);
+  at::Tensor t = at::randint(-20, 20, shape, gen, at::kLong);
+  if (dtype == at::kBool) return t > 0;
+  return t.to(dtype);
+}
+
+// Sums of small integers are exact in every dtype; an average over 3 ranks
+// is not, so it is compared within the dtype's rounding (half an ulp).
+double rounding_tolerance(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kBFloat16: return 1e-2;
+    case at::kHalf: return 1e-3;
+    case at::kFloat: return 1e-7;
+    default: return 1e-15;
+  }
+}
+
+class Collectives : public testing::TestWithParam<at::ScalarType> {
+ protected:
+  Group& world() { return *world_group(); }
+  int rank() { return world_group()->rank(); }
+  int size() { return world_group()->size(); }
+};
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, Collectives,
+                         testing::Values(at::kFloat, at::kDouble, at::kBFloat16, at::kHalf,
+                                         at::kLong, at::kInt),
+                         [](const testing::TestParamInfo<at::ScalarType>& info) {
+                           return std::string(c10::toString(info.param));
+                         });
+
+TEST_P(Collectives, AllGatherIntoFlatBuffer) {
+  const auto dtype = GetParam();
+  at::Tensor in = input_of(rank(), {5, 3}, dtype);
+  at::Tensor out = at::full({size() * 15}, 99, at::TensorOptions().dtype(dtype));
+  const void* before = out.data_ptr();
+  all_gather_into(world(), out, in).wait();
+  EXPECT_EQ(out.data_ptr(), before) << "the output buffer must be filled in place";
+  std::vector<at::Tensor> expected;
+  for (int r = 0; r < size(); ++r) expected.push_back(input_of(r, {5, 3}, dtype).view(-1));
+  EXPECT_TRUE(tensors_equal(out, at::cat(expected)));
+}
+
+TEST_P(Collectives, ReduceScatterSumAndAvg) {
+  const auto dtype = GetParam();
+  const int64_t n = 7;
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+    if (op == ReduceOp::kAvg && !at::isFloatingType(dtype)) continue;
+    at::Tensor in = input_of(rank(), {size() * n}, dtype);
+    at::Tensor out = at::empty({n}, in.options());
+    reduce_scatter(world(), out, in, op).wait();
+    at::Tensor total = at::zeros({size() * n}, at::kDouble);
+    for (int r = 0; r < size(); ++r) total += input_of(r, {size() * n}, dtype).to(at::kDouble);
+    at::Tensor expected = total.narrow(0, rank() * n, n);
+    if (op == ReduceOp::kAvg) expected = expected / size();
+    // Averages of integers need rounding to the dtype; compare in the dtype's precision.
+    double tol = rounding_tolerance(dtype);
+    EXPECT_TRUE(tensors_close(out, expected, tol, 0)) << "op " << to_string(op);
+    EXPECT_EQ(out.scalar_type(), dtype);
+  }
+}
+
+TEST_P(Collectives, ReduceScatterMaxMin) {
+  const auto dtype = GetParam();
+  const int64_t n = 4;
+  for (ReduceOp op : {ReduceOp::kMax, ReduceOp::kMin}) {
+    at::Tensor in = input_of(rank(), {size() * n}, dtype);
+    at::Tensor out = at::empty({n}, in.options());
+    reduce_scatter(world(), out, in, op).wait();
+    std::vector<at::Tensor> all;
+    for (int r = 0; r < size(); ++r) all.push_back(input_of(r, {size() * n}, dtype));
+    at::Tensor stacked = at::stack(all);
+    at::Tensor expected = (op == ReduceOp::kMax ? stacked.amax(0) : stacked.amin(0))
+                              .narrow(0, rank() * n, n);
+    EXPECT_TRUE(tensors_equal(out, expected)) << "op " << to_string(op);
+  }
+}
+
+TEST_P(Collectives, AllReduceEveryOp) {
+  const auto dtype = GetParam();
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+    if (op == ReduceOp::kAvg && !at::isFloatingType(dtype)) continue;
+    at::Tensor t = input_of(rank(), {3, 4}, dtype, 5);
+    all_reduce(world(), t, op).wait();
+    std::vector<at::Tensor> all;
+    for (int r = 0; r < size(); ++r) all.push_back(input_of(r, {3, 4}, dtype, 5).to(at::kDouble));
+    at::Tensor stacked = at::stack(all);
+    at::Tensor expected = op == ReduceOp::kSum   ? stacked.sum(0)
+                          : op == ReduceOp::kAvg ? stacked.mean(0)
+                          : op == ReduceOp::kMax ? stacked.amax(0)
+                                                 : stacked.amin(0);
+    double tol = rounding_tolerance(dtype);
+    EXPECT_TRUE(tensors_close(t, expected, tol, 0)) << "op " << to_string(op);
+    EXPECT_EQ(t.scalar_type(), dtype);
+  }
+}
+
+TEST_P(Collectives, BroadcastFromEachRank) {
+  const auto dtype = GetParam();
+  for (int source = 0; source < size(); ++source) {
+    at::Tensor t = input_of(rank(), {6}, dtype, 9);
+    broadcast(world(), t, source).wait();
+    EXPECT_TRUE(tensors_equal(t, input_of(source, {6}, dtype, 9))) << "source " << source;
+  }
+}
+
+TEST_P(Collectives, AllToAllEqualSplits) {
+  const auto dtype = GetParam();
+  // Rank r sends row block j to rank j.
+  at::Tensor in = input_of(rank(), {size() * 2, 3}, dtype, 11);
+  at::Tensor out = at::empty_like(in);
+  all_to_all(world(), out, in).wait();
+  std::vector<at::Tensor> expected;
+  for (int r = 0; r < size(); ++r) {
+    expected.push_back(input_of(r, {size() * 2, 3}, dtype, 11).narrow(0, rank() * 2, 2));
+  }
+  EXPECT_TRUE(tensors_equal(out, at::cat(expected)));
+}
+
+TEST(CollectivesBool, GatherAndReduceBool) {
+  Group& g = *world_group();
+  at::Tensor in = input_of(g.rank(), {9}, at::kBool);
+  at::Tensor out = at::empty({g.size() * 9}, at::kBool);
+  all_gather_into(g, out, in).wait();
+  std::vector<at::Tensor> expected;
+  for (int r = 0; r < g.size(); ++r) expected.push_back(input_of(r, {9}, at::kBool));
+  EXPECT_TRUE(tensors_equal(out, at::cat(expected)));
+
+  at::Tensor any = input_of(g.rank(), {9}, at::kBool);
+  all_reduce(g, any, ReduceOp::kMax).wait();
+  EXPECT_TRUE(tensors_equal(any, at::stack(expected).any(0)));
+}
+
+TEST(CollectivesUneven, AllToAllUnevenSplits) {
+  Group& g = *world_group();
+  const int me = g.rank(), n = g.size();
+  // Rank i sends (i + j + 1) rows to rank j.
+  std::vector<int64_t> in_splits, out_splits;
+  for (int j = 0; j < n; ++j) in_splits.push_back(me + j + 1);
+  for (int i = 0; i < n; ++i) out_splits.push_back(i + me + 1);
+  auto rows_of = [&](int i) {
+    int64_t total = 0;
+    for (int j = 0; j < n; ++j) total += i + j + 1;
+    return at::arange(total * 2, at::kFloat).view({total, 2}) + 1000 * i;
+  };
+  at::Tensor in = rows_of(me);
+  int64_t out_rows = 0;
+  for (int64_t s : out_splits) out_rows += s;
+  at::Tensor out = at::empty({out_rows, 2}, at::kFloat);
+  all_to_all(g, out, in, out_splits, in_splits).wait();
+  std::vector<at::Tensor> expected;
+  for (int i = 0; i < n; ++i) {
+    int64_t offset = 0;
+    for (int j = 0; j < me; ++j) offset += i + j + 1;
+    expected.push_back(rows_of(i).narrow(0, offset, i + me + 1));
+  }
+  EXPECT_TRUE(tensors_equal(out, at::cat(expected)));
+}
+
+TEST(CollectivesFloat, RealValuedReduceScatterWithinUlps) {
+  Group& g = *world_group();
+  const int64_t n = 1000;
+  auto data = [&](int r) {
+    at::Generator gen = at::detail::createCPUGenerator(77 + r);
+    return at::randn({g.size() * n}, gen);
+  };
+  at::Tensor out = at::empty({n});
+  reduce_scatter(g, out, data(g.rank())).wait();
+  at::Tensor expected = at::zeros({g.size() * n}, at::kDouble);
+  for (int r = 0; r < g.size(); ++r) expected += data(r).to(at::kDouble);
+  EXPECT_TRUE(tensors_close(out, expected.narrow(0, g.rank() * n, n), 1e-6, 1e-7));
+}
+
+TEST(CollectivesAsync, HandlesOverlapAndCompleteInAnyOrder) {
+  Group& g = *world_group();
+  at::Tensor a = at::full({1000}, float(g.rank() + 1));
+  at::Tensor b = at::empty({g.size() * 3});
+  at::Tensor b_in = at::full({3}, float(g.rank()));
+  Work wa = all_reduce(g, a);
+  Work wb = all_gather_into(g, b, b_in);
+  // Waiting on the later one first must not deadlock; wait() is idempotent.
+  wb.wait();
+  wa.wait();
+  wa.wait();
+  EXPECT_TRUE(wa.is_completed());
+  float total = g.size() * (g.size() + 1) / 2.0f;
+  EXPECT_TRUE(tensors_equal(a, at::full({1000}, total)));
+  std::vector<at::Tensor> expected;
+  for (int r = 0; r < g.size(); ++r) expected.push_back(at::full({3}, float(r)));
+  EXPECT_TRUE(tensors_equal(b, at::cat(expected)));
+}
+
+TEST(CollectivesEmpty, ZeroElementCollectivesComplete) {
+  Group& g = *world_group();
+  at::Tensor in = at::empty({0});
+  at::Tensor out = at::empty({0});
+  all_gather_into(g, out, in).wait();
+  reduce_scatter(g, out, in).wait();
+  all_reduce(g, out).wait();
+  barrier(g).wait();
+  SUCCEED();
+}
+
+TEST(CollectivesSequence, EveryCollectiveAdvancesTheSequenceNumber) {
+  Group& g = *world_group();
+  uint64_t before = g.sequence_number();
+  at::Tensor t = at::ones({2});
+  all_reduce(g, t).wait();
+  barrier(g).wait();
+  broadcast(g, t, 0).wait();
+  EXPECT_EQ(g.sequence_number(), before + 3);
+}
+
+}  // namespace
+}  // namespace hp::dist

@@ -1,0 +1,115 @@
+// Sub-groups (SPEC D2): made collectively, cached, tagged groups are
+// separate process groups, and collectives on a sub-group involve only its
+// members.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "hp/dist/collectives.h"
+#include "hp/dist/world.h"
+#include "hp/util/error.h"
+#include "tests/support/tensor_checks.h"
+
+namespace hp::dist {
+namespace {
+
+using test::tensors_equal;
+
+TEST(Groups, WorldGroupCoversEveryRank) {
+  GroupPtr world = world_group();
+  EXPECT_EQ(world->size(), get_world_size());
+  EXPECT_EQ(world->rank(), get_rank());
+  EXPECT_EQ(world->name(), "world");
+  EXPECT_EQ(new_group([&] {
+              std::vector<int> all;
+              for (int r = 0; r < get_world_size(); ++r) all.push_back(r);
+              return all;
+            }()),
+            world)
+      << "asking for the world's ranks returns the cached world group";
+}
+
+TEST(Groups, EvenAndOddSubgroupsReduceSeparately) {
+  const int world = get_world_size(), me = get_rank();
+  std::vector<int> even, odd;
+  for (int r = 0; r < world; ++r) (r % 2 ? odd : even).push_back(r);
+  GroupPtr g_even = new_group(even);
+  GroupPtr g_odd = new_group(odd);
+  EXPECT_EQ(new_group(even), g_even) << "groups are cached by ranks";
+  GroupPtr mine = me % 2 ? g_odd : g_even;
+  GroupPtr other = me % 2 ? g_even : g_odd;
+  EXPECT_TRUE(mine->is_member());
+  EXPECT_FALSE(other->is_member());
+  EXPECT_EQ(other->rank(), -1);
+
+  at::Tensor t = at::full({4}, float(me));
+  all_reduce(*mine, t).wait();
+  float expected = 0;
+  for (int r : mine->ranks()) expected += r;
+  EXPECT_TRUE(tensors_equal(t, at::full({4}, expected)));
+
+  std::string m = test::message_of<ArgumentError>([&] { all_reduce(*other, t); });
+  EXPECT_NE(m.find("not a member of group"), std::string::npos) << m;
+  EXPECT_NE(m.find(to_string(other->ranks())), std::string::npos) << m;
+}
+
+TEST(Groups, ReversedRankOrderDefinesGroupRanks) {
+  const int world = get_world_size();
+  std::vector<int> reversed;
+  for (int r = world - 1; r >= 0; --r) reversed.push_back(r);
+  GroupPtr g = new_group(reversed);
+  EXPECT_EQ(g->rank(), world - 1 - get_rank());
+  at::Tensor out = at::empty({world});
+  all_gather_into(*g, out, at::full({1}, float(get_rank()))).wait();
+  std::vector<float> expected;
+  for (int r : reversed) expected.push_back(float(r));
+  EXPECT_TRUE(tensors_equal(out, at::tensor(expected)));
+}
+
+TEST(Groups, TaggedGroupsAreIndependentStreams) {
+  std::vector<int> all;
+  for (int r = 0; r < get_world_size(); ++r) all.push_back(r);
+  GroupPtr a = new_group(all, {"stream-a"});
+  GroupPtr b = new_group(all, {"stream-b"});
+  EXPECT_NE(a, b);
+  EXPECT_NE(a, world_group());
+  EXPECT_EQ(a->name(), "world#stream-a");
+  // A collective in flight on one stream does not block one on the other.
+  at::Tensor x = at::ones({1 << 16});
+  at::Tensor y = at::ones({8});
+  Work wx = all_reduce(*a, x);
+  Work wy = all_reduce(*b, y);
+  wy.wait();
+  wx.wait();
+  EXPECT_TRUE(tensors_equal(y, at::full({8}, float(get_world_size()))));
+  EXPECT_TRUE(tensors_equal(x, at::full({1 << 16}, float(get_world_size()))));
+}
+
+TEST(Groups, SingletonGroupNeedsNoPeers) {
+  GroupPtr self = nullptr;
+  for (int r = 0; r < get_world_size(); ++r) {
+    GroupPtr g = new_group({r});
+    if (r == get_rank()) self = g;
+  }
+  ASSERT_TRUE(self && self->is_member());
+  at::Tensor t = at::full({3}, 5.0f);
+  all_reduce(*self, t, ReduceOp::kAvg).wait();
+  EXPECT_TRUE(tensors_equal(t, at::full({3}, 5.0f)));
+}
+
+TEST(Groups, BadRanksAreRejectedBeforeAnyCommunication) {
+  const int world = get_world_size();
+  std::string m = test::message_of<ArgumentError>([&] { new_group({0, world}); });
+  EXPECT_NE(m.find("rank " + std::to_string(world) + " in ranks"), std::string::npos) << m;
+  EXPECT_NE(m.find("out of range for world size"), std::string::npos) << m;
+  m = test::message_of<ArgumentError>([&] { new_group({0, 0}); });
+  EXPECT_NE(m.find("rank 0 appears twice"), std::string::npos) << m;
+  m = test::message_of<ArgumentError>([&] { new_group({}); });
+  EXPECT_NE(m.find("ranks must not be empty"), std::string::npos) << m;
+  m = test::message_of<ArgumentError>([&] {
+    init_process_group();
+  });
+  EXPECT_NE(m.find("already initialized"), std::string::npos) << m;
+}
+
+}  // namespace
+}  // namespace hp::dist

@@ -1,0 +1,55 @@
+// Shared main of the test binaries.
+//
+// Under hprun (RANK set) it joins the process group before running the tests
+// and leaves it after, so every rank runs the same tests in the same order
+// and their collectives meet. Ranks other than 0 print only failures, so a
+// four-rank log stays readable. Each rank runs torch on one thread: ranks
+// share the machine's cores and oversubscription only adds noise.
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+
+#include "hp/dist/world.h"
+
+namespace {
+
+// Prints a failing test's name and assertion messages; nothing else.
+class FailurePrinter : public testing::EmptyTestEventListener {
+  void OnTestPartResult(const testing::TestPartResult& result) override {
+    if (result.failed()) {
+      std::cerr << result.file_name() << ":" << result.line_number() << ": Failure\n"
+                << result.summary() << std::endl;
+    }
+  }
+  void OnTestEnd(const testing::TestInfo& info) override {
+    if (info.result()->Failed()) {
+      std::cerr << "[  FAILED  ] " << info.test_suite_name() << "." << info.name() << std::endl;
+    }
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  testing::InitGoogleTest(&argc, argv);
+  at::set_num_threads(1);
+  const bool distributed = std::getenv("RANK") != nullptr;
+  if (distributed) {
+    hp::dist::InitOptions options;
+    if (const char* t = std::getenv("HP_TEST_TIMEOUT_S")) {
+      options.timeout = std::chrono::seconds(std::atoi(t));
+    }
+    hp::dist::init_process_group(options);
+    if (hp::dist::get_rank() != 0) {
+      auto& listeners = testing::UnitTest::GetInstance()->listeners();
+      delete listeners.Release(listeners.default_result_printer());
+      listeners.Append(new FailurePrinter);
+    }
+  }
+  int status = RUN_ALL_TESTS();
+  if (distributed) hp::dist::destroy_process_group();
+  return status;
+}
