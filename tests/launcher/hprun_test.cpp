@@ -1,0 +1,393 @@
+// End-to-end tests of the hprun binary: real ranks (small sh scripts), real
+// signals, real pipes. Time is asserted only as generous upper bounds.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tests/launcher/process_runner.h"
+
+namespace hp::launcher::testing {
+namespace {
+
+using Args = std::vector<std::string>;
+
+Args hprun(Args args) {
+  args.insert(args.begin(), HPRUN_PATH);
+  return args;
+}
+
+// hprun -n <n> [extra options] sh -c <script>
+Args hprun_sh(int n, const std::string& script, Args options = {}) {
+  Args args = {"-n", std::to_string(n)};
+  args.insert(args.end(), options.begin(), options.end());
+  args.insert(args.end(), {"sh", "-c", script});
+  return hprun(args);
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+bool contains(const std::string& text, const std::string& fragment) {
+  return text.find(fragment) != std::string::npos;
+}
+
+std::string describe(const ProcessResult& r) {
+  std::ostringstream text;
+  text << "exited=" << r.exited << " code=" << r.exit_code << " signal=" << r.term_signal
+       << " timed_out=" << r.timed_out << " seconds=" << r.seconds << "\n--- stdout ---\n"
+       << r.out << "--- stderr ---\n"
+       << r.err;
+  return text.str();
+}
+
+// Every pid is gone within `limit_s` (killed processes may need a moment).
+void expect_all_dead(const std::vector<long>& pids, double limit_s = 3) {
+  double deadline = now_seconds() + limit_s;
+  for (long pid : pids) {
+    ASSERT_GT(pid, 0);
+    while (process_alive(static_cast<pid_t>(pid)) && now_seconds() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_FALSE(process_alive(static_cast<pid_t>(pid))) << "pid " << pid << " survived";
+  }
+}
+
+// Every rank writes its shell's pid to <dir>/leader.<rank> and the pid of a
+// background child to <dir>/child.<rank>, then waits. Returns all pids once
+// every rank has written them.
+std::string pid_writing_script(const TempDir& dir, const std::string& before_wait = "") {
+  return "sleep 60 & echo $! > " + dir.path() + "/child.$RANK; " + before_wait + "echo $$ > " +
+         dir.path() + "/leader.$RANK; wait";
+}
+
+std::vector<long> wait_for_pids(const TempDir& dir, int ranks) {
+  std::vector<long> pids;
+  for (int r = 0; r < ranks; ++r) {
+    for (const char* kind : {"leader.", "child."}) {
+      pids.push_back(wait_for_integer_file(dir.file(kind + std::to_string(r)), 10));
+    }
+  }
+  return pids;
+}
+
+TEST(Hprun, AllRanksSucceedingExitsZero) {
+  ProcessResult r = run_process(hprun({"-n", "4", "true"}));
+  EXPECT_TRUE(r.exited && r.exit_code == 0) << describe(r);
+  EXPECT_EQ(r.out, "");
+  EXPECT_EQ(r.err, "");
+}
+
+TEST(Hprun, FailingRankIsReportedAndTheOthersTerminated) {
+  ProcessResult r =
+      run_process(hprun_sh(4, "if [ \"$RANK\" = 1 ]; then echo dying >&2; exit 3; fi; sleep 60"));
+  ASSERT_FALSE(r.timed_out) << describe(r);
+  EXPECT_LT(r.seconds, 10) << describe(r);
+  EXPECT_TRUE(r.exited && r.exit_code == 3) << describe(r);
+  EXPECT_TRUE(std::regex_search(r.err, std::regex("hprun: rank 1 \\(pid [0-9]+\\) exited with "
+                                                  "status 3\n")))
+      << describe(r);
+  // The rank's own last words come before the verdict.
+  EXPECT_LT(r.err.find("[rank 1] dying"), r.err.find("hprun: rank 1")) << describe(r);
+  // Ranks killed by the teardown are not reported as failures.
+  for (const char* other : {"rank 0 (pid", "rank 2 (pid", "rank 3 (pid"}) {
+    EXPECT_FALSE(contains(r.err, other)) << describe(r);
+  }
+}
+
+TEST(Hprun, RankKilledBySignalIsReported) {
+  ProcessResult r = run_process(hprun_sh(3, "if [ \"$RANK\" = 2 ]; then kill -9 $$; fi; sleep 60"));
+  ASSERT_FALSE(r.timed_out) << describe(r);
+  EXPECT_LT(r.seconds, 10) << describe(r);
+  EXPECT_TRUE(r.exited && r.exit_code == 128 + 9) << describe(r);
+  EXPECT_TRUE(contains(r.err, "rank 2 (pid ")) << describe(r);
+  EXPECT_TRUE(contains(r.err, "was killed by signal 9 (SIGKILL)")) << describe(r);
+}
+
+TEST(Hprun, RanksIgnoringSigtermAreKilled) {
+  TempDir dir;
+  // Ranks other than 1 ignore SIGTERM (so does their background child).
+  // Rank 1 fails once they are set up.
+  std::string script = "if [ \"$RANK\" = 1 ]; then while [ ! -s " + dir.file("leader.0") +
+                       " ] || [ ! -s " + dir.file("leader.2") +
+                       " ]; do sleep 0.05; done; exit 5; fi; trap '' TERM; " +
+                       pid_writing_script(dir);
+  RunningProcess process(hprun_sh(3, script));
+  ProcessResult r = process.wait(20);
+  ASSERT_FALSE(r.timed_out) << describe(r);
+  EXPECT_LT(r.seconds, 10) << describe(r);
+  EXPECT_TRUE(r.exited && r.exit_code == 5) << describe(r);
+  EXPECT_TRUE(contains(r.err, "rank 1 (pid ")) << describe(r);
+  EXPECT_TRUE(contains(r.err, "sending SIGKILL")) << describe(r);
+  std::vector<long> pids;
+  for (int rank : {0, 2}) {
+    for (const char* kind : {"leader.", "child."}) {
+      pids.push_back(wait_for_integer_file(dir.file(kind + std::to_string(rank)), 1));
+    }
+  }
+  expect_all_dead(pids);
+}
+
+std::map<std::string, std::string> parse_assignments(const std::string& line) {
+  std::map<std::string, std::string> values;
+  std::istringstream in(line);
+  for (std::string word; in >> word;) {
+    auto eq = word.find('=');
+    if (eq != std::string::npos) values[word.substr(0, eq)] = word.substr(eq + 1);
+  }
+  return values;
+}
+
+const char* kPrintEnv =
+    "echo \"RANK=$RANK WORLD_SIZE=$WORLD_SIZE LOCAL_RANK=$LOCAL_RANK "
+    "LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT "
+    "GROUP_RANK=$GROUP_RANK NODE_RANK=$NODE_RANK MARKER=$HPRUN_TEST_MARKER\"";
+
+// Rank -> its variables, from lines "[rank r] NAME=value ...".
+std::map<int, std::map<std::string, std::string>> env_by_rank(const std::string& out) {
+  std::map<int, std::map<std::string, std::string>> result;
+  std::regex line_re("\\[rank ([0-9]+)\\] (.*)");
+  for (const std::string& line : lines_of(out)) {
+    std::smatch m;
+    EXPECT_TRUE(std::regex_match(line, m, line_re)) << "unprefixed line: " << line;
+    if (m.empty()) continue;
+    int rank = std::stoi(m[1]);
+    EXPECT_EQ(result.count(rank), 0u) << "rank " << rank << " printed twice";
+    result[rank] = parse_assignments(m[2]);
+  }
+  return result;
+}
+
+TEST(Hprun, EnvironmentDescribesEachRank) {
+  // Stale values in hprun's own environment must not reach the ranks.
+  ProcessResult r = run_process(hprun_sh(3, kPrintEnv),
+                                {"RANK=99", "MASTER_PORT=1", "HPRUN_TEST_MARKER=inherited"});
+  ASSERT_TRUE(r.exited && r.exit_code == 0) << describe(r);
+  auto env = env_by_rank(r.out);
+  ASSERT_EQ(env.size(), 3u) << describe(r);
+  std::string port = env[0]["MASTER_PORT"];
+  for (int rank = 0; rank < 3; ++rank) {
+    auto& v = env[rank];
+    EXPECT_EQ(v["RANK"], std::to_string(rank));
+    EXPECT_EQ(v["WORLD_SIZE"], "3");
+    EXPECT_EQ(v["LOCAL_RANK"], std::to_string(rank));
+    EXPECT_EQ(v["LOCAL_WORLD_SIZE"], "3");
+    EXPECT_EQ(v["MASTER_ADDR"], "127.0.0.1");
+    EXPECT_EQ(v["MASTER_PORT"], port) << "ranks disagree on the port";
+    EXPECT_EQ(v["GROUP_RANK"], "0");
+    EXPECT_EQ(v["NODE_RANK"], "0");
+    EXPECT_EQ(v["MARKER"], "inherited");
+  }
+  ASSERT_TRUE(std::regex_match(port, std::regex("[0-9]{1,5}"))) << port;
+  EXPECT_GT(std::stoi(port), 1);
+  EXPECT_LE(std::stoi(port), 65535);
+}
+
+TEST(Hprun, GivenMasterPortIsPassedThrough) {
+  ProcessResult r = run_process(hprun_sh(2, kPrintEnv, {"--master-port", "29555"}));
+  ASSERT_TRUE(r.exited && r.exit_code == 0) << describe(r);
+  auto env = env_by_rank(r.out);
+  ASSERT_EQ(env.size(), 2u) << describe(r);
+  EXPECT_EQ(env[0]["MASTER_PORT"], "29555");
+  EXPECT_EQ(env[1]["MASTER_PORT"], "29555");
+}
+
+TEST(Hprun, MultiNodeFlagsOffsetGlobalRanks) {
+  ProcessResult r = run_process(
+      hprun_sh(2, kPrintEnv, {"--nnodes", "3", "--node-rank", "1", "--master-port", "29556"}));
+  ASSERT_TRUE(r.exited && r.exit_code == 0) << describe(r);
+  auto env = env_by_rank(r.out);
+  ASSERT_EQ(env.size(), 2u) << describe(r);
+  for (int local = 0; local < 2; ++local) {
+    auto& v = env[2 + local];  // keyed by the prefix, i.e. the global rank
+    EXPECT_EQ(v["RANK"], std::to_string(2 + local)) << describe(r);
+    EXPECT_EQ(v["WORLD_SIZE"], "6");
+    EXPECT_EQ(v["LOCAL_RANK"], std::to_string(local));
+    EXPECT_EQ(v["LOCAL_WORLD_SIZE"], "2");
+    EXPECT_EQ(v["GROUP_RANK"], "1");
+    EXPECT_EQ(v["NODE_RANK"], "1");
+    EXPECT_EQ(v["MASTER_PORT"], "29556");
+  }
+}
+
+TEST(Hprun, LinesStayWholeAndNothingIsLost) {
+  constexpr int kRanks = 3, kOutLines = 3000, kErrLines = 1000, kLongLine = 200000;
+  std::string script =
+      "seq 1 " + std::to_string(kOutLines) + " | sed \"s/^/r$RANK-/\"; "
+      "seq 1 " + std::to_string(kErrLines) + " | sed \"s/^/e$RANK-/\" >&2; "
+      "head -c " + std::to_string(kLongLine) + " /dev/zero | tr '\\0' x; echo; "
+      "printf \"tail-$RANK\"; printf \"err-tail-$RANK\" >&2";
+  ProcessResult r = run_process(hprun_sh(kRanks, script));
+  ASSERT_TRUE(r.exited && r.exit_code == 0) << r.err.substr(0, 2000);
+
+  for (bool is_err : {false, true}) {
+    std::map<int, std::vector<std::string>> per_rank;
+    for (const std::string& line : lines_of(is_err ? r.err : r.out)) {
+      // Not std::regex: libstdc++'s recursion overflows the stack on the
+      // 200 kB line.
+      ASSERT_TRUE(line.size() >= 9 && line.compare(0, 6, "[rank ") == 0 &&
+                  line.compare(7, 2, "] ") == 0 && line[6] >= '0' && line[6] < '0' + kRanks)
+          << "bad line: " << line.substr(0, 200);
+      per_rank[line[6] - '0'].push_back(line.substr(9));
+    }
+    ASSERT_EQ(per_rank.size(), static_cast<size_t>(kRanks));
+    for (auto& [rank, lines] : per_rank) {
+      std::string tag = std::string(is_err ? "e" : "r") + std::to_string(rank) + "-";
+      int count = is_err ? kErrLines : kOutLines;
+      std::vector<std::string> expected;
+      for (int i = 1; i <= count; ++i) expected.push_back(tag + std::to_string(i));
+      if (!is_err) expected.push_back(std::string(kLongLine, 'x'));
+      expected.push_back((is_err ? "err-tail-" : "tail-") + std::to_string(rank));
+      ASSERT_EQ(lines.size(), expected.size()) << "rank " << rank << (is_err ? " stderr" : "");
+      for (size_t i = 0; i < lines.size(); ++i) {
+        ASSERT_EQ(lines[i], expected[i]) << "rank " << rank << " line " << i;
+      }
+    }
+  }
+}
+
+TEST(Hprun, ArgumentsAfterTheProgramPassThroughUnchanged) {
+  Args program_args = {"--gtest_filter=Foo.*:Bar.*", "-n", "3", "--no-prefix",
+                       "--master-port=1", "two words", "", "--"};
+  Args args = {"-n", "1", "sh", "-c", "for a in \"$@\"; do echo \"<$a>\"; done", "sh"};
+  args.insert(args.end(), program_args.begin(), program_args.end());
+  ProcessResult r = run_process(hprun(args));
+  ASSERT_TRUE(r.exited && r.exit_code == 0) << describe(r);
+  std::vector<std::string> expected;
+  for (const std::string& a : program_args) expected.push_back("[rank 0] <" + a + ">");
+  EXPECT_EQ(lines_of(r.out), expected);
+}
+
+TEST(Hprun, NoPrefixLeavesLinesBare) {
+  ProcessResult r = run_process(hprun({"--no-prefix", "-n", "2", "echo", "hello"}));
+  ASSERT_TRUE(r.exited && r.exit_code == 0) << describe(r);
+  EXPECT_EQ(r.out, "hello\nhello\n");
+}
+
+TEST(Hprun, UsageErrorsExitTwoBeforeStartingAnything) {
+  TempDir dir;
+  std::string marker = dir.file("started");
+  Args program = {"sh", "-c", "touch " + marker};
+  struct Case {
+    Args options;
+    std::vector<std::string> fragments;
+    bool with_program = true;
+  };
+  std::vector<Case> cases = {
+      {{"-n", "0"}, {"-n", "'0'", "positive integer"}},
+      {{"-n", "many"}, {"-n", "'many'"}},
+      {{"-n", "2"}, {"missing", "program"}, false},
+      {{"-n", "2", "--nnodes", "2", "--node-rank", "3", "--master-port", "29500"},
+       {"--node-rank 3", "--nnodes 2"}},
+      {{"-n", "2", "--nnodes", "2", "--node-rank", "1"}, {"--master-port", "--nnodes 2"}},
+      {{"-n", "2", "--master-port", "65536"}, {"--master-port", "'65536'"}},
+      {{"-n", "2", "--frobnicate"}, {"'--frobnicate'"}},
+  };
+  for (const Case& c : cases) {
+    Args args = c.options;
+    if (c.with_program) args.insert(args.end(), program.begin(), program.end());
+    ProcessResult r = run_process(hprun(args));
+    EXPECT_TRUE(r.exited && r.exit_code == 2) << describe(r);
+    EXPECT_TRUE(contains(r.err, "hprun: ")) << describe(r);
+    for (const std::string& fragment : c.fragments) {
+      EXPECT_TRUE(contains(r.err, fragment)) << "missing '" << fragment << "'\n" << describe(r);
+    }
+  }
+  EXPECT_NE(::access(marker.c_str(), F_OK), 0) << "a usage error still started the program";
+}
+
+TEST(Hprun, ProgramThatCannotBeExecutedFailsTheJob) {
+  ProcessResult r = run_process(hprun({"-n", "2", "hprun-test-no-such-program", "--flag"}));
+  ASSERT_FALSE(r.timed_out) << describe(r);
+  EXPECT_TRUE(r.exited && r.exit_code == 127) << describe(r);
+  EXPECT_TRUE(contains(r.err, "cannot execute 'hprun-test-no-such-program': No such file"))
+      << describe(r);
+  EXPECT_TRUE(std::regex_search(r.err, std::regex("rank [01] \\(pid [0-9]+\\) exited with "
+                                                  "status 127")))
+      << describe(r);
+}
+
+TEST(Hprun, SigtermIsForwardedAndNoProcessSurvives) {
+  TempDir dir;
+  RunningProcess process(hprun_sh(3, pid_writing_script(dir)));
+  std::vector<long> pids = wait_for_pids(dir, 3);
+  for (long pid : pids) ASSERT_GT(pid, 0) << "ranks did not start";
+  ::kill(process.pid(), SIGTERM);
+  ProcessResult r = process.wait(20);
+  ASSERT_FALSE(r.timed_out) << describe(r);
+  EXPECT_TRUE(r.exited && r.exit_code != 0) << describe(r);
+  EXPECT_TRUE(contains(r.err, "received SIGTERM")) << describe(r);
+  expect_all_dead(pids);
+}
+
+TEST(Hprun, RanksThatHandleTheForwardedSignalCanEndCleanly) {
+  TempDir dir;
+  RunningProcess process(hprun_sh(2, pid_writing_script(dir, "trap 'exit 0' TERM; ")));
+  std::vector<long> pids = wait_for_pids(dir, 2);
+  for (long pid : pids) ASSERT_GT(pid, 0) << "ranks did not start";
+  ::kill(process.pid(), SIGTERM);
+  ProcessResult r = process.wait(20);
+  ASSERT_FALSE(r.timed_out) << describe(r);
+  EXPECT_LT(r.seconds, 10) << describe(r);
+  EXPECT_TRUE(r.exited && r.exit_code == 0) << describe(r);
+  expect_all_dead(pids);
+}
+
+TEST(Hprun, SecondSigintEscalatesToSigkill) {
+  TempDir dir;
+  // The ranks ignore SIGINT, so only the escalation can stop them.
+  RunningProcess process(hprun_sh(2, pid_writing_script(dir, "trap '' INT; ")));
+  std::vector<long> pids = wait_for_pids(dir, 2);
+  for (long pid : pids) ASSERT_GT(pid, 0) << "ranks did not start";
+  ::kill(process.pid(), SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  double second = now_seconds();
+  ::kill(process.pid(), SIGINT);
+  ProcessResult r = process.wait(20);
+  ASSERT_FALSE(r.timed_out) << describe(r);
+  EXPECT_TRUE(r.exited && r.exit_code == 128 + SIGINT) << describe(r);
+  EXPECT_TRUE(contains(r.err, "sending SIGKILL")) << describe(r);
+  // Well inside the 3 s SIGTERM grace: the second signal did the killing.
+  EXPECT_LT(now_seconds() - second, 2.5) << describe(r);
+  expect_all_dead(pids);
+}
+
+TEST(Hprun, RanksDieWithAKilledHprun) {
+  TempDir dir;
+  // exec: the rank's only process is the one PR_SET_PDEATHSIG covers.
+  RunningProcess process(
+      hprun_sh(2, "echo $$ > " + dir.path() + "/leader.$RANK; exec sleep 60"));
+  std::vector<long> pids;
+  for (int r = 0; r < 2; ++r) {
+    pids.push_back(wait_for_integer_file(dir.file("leader." + std::to_string(r)), 10));
+    ASSERT_GT(pids.back(), 0) << "ranks did not start";
+  }
+  ::kill(process.pid(), SIGKILL);
+  ProcessResult r = process.wait(20);
+  EXPECT_EQ(r.term_signal, SIGKILL) << describe(r);
+  expect_all_dead(pids);
+}
+
+TEST(Hprun, TimeoutEndsTheJob) {
+  ProcessResult r = run_process(hprun({"--timeout", "1", "-n", "2", "sleep", "30"}));
+  ASSERT_FALSE(r.timed_out) << describe(r);
+  EXPECT_LT(r.seconds, 10) << describe(r);
+  EXPECT_TRUE(r.exited && r.exit_code == 124) << describe(r);
+  EXPECT_TRUE(contains(r.err, "--timeout 1 s")) << describe(r);
+}
+
+}  // namespace
+}  // namespace hp::launcher::testing
