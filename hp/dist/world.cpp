@@ -16,7 +16,7 @@ namespace {
 struct World {
   LaunchEnv env;
   std::chrono::milliseconds timeout{0};
-  int threads = 2;
+  int threads = 1;
   c10::intrusive_ptr<c10d::Store> store;
   std::shared_ptr<::gloo::transport::Device> device;
   GroupPtr world;

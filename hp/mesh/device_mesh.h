@@ -1,0 +1,91 @@
+// DeviceMesh: an N-d arrangement of global ranks with named dims and one
+// process group per dim (SPEC M1-M3).
+//
+// Ranks are laid out row-major: for shape [2, 3] rank 4 sits at (1, 1).
+// Building a mesh is collective over the whole world, as in
+// torch.distributed: every rank calls init_device_mesh with the same
+// arguments, and each mesh dim gets one group per slice, of which this rank
+// keeps the one it belongs to. Sub-meshes (mesh["dp"], mesh.sub({"dp",
+// "tp"})) are local: they reuse the parent's groups. flatten() merges dims
+// into one group and is collective again.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hp/dist/group.h"
+
+namespace hp {
+
+class DeviceMesh;
+using DeviceMeshPtr = std::shared_ptr<const DeviceMesh>;
+
+class DeviceMesh {
+ public:
+  // Collective. `ranks` lists the mesh's global ranks row-major (its size is
+  // the product of `shape`); `names` may be empty for default names "dim_<i>".
+  static DeviceMeshPtr create(const std::string& device_type, std::vector<int64_t> shape,
+                              std::vector<int> ranks, std::vector<std::string> names = {});
+
+  const std::string& device_type() const { return device_type_; }
+  int64_t ndim() const { return static_cast<int64_t>(shape_.size()); }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t size() const { return static_cast<int64_t>(ranks_.size()); }
+  int64_t size(int64_t dim) const;
+  int64_t size(const std::string& name) const { return size(dim_index(name)); }
+  const std::vector<std::string>& dim_names() const { return names_; }
+  // Index of a named dim; unknown names raise ArgumentError listing the names.
+  int64_t dim_index(const std::string& name) const;
+
+  // Global ranks, row-major.
+  const std::vector<int>& ranks() const { return ranks_; }
+  // Whether this process is one of the mesh's ranks.
+  bool contains_self() const { return !coordinate_.empty(); }
+  // This rank's coordinate (one entry per dim); raises if not in the mesh.
+  const std::vector<int64_t>& coordinate() const;
+  int64_t coordinate(int64_t dim) const { return coordinate().at(checked_dim(dim)); }
+  // Global rank at a coordinate.
+  int rank_at(const std::vector<int64_t>& coordinate) const;
+
+  // The group along `dim` that contains this rank.
+  dist::Group& group(int64_t dim) const;
+  dist::Group& group(const std::string& name) const { return group(dim_index(name)); }
+  dist::GroupPtr group_ptr(int64_t dim) const;
+
+  // The sub-mesh over the named dims (in mesh order) through this rank.
+  DeviceMeshPtr operator[](const std::string& name) const { return sub({name}); }
+  DeviceMeshPtr sub(const std::vector<std::string>& names) const;
+
+  // Collective over the world: a mesh in which `names` (in mesh order) are
+  // merged into one dim called `new_name` (default: names joined by "_"),
+  // with its own group.
+  DeviceMeshPtr flatten(const std::vector<std::string>& names, std::string new_name = "") const;
+
+  // "DeviceMesh('cpu', shape [2, 2], ranks [0, 1, 2, 3], dims ['dp', 'tp'])".
+  std::string describe() const;
+
+  bool operator==(const DeviceMesh& other) const;
+  bool operator!=(const DeviceMesh& other) const { return !(*this == other); }
+
+ private:
+  DeviceMesh() = default;
+  int64_t checked_dim(int64_t dim) const;
+  // Builds one group per slice along every dim (collective) and keeps ours.
+  void make_groups();
+
+  std::string device_type_;
+  std::vector<int64_t> shape_;
+  std::vector<int> ranks_;
+  std::vector<std::string> names_;
+  std::vector<int64_t> coordinate_;
+  std::vector<dist::GroupPtr> groups_;
+};
+
+// Collective: a mesh of `shape` over all ranks of the world (product of the
+// shape must equal the world size).
+DeviceMeshPtr init_device_mesh(const std::string& device_type, const std::vector<int64_t>& shape,
+                               const std::vector<std::string>& names = {});
+
+}  // namespace hp

@@ -1,0 +1,373 @@
+#include "hp/tensor/dtensor.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <mutex>
+
+#include "hp/dist/collectives.h"
+#include "hp/dist/world.h"
+#include "hp/tensor/redistribute_exec.h"
+#include "hp/tensor/redistribute_plan.h"
+#include "hp/util/error.h"
+
+namespace hp {
+
+// The layout in which the gradient of a DTensor will arrive, as declared by
+// the ops that consume it. Its producer's backward reads it.
+struct GradLayoutCell {
+  std::mutex mutex;
+  std::optional<Layout> layout;
+  std::string recorded_by;
+
+  void record(const Layout& grad_layout, const char* consumer) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (layout && *layout != grad_layout) {
+      throw_argument_error(cat(
+          consumer, " would send back a gradient laid out as ", grad_layout.spec().str(),
+          " but ", recorded_by, " already declared ", layout->spec().str(),
+          " for the same DTensor; autograd would add the two. Redistribute once and use the "
+          "result in both places, or pass matching grad_placements to to_local()"));
+    }
+    layout = grad_layout;
+    recorded_by = consumer;
+  }
+
+  Layout get_or(const Layout& fallback) {
+    std::lock_guard<std::mutex> lock(mutex);
+    return layout ? *layout : fallback;
+  }
+};
+
+namespace {
+
+using torch::autograd::variable_list;
+
+int64_t product_of_sharding_sizes(const Layout& layout, int64_t tensor_dim) {
+  int64_t n = 1;
+  for (int64_t m : layout.mesh_dims_of(tensor_dim)) n *= layout.mesh()->size(m);
+  return n;
+}
+
+// The layout in which an input of `layout` receives its gradient: Partial
+// inputs get the whole (Replicate) gradient, scaled by 1/n for avg.
+Layout gradient_layout_of(const Layout& layout, double* scale) {
+  Placements placements = layout.placements();
+  *scale = 1.0;
+  for (size_t m = 0; m < placements.size(); ++m) {
+    if (!placements[m].is_partial()) continue;
+    if (placements[m].reduce_op() == dist::ReduceOp::kAvg) {
+      *scale /= static_cast<double>(layout.mesh()->size(static_cast<int64_t>(m)));
+    }
+    placements[m] = Replicate();
+  }
+  ShardSpec spec = layout.spec();
+  spec.placements = std::move(placements);
+  return Layout(layout.mesh(), std::move(spec));
+}
+
+void check_differentiable(const Layout& layout, const char* op) {
+  for (int64_t m = 0; m < layout.mesh()->ndim(); ++m) {
+    const Placement& p = layout.placements()[m];
+    HP_CHECK_ARG(!p.is_partial() || p.reduce_op() == dist::ReduceOp::kSum ||
+                     p.reduce_op() == dist::ReduceOp::kAvg,
+                 op, ": a DTensor with ", p.str(), " on mesh dim '",
+                 layout.mesh()->dim_names()[m],
+                 "' that requires grad cannot be differentiated (the gradient of a max/min "
+                 "reduction is not defined by placements); detach it or reduce it first");
+  }
+}
+
+at::Tensor run_plan(const at::Tensor& local, const Layout& from, const Layout& to,
+                    const std::vector<int64_t>& shape) {
+  auto plan = plan_redistribute(from.spec(), to.spec());
+  at::NoGradGuard no_grad;
+  return execute_redistribute(*plan, local, *from.mesh(), shape);
+}
+
+// Converts a gradient that arrived in `arrived` into `input`'s gradient layout.
+at::Tensor gradient_for_input(const at::Tensor& grad, const Layout& arrived, const Layout& input,
+                              const std::vector<int64_t>& shape) {
+  double scale = 1.0;
+  Layout target = gradient_layout_of(input, &scale);
+  at::Tensor g = arrived == target ? grad : run_plan(grad, arrived, target, shape);
+  return scale == 1.0 ? g : g * scale;
+}
+
+struct FromLocalBackward : torch::autograd::Node {
+  Layout layout;
+  std::vector<int64_t> shape;
+  std::shared_ptr<GradLayoutCell> cell;
+
+  variable_list apply(variable_list&& grads) override {
+    if (!grads[0].defined()) return {at::Tensor()};
+    Layout arrived = cell->get_or(layout);
+    // As torch: a gradient in the DTensor's own layout is the local gradient.
+    if (arrived == layout) return {grads[0]};
+    return {gradient_for_input(grads[0], arrived, layout, shape)};
+  }
+  std::string name() const override { return "hp::FromLocalBackward"; }
+};
+
+struct RedistributeBackward : torch::autograd::Node {
+  Layout source, target;
+  std::vector<int64_t> shape;
+  std::shared_ptr<GradLayoutCell> cell;
+
+  variable_list apply(variable_list&& grads) override {
+    if (!grads[0].defined()) return {at::Tensor()};
+    return {gradient_for_input(grads[0], cell->get_or(target), source, shape)};
+  }
+  std::string name() const override { return "hp::RedistributeBackward"; }
+};
+
+// Makes `out` (a fresh tensor) the output of `node`, whose input is `input`.
+template <typename NodeT>
+at::Tensor attach(std::shared_ptr<NodeT> node, const at::Tensor& input, at::Tensor out) {
+  node->set_next_edges(torch::autograd::collect_next_edges(input));
+  if (out.is_same(input)) out = input.detach();
+  torch::autograd::set_history(out, node);
+  return out;
+}
+
+template <typename NodeT>
+std::shared_ptr<NodeT> make_node() {
+  return std::shared_ptr<NodeT>(new NodeT(), torch::autograd::deleteNode);
+}
+
+bool needs_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
+
+Layout prepare(const Layout& layout, int64_t ndim, const char* op) {
+  HP_CHECK_ARG(layout.defined(), op, ": the layout is undefined");
+  HP_CHECK_ARG(layout.mesh()->contains_self(), op, ": rank ", dist::get_rank(),
+               " is not part of ", layout.mesh()->describe());
+  return layout.normalized(ndim);
+}
+
+// Every mesh rank's local shape, in row-major mesh order (collective).
+std::vector<std::vector<int64_t>> gather_local_shapes(const DeviceMesh& mesh,
+                                                     const at::Tensor& local) {
+  const int64_t ndim = local.dim();
+  at::Tensor table = at::tensor(local.sizes().vec(), at::kLong).view({1, ndim});
+  // Gathering along the last mesh dim first leaves the table in row-major order.
+  for (int64_t m = mesh.ndim() - 1; m >= 0; --m) {
+    dist::Group& group = mesh.group(m);
+    at::Tensor gathered = at::empty({group.size() * table.size(0), ndim}, at::kLong);
+    dist::all_gather_into(group, gathered, table.contiguous()).wait();
+    table = gathered;
+  }
+  std::vector<std::vector<int64_t>> shapes;
+  for (int64_t i = 0; i < table.size(0); ++i) {
+    shapes.push_back(std::vector<int64_t>(table[i].data_ptr<int64_t>(),
+                                          table[i].data_ptr<int64_t>() + ndim));
+  }
+  return shapes;
+}
+
+std::vector<int64_t> coordinate_of_index(const DeviceMesh& mesh, int64_t index) {
+  std::vector<int64_t> coord(mesh.ndim());
+  for (int64_t m = mesh.ndim() - 1; m >= 0; --m) {
+    coord[m] = index % mesh.size(m);
+    index /= mesh.size(m);
+  }
+  return coord;
+}
+
+// The global shape implied by every rank's local shape.
+std::vector<int64_t> infer_global_shape(const Layout& layout,
+                                        const std::vector<std::vector<int64_t>>& shapes) {
+  const DeviceMesh& mesh = *layout.mesh();
+  const int64_t ndim = static_cast<int64_t>(shapes[0].size());
+  std::vector<int64_t> shape(ndim, 0);
+  for (int64_t d = 0; d < ndim; ++d) {
+    const auto sharding = layout.mesh_dims_of(d);
+    for (int64_t i = 0; i < mesh.size(); ++i) {
+      auto coord = coordinate_of_index(mesh, i);
+      bool counted = true;  // one rank per combination of the sharding coordinates
+      for (int64_t m = 0; m < mesh.ndim(); ++m) {
+        bool shards_d = std::find(sharding.begin(), sharding.end(), m) != sharding.end();
+        if (!shards_d && coord[m] != 0) counted = false;
+      }
+      if (counted) shape[d] += shapes[i][d];
+    }
+    if (sharding.empty()) shape[d] = shapes[0][d];
+  }
+  return shape;
+}
+
+void check_local_shapes(const Layout& layout, const std::vector<int64_t>& global,
+                        const std::vector<std::vector<int64_t>>& shapes) {
+  const DeviceMesh& mesh = *layout.mesh();
+  for (int64_t i = 0; i < mesh.size(); ++i) {
+    auto coord = coordinate_of_index(mesh, i);
+    auto expected = local_shape(global, layout.spec(), mesh.shape(), coord);
+    HP_CHECK_ARG(shapes[i] == expected, "from_local: rank ", mesh.ranks()[i], " (coordinate ",
+                 to_string(coord), ") holds a local tensor of shape ", to_string(shapes[i]),
+                 " but ", to_string(layout.placements()), " of global shape ",
+                 to_string(global), " gives it ", to_string(expected));
+  }
+}
+
+}  // namespace
+
+DTensor::DTensor(at::Tensor local, Layout layout, std::vector<int64_t> shape,
+                 std::shared_ptr<GradLayoutCell> grad_cell)
+    : local_(std::move(local)),
+      layout_(std::move(layout)),
+      shape_(std::move(shape)),
+      grad_cell_(std::move(grad_cell)) {}
+
+int64_t DTensor::size(int64_t dim) const {
+  const int64_t n = this->dim();
+  HP_CHECK_ARG(dim >= -n && dim < n, "DTensor::size: dim ", dim, " is out of range for a ",
+               n, "-d DTensor");
+  return shape_[dim < 0 ? dim + n : dim];
+}
+
+int64_t DTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t s : shape_) n *= s;
+  return n;
+}
+
+std::vector<int64_t> DTensor::strides() const {
+  std::vector<int64_t> strides(shape_.size(), 1);
+  for (int64_t d = dim() - 2; d >= 0; --d) strides[d] = strides[d + 1] * std::max<int64_t>(shape_[d + 1], 1);
+  return strides;
+}
+
+std::vector<int64_t> DTensor::local_shape() const { return local_.sizes().vec(); }
+
+std::vector<int64_t> DTensor::local_offset() const {
+  return hp::local_offset(shape_, layout_.spec(), mesh()->shape(), mesh()->coordinate());
+}
+
+at::Tensor DTensor::to_local(const std::optional<Placements>& grad_placements) const {
+  HP_CHECK_ARG(defined(), "to_local: the DTensor is undefined");
+  if (grad_cell_ && needs_grad(local_)) {
+    Layout grad_layout =
+        grad_placements ? Layout(mesh(), *grad_placements).normalized(dim()) : layout_;
+    grad_cell_->record(grad_layout, "to_local()");
+  }
+  return local_;
+}
+
+DTensor DTensor::redistribute(const Layout& target) const {
+  HP_CHECK_ARG(defined(), "redistribute: the DTensor is undefined");
+  HP_CHECK_ARG(target.defined(), "redistribute: the target layout is undefined");
+  HP_CHECK_ARG(*target.mesh() == *mesh(), "redistribute: the target mesh ",
+               target.mesh()->describe(), " differs from the DTensor's mesh ", mesh()->describe(),
+               "; redistribute only moves data within one mesh");
+  Layout dst = target.normalized(dim());
+  if (dst == layout_) return *this;
+  at::Tensor out = run_plan(local_, layout_, dst, shape_);
+  if (!needs_grad(local_)) return DTensor(out, dst, shape_, nullptr);
+  check_differentiable(layout_, "redistribute");
+  if (grad_cell_) {
+    double unused_scale;
+    grad_cell_->record(gradient_layout_of(layout_, &unused_scale), "redistribute()");
+  }
+  auto cell = std::make_shared<GradLayoutCell>();
+  auto node = make_node<RedistributeBackward>();
+  node->source = layout_;
+  node->target = dst;
+  node->shape = shape_;
+  node->cell = cell;
+  return DTensor(attach(node, local_, out), dst, shape_, cell);
+}
+
+DTensor DTensor::redistribute(const Placements& placements) const {
+  return redistribute(Layout(mesh(), placements));
+}
+
+DTensor DTensor::redistribute(const AliasPlacements& alias) const {
+  HP_CHECK_ARG(static_cast<int64_t>(alias.size()) == dim(), "redistribute: alias placements have ",
+               alias.size(), " entries for a ", dim(), "-d DTensor; expected one per tensor dim");
+  return redistribute(Layout::from_alias(mesh(), alias));
+}
+
+std::string DTensor::explain(const Layout& target) const {
+  Layout dst = target.normalized(dim());
+  return plan_redistribute(layout_.spec(), dst.spec())->explain(mesh().get());
+}
+
+at::Tensor DTensor::full_tensor() const {
+  return redistribute(Placements(mesh()->ndim(), Replicate())).to_local();
+}
+
+std::string DTensor::str() const {
+  if (!defined()) return "DTensor(undefined)";
+  return cat("DTensor(shape ", to_string(shape_), ", ", layout_.str(), ", local ",
+             to_string(local_.sizes().vec()), " ", local_.scalar_type(), ")");
+}
+
+DTensor distribute_tensor(const at::Tensor& tensor, const Layout& layout) {
+  HP_CHECK_ARG(tensor.defined(), "distribute_tensor: tensor is undefined");
+  Layout norm = prepare(layout, tensor.dim(), "distribute_tensor");
+  const DeviceMesh& mesh = *norm.mesh();
+  const auto& coord = mesh.coordinate();
+  std::vector<int64_t> shape = tensor.sizes().vec();
+  at::Tensor piece = tensor.detach();
+  for (int64_t d = 0; d < tensor.dim(); ++d) {
+    Span s = shard_span(shape[d], norm.spec(), d, mesh.shape(), coord);
+    piece = piece.narrow(d, s.offset, s.size);
+  }
+  bool zero = false;
+  for (int64_t m = 0; m < mesh.ndim(); ++m) {
+    const Placement& p = norm.placements()[m];
+    if (p.is_partial() && p.reduce_op() == dist::ReduceOp::kSum && coord[m] != 0) zero = true;
+  }
+  at::Tensor local = zero ? at::zeros_like(piece, at::MemoryFormat::Contiguous)
+                          : piece.clone(at::MemoryFormat::Contiguous);
+  local.requires_grad_(tensor.requires_grad());
+  return DTensor(local, norm, shape, nullptr);
+}
+
+DTensor distribute_tensor(const at::Tensor& tensor, DeviceMeshPtr mesh,
+                          const Placements& placements) {
+  return distribute_tensor(tensor, Layout(std::move(mesh), placements));
+}
+
+DTensor from_local(const at::Tensor& local, const Layout& layout,
+                   const FromLocalOptions& options) {
+  HP_CHECK_ARG(local.defined(), "from_local: local tensor is undefined");
+  Layout norm = prepare(layout, local.dim(), "from_local");
+  const DeviceMesh& mesh = *norm.mesh();
+  std::vector<int64_t> shape;
+  if (options.shape) {
+    shape = *options.shape;
+    HP_CHECK_ARG(static_cast<int64_t>(shape.size()) == local.dim(), "from_local: shape ",
+                 to_string(shape), " has ", shape.size(), " dims but the local tensor has ",
+                 local.dim());
+    auto expected = local_shape(shape, norm.spec(), mesh.shape(), mesh.coordinate());
+    HP_CHECK_ARG(expected == local.sizes().vec(), "from_local: the local tensor of shape ",
+                 to_string(local.sizes().vec()), " on rank ", dist::get_rank(),
+                 " (coordinate ", to_string(mesh.coordinate()), ") does not fit ",
+                 to_string(norm.placements()), " of global shape ", to_string(shape),
+                 ", which gives it ", to_string(expected));
+  }
+  if (options.run_check) {
+    auto shapes = gather_local_shapes(mesh, local);
+    if (!options.shape) shape = infer_global_shape(norm, shapes);
+    check_local_shapes(norm, shape, shapes);
+  } else if (!options.shape) {
+    shape = local.sizes().vec();
+    for (int64_t d = 0; d < local.dim(); ++d) shape[d] *= product_of_sharding_sizes(norm, d);
+  }
+  if (!needs_grad(local)) return DTensor(local, norm, shape, nullptr);
+  auto cell = std::make_shared<GradLayoutCell>();
+  auto node = make_node<FromLocalBackward>();
+  node->layout = norm;
+  node->shape = shape;
+  node->cell = cell;
+  return DTensor(attach(node, local, local), norm, shape, cell);
+}
+
+DTensor from_local(const at::Tensor& local, DeviceMeshPtr mesh, const Placements& placements,
+                   const FromLocalOptions& options) {
+  return from_local(local, Layout(std::move(mesh), placements), options);
+}
+
+}  // namespace hp

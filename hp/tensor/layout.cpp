@@ -1,0 +1,153 @@
+#include "hp/tensor/layout.h"
+
+#include <algorithm>
+#include <set>
+
+#include "hp/util/error.h"
+
+namespace hp {
+namespace {
+
+bool is_unsharded(const DimAlias& entry) {
+  return entry.empty() || (entry.size() == 1 && entry[0] == "None");
+}
+
+}  // namespace
+
+Layout::Layout(DeviceMeshPtr mesh, Placements placements)
+    : Layout(std::move(mesh), ShardSpec{std::move(placements), {}}) {}
+
+Layout::Layout(DeviceMeshPtr mesh, ShardSpec spec) : mesh_(std::move(mesh)), spec_(std::move(spec)) {
+  HP_CHECK_ARG(mesh_ != nullptr, "Layout: mesh must not be null");
+  HP_CHECK_ARG(static_cast<int64_t>(spec_.placements.size()) == mesh_->ndim(), "Layout: ",
+               spec_.placements.size(), " placements ", to_string(spec_.placements),
+               " given for a ", mesh_->ndim(), "-d mesh ", to_string(mesh_->dim_names()),
+               "; expected one placement per mesh dim");
+  for (const auto& [dim, mesh_dims] : spec_.orders) {
+    std::vector<int64_t> expected;
+    for (int64_t m = 0; m < mesh_->ndim(); ++m) {
+      if (spec_.placements[m].is_shard(dim)) expected.push_back(m);
+    }
+    std::vector<int64_t> sorted = mesh_dims;
+    std::sort(sorted.begin(), sorted.end());
+    HP_CHECK_ARG(sorted == expected, "Layout: shard order ", to_string(mesh_dims),
+                 " of tensor dim ", dim, " must list exactly the mesh dims ",
+                 to_string(expected), " that shard it under ", to_string(spec_.placements));
+  }
+  spec_.canonicalize();
+}
+
+Layout Layout::from_alias(DeviceMeshPtr mesh, const AliasPlacements& alias) {
+  HP_CHECK_ARG(mesh != nullptr, "Layout::from_alias: mesh must not be null");
+  Placements placements(mesh->ndim(), Replicate());
+  std::vector<int64_t> used_by(mesh->ndim(), -1);
+  ShardSpec spec;
+  for (size_t d = 0; d < alias.size(); ++d) {
+    if (is_unsharded(alias[d])) continue;
+    std::vector<int64_t> order;
+    for (const auto& name : alias[d]) {
+      HP_CHECK_ARG(name != "None", "alias placements: tensor dim ", d, " mixes 'None' with mesh ",
+                   "dim names ", to_string(alias[d]), "; expected 'None' alone");
+      int64_t m = mesh->dim_index(name);
+      HP_CHECK_ARG(used_by[m] < 0, "alias placements: mesh dim '", name, "' shards tensor dim ",
+                   used_by[m], " and tensor dim ", d, "; a mesh dim can shard one tensor dim");
+      used_by[m] = static_cast<int64_t>(d);
+      placements[m] = Shard(static_cast<int64_t>(d));
+      order.push_back(m);
+    }
+    spec.orders[static_cast<int64_t>(d)] = order;
+  }
+  spec.placements = std::move(placements);
+  return Layout(std::move(mesh), std::move(spec));
+}
+
+Layout Layout::from_tensor_map(DeviceMeshPtr mesh,
+                               const std::vector<std::vector<int64_t>>& tensor_map) {
+  HP_CHECK_ARG(mesh != nullptr, "Layout::from_tensor_map: mesh must not be null");
+  AliasPlacements alias;
+  for (size_t d = 0; d < tensor_map.size(); ++d) {
+    DimAlias entry;
+    for (int64_t v : tensor_map[d]) {
+      if (v == -1 && tensor_map[d].size() == 1) break;
+      HP_CHECK_ARG(v >= 0 && v < mesh->ndim(), "tensor_map entry ", v, " of tensor dim ", d,
+                   " is out of range for a ", mesh->ndim(), "-d mesh; expected -1 or 0..",
+                   mesh->ndim() - 1);
+      entry.push_back(mesh->dim_names()[mesh->ndim() - 1 - v]);
+    }
+    alias.push_back(entry);
+  }
+  return from_alias(std::move(mesh), alias);
+}
+
+AliasPlacements Layout::alias_placements(int64_t tensor_ndim) const {
+  for (int64_t m = 0; m < mesh_->ndim(); ++m) {
+    HP_CHECK_ARG(!spec_.placements[m].is_partial(), "the alias form cannot express ",
+                 spec_.placements[m].str(), " on mesh dim '", mesh_->dim_names()[m], "' of ",
+                 str());
+  }
+  Layout norm = normalized(tensor_ndim);
+  AliasPlacements alias;
+  for (int64_t d = 0; d < tensor_ndim; ++d) {
+    DimAlias entry;
+    for (int64_t m : norm.mesh_dims_of(d)) entry.push_back(mesh_->dim_names()[m]);
+    if (entry.empty()) entry.push_back("None");
+    alias.push_back(entry);
+  }
+  return alias;
+}
+
+std::vector<std::vector<int64_t>> Layout::tensor_map(int64_t tensor_ndim) const {
+  AliasPlacements alias = alias_placements(tensor_ndim);
+  std::vector<std::vector<int64_t>> map;
+  for (const auto& entry : alias) {
+    std::vector<int64_t> values;
+    if (is_unsharded(entry)) {
+      values.push_back(-1);
+    } else {
+      for (const auto& name : entry) values.push_back(mesh_->ndim() - 1 - mesh_->dim_index(name));
+    }
+    map.push_back(values);
+  }
+  return map;
+}
+
+int64_t Layout::repeat_num() const {
+  int64_t n = 1;
+  for (int64_t m = 0; m < mesh_->ndim(); ++m) {
+    if (spec_.placements[m].is_replicate()) n *= mesh_->size(m);
+  }
+  return n;
+}
+
+Layout Layout::normalized(int64_t tensor_ndim) const {
+  ShardSpec spec;
+  for (int64_t m = 0; m < static_cast<int64_t>(spec_.placements.size()); ++m) {
+    const Placement& p = spec_.placements[m];
+    if (!p.is_shard()) {
+      spec.placements.push_back(p);
+      continue;
+    }
+    HP_CHECK_ARG(p.dim() >= -tensor_ndim && p.dim() < tensor_ndim, p.str(), " on mesh dim '",
+                 mesh_->dim_names()[m], "' is out of range for a tensor with ", tensor_ndim,
+                 " dims; expected -", tensor_ndim, " <= dim < ", tensor_ndim);
+    spec.placements.push_back(Shard(p.dim() < 0 ? p.dim() + tensor_ndim : p.dim()));
+  }
+  for (const auto& [dim, order] : spec_.orders) {
+    spec.orders[dim < 0 ? dim + tensor_ndim : dim] = order;
+  }
+  return Layout(mesh_, std::move(spec));
+}
+
+std::string Layout::str() const {
+  if (!mesh_) return "Layout(undefined)";
+  return cat("Layout(mesh ", to_string(mesh_->dim_names()), " ", to_string(mesh_->shape()), ", ",
+             spec_.str(), ")");
+}
+
+bool Layout::operator==(const Layout& o) const {
+  if (spec_ != o.spec_) return false;
+  if (mesh_ == o.mesh_) return true;
+  return mesh_ && o.mesh_ && *mesh_ == *o.mesh_;
+}
+
+}  // namespace hp

@@ -1,0 +1,72 @@
+// Layout: a DeviceMesh plus how each of its dims holds a tensor (SPEC T2).
+//
+// Three equivalent spellings:
+//  - placements: one Placement per mesh dim, e.g. [Shard(0), Replicate()];
+//  - the alias form: one entry per tensor dim naming the mesh dims that shard
+//    it: "dp", "None" (not sharded), or a tuple {"dp", "tp"} for a tensor dim
+//    sharded over several mesh dims, the last name varying fastest;
+//  - tensor_map (MindSpore's convention): per tensor dim, -1 when not sharded,
+//    else the sharding mesh dims counted from the right (mesh dim m of an
+//    n-d mesh is n-1-m), several for multi-axis sharding.
+// The alias form and tensor_map cannot express Partial; converting a layout
+// with a Partial placement to them raises ArgumentError.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hp/mesh/device_mesh.h"
+#include "hp/tensor/placement.h"
+#include "hp/tensor/shard_spec.h"
+
+namespace hp {
+
+// One tensor dim in the alias form: {} or {"None"} = not sharded.
+using DimAlias = std::vector<std::string>;
+using AliasPlacements = std::vector<DimAlias>;
+
+class Layout {
+ public:
+  Layout() = default;
+  // One placement per mesh dim; multi-axis shards split in mesh-dim order.
+  Layout(DeviceMeshPtr mesh, Placements placements);
+  // A spec built elsewhere (validated against the mesh).
+  Layout(DeviceMeshPtr mesh, ShardSpec spec);
+
+  static Layout from_alias(DeviceMeshPtr mesh, const AliasPlacements& alias);
+  static Layout from_tensor_map(DeviceMeshPtr mesh,
+                                const std::vector<std::vector<int64_t>>& tensor_map);
+
+  bool defined() const { return mesh_ != nullptr; }
+  const DeviceMeshPtr& mesh() const { return mesh_; }
+  const Placements& placements() const { return spec_.placements; }
+  const ShardSpec& spec() const { return spec_; }
+  // Mesh dims sharding `tensor_dim`, outermost first.
+  std::vector<int64_t> mesh_dims_of(int64_t tensor_dim) const {
+    return spec_.mesh_dims_of(tensor_dim);
+  }
+  bool has_partial() const { return spec_.has_partial(); }
+
+  AliasPlacements alias_placements(int64_t tensor_ndim) const;
+  std::vector<std::vector<int64_t>> tensor_map(int64_t tensor_ndim) const;
+  // Ranks that hold identical data: the product of the Replicate dims' sizes.
+  int64_t repeat_num() const;
+
+  // The layout with negative shard dims resolved for a tensor of
+  // `tensor_ndim` dims; shard dims out of range raise ArgumentError.
+  Layout normalized(int64_t tensor_ndim) const;
+
+  // "Layout(mesh ['dp', 'tp'] [2, 2], [S(0), R])".
+  std::string str() const;
+
+  // Same mesh (by value) and spec.
+  bool operator==(const Layout& o) const;
+  bool operator!=(const Layout& o) const { return !(*this == o); }
+
+ private:
+  DeviceMeshPtr mesh_;
+  ShardSpec spec_;
+};
+
+}  // namespace hp

@@ -1,0 +1,23 @@
+// Executing a redistribute plan on this rank's local tensor.
+//
+// Collectives need equal-sized pieces; uneven shards (torch.chunk semantics)
+// are padded to the largest piece before the collective and trimmed after,
+// so results equal the single-process tensor exactly. Steps never modify
+// their input: the result is always a new tensor. Not differentiable by
+// itself (DTensor wraps it in autograd nodes).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "hp/mesh/device_mesh.h"
+#include "hp/tensor/redistribute_plan.h"
+
+namespace hp {
+
+at::Tensor execute_redistribute(const RedistributePlan& plan, const at::Tensor& local,
+                                const DeviceMesh& mesh, const std::vector<int64_t>& global_shape);
+
+}  // namespace hp

@@ -1,0 +1,82 @@
+#include "hp/tensor/shard_spec.h"
+
+#include <algorithm>
+
+#include "hp/util/format.h"
+
+namespace hp {
+
+std::vector<int64_t> ShardSpec::mesh_dims_of(int64_t tensor_dim) const {
+  auto it = orders.find(tensor_dim);
+  if (it != orders.end()) return it->second;
+  std::vector<int64_t> dims;
+  for (size_t m = 0; m < placements.size(); ++m) {
+    if (placements[m].is_shard(tensor_dim)) dims.push_back(static_cast<int64_t>(m));
+  }
+  return dims;
+}
+
+bool ShardSpec::has_partial() const {
+  return std::any_of(placements.begin(), placements.end(),
+                     [](const Placement& p) { return p.is_partial(); });
+}
+
+void ShardSpec::canonicalize() {
+  for (auto it = orders.begin(); it != orders.end();) {
+    bool ascending = std::is_sorted(it->second.begin(), it->second.end());
+    it = ascending ? orders.erase(it) : std::next(it);
+  }
+}
+
+std::string ShardSpec::str() const {
+  std::string out = to_string(placements);
+  if (!orders.empty()) {
+    out += " order{";
+    bool first = true;
+    for (const auto& [dim, mesh_dims] : orders) {
+      out += cat(first ? "" : ", ", dim, ": ", to_string(mesh_dims));
+      first = false;
+    }
+    out += "}";
+  }
+  return out;
+}
+
+Span chunk_span(int64_t length, int64_t pieces, int64_t index) {
+  const int64_t chunk = (length + pieces - 1) / pieces;
+  const int64_t begin = std::min(length, chunk * index);
+  const int64_t end = std::min(length, chunk * (index + 1));
+  return {begin, end - begin};
+}
+
+Span shard_span(int64_t length, const ShardSpec& spec, int64_t tensor_dim,
+                const std::vector<int64_t>& mesh_shape, const std::vector<int64_t>& coordinate) {
+  Span span{0, length};
+  for (int64_t m : spec.mesh_dims_of(tensor_dim)) {
+    Span piece = chunk_span(span.size, mesh_shape[m], coordinate[m]);
+    span = {span.offset + piece.offset, piece.size};
+  }
+  return span;
+}
+
+std::vector<int64_t> local_shape(const std::vector<int64_t>& global_shape, const ShardSpec& spec,
+                                 const std::vector<int64_t>& mesh_shape,
+                                 const std::vector<int64_t>& coordinate) {
+  std::vector<int64_t> shape(global_shape.size());
+  for (size_t d = 0; d < global_shape.size(); ++d) {
+    shape[d] = shard_span(global_shape[d], spec, d, mesh_shape, coordinate).size;
+  }
+  return shape;
+}
+
+std::vector<int64_t> local_offset(const std::vector<int64_t>& global_shape, const ShardSpec& spec,
+                                  const std::vector<int64_t>& mesh_shape,
+                                  const std::vector<int64_t>& coordinate) {
+  std::vector<int64_t> offset(global_shape.size());
+  for (size_t d = 0; d < global_shape.size(); ++d) {
+    offset[d] = shard_span(global_shape[d], spec, d, mesh_shape, coordinate).offset;
+  }
+  return offset;
+}
+
+}  // namespace hp

@@ -1,0 +1,179 @@
+// DeviceMesh (SPEC M1-M3) on 2, 3 and 4 ranks: layouts, coordinates, the
+// groups of each dim, sub-meshes, flattening and every construction error.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "hp/dist/collectives.h"
+#include "hp/dist/world.h"
+#include "hp/mesh/device_mesh.h"
+#include "hp/util/error.h"
+#include "tests/support/tensor_checks.h"
+
+namespace hp {
+namespace {
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  return test::message_of<ArgumentError>(fn);
+}
+
+// The 2-d shape this world supports: [2, W/2] when W is even, else [W, 1].
+std::vector<int64_t> two_d_shape() {
+  const int w = dist::get_world_size();
+  return w % 2 == 0 ? std::vector<int64_t>{2, w / 2} : std::vector<int64_t>{w, 1};
+}
+
+// Sum of the global ranks in `group` computed with an all-reduce over it.
+float reduced_rank_sum(dist::Group& group) {
+  at::Tensor t = at::full({1}, float(dist::get_rank()));
+  dist::all_reduce(group, t).wait();
+  return t.item<float>();
+}
+
+float expected_sum(const std::vector<int>& ranks) {
+  float s = 0;
+  for (int r : ranks) s += r;
+  return s;
+}
+
+TEST(DeviceMesh, OneDimensionalMeshIsTheWorld) {
+  auto mesh = init_device_mesh("cpu", {dist::get_world_size()}, {"dp"});
+  EXPECT_EQ(mesh->ndim(), 1);
+  EXPECT_EQ(mesh->size(), dist::get_world_size());
+  EXPECT_EQ(mesh->coordinate(), std::vector<int64_t>{dist::get_rank()});
+  EXPECT_EQ(mesh->group_ptr(0), dist::world_group()) << "a whole-world dim reuses the world group";
+  EXPECT_EQ(mesh->dim_names(), std::vector<std::string>{"dp"});
+  EXPECT_EQ(mesh->size("dp"), dist::get_world_size());
+}
+
+TEST(DeviceMesh, TwoDimensionalLayoutIsRowMajor) {
+  auto shape = two_d_shape();
+  auto mesh = init_device_mesh("cpu", shape, {"dp", "tp"});
+  const int me = dist::get_rank();
+  EXPECT_EQ(mesh->coordinate(), (std::vector<int64_t>{me / shape[1], me % shape[1]}));
+  EXPECT_EQ(mesh->rank_at(mesh->coordinate()), me);
+  // The tp group holds the row, the dp group the column.
+  std::vector<int> row, column;
+  for (int64_t j = 0; j < shape[1]; ++j) row.push_back(int(me / shape[1] * shape[1] + j));
+  for (int64_t i = 0; i < shape[0]; ++i) column.push_back(int(i * shape[1] + me % shape[1]));
+  EXPECT_EQ(mesh->group("tp").ranks(), row);
+  EXPECT_EQ(mesh->group("dp").ranks(), column);
+  EXPECT_EQ(reduced_rank_sum(mesh->group("tp")), expected_sum(row));
+  EXPECT_EQ(reduced_rank_sum(mesh->group("dp")), expected_sum(column));
+  EXPECT_TRUE(contains(mesh->describe(), "['dp', 'tp']")) << mesh->describe();
+}
+
+TEST(DeviceMesh, SubMeshesReuseTheParentGroups) {
+  auto shape = two_d_shape();
+  auto mesh = init_device_mesh("cpu", shape, {"dp", "tp"});
+  auto tp = (*mesh)["tp"];
+  EXPECT_EQ(tp->ndim(), 1);
+  EXPECT_EQ(tp->ranks(), mesh->group("tp").ranks());
+  EXPECT_EQ(tp->coordinate(), std::vector<int64_t>{mesh->coordinate(1)});
+  EXPECT_EQ(&tp->group(0), &mesh->group("tp"));
+  auto dp = mesh->sub({"dp"});
+  EXPECT_EQ(dp->ranks(), mesh->group("dp").ranks());
+  auto both = mesh->sub({"dp", "tp"});
+  EXPECT_EQ(*both, *mesh);
+}
+
+TEST(DeviceMesh, FlattenMergesDimsIntoOneGroup) {
+  auto shape = two_d_shape();
+  auto mesh = init_device_mesh("cpu", shape, {"dp", "tp"});
+  auto flat = mesh->flatten({"dp", "tp"});
+  EXPECT_EQ(flat->dim_names(), std::vector<std::string>{"dp_tp"});
+  EXPECT_EQ(flat->size(), dist::get_world_size());
+  EXPECT_EQ(flat->coordinate(0), dist::get_rank());
+  EXPECT_EQ(reduced_rank_sum(flat->group(0)), expected_sum(flat->ranks()));
+}
+
+TEST(DeviceMesh, ThreeDimensionalMeshAndItsFlattenings) {
+  const int w = dist::get_world_size();
+  std::vector<int64_t> shape = w == 4 ? std::vector<int64_t>{2, 1, 2}
+                                      : std::vector<int64_t>{1, w, 1};
+  auto mesh = init_device_mesh("cpu", shape, {"pp", "dp", "tp"});
+  const int me = dist::get_rank();
+  for (int64_t d = 0; d < 3; ++d) {
+    const auto& ranks = mesh->group(d).ranks();
+    EXPECT_EQ(static_cast<int64_t>(ranks.size()), shape[d]);
+    EXPECT_NE(std::find(ranks.begin(), ranks.end(), me), ranks.end());
+    EXPECT_EQ(reduced_rank_sum(mesh->group(d)), expected_sum(ranks)) << "dim " << d;
+  }
+  auto pp_tp = mesh->flatten({"pp", "tp"}, "outer");
+  EXPECT_EQ(pp_tp->size(), shape[0] * shape[2]);
+  EXPECT_EQ(reduced_rank_sum(pp_tp->group(0)), expected_sum(pp_tp->ranks()));
+  auto sub = mesh->sub({"pp", "tp"});
+  EXPECT_EQ(sub->shape(), (std::vector<int64_t>{shape[0], shape[2]}));
+  EXPECT_EQ(sub->ranks(), pp_tp->ranks());
+}
+
+TEST(DeviceMesh, ExplicitRankLayout) {
+  const int w = dist::get_world_size();
+  std::vector<int> reversed;
+  for (int r = w - 1; r >= 0; --r) reversed.push_back(r);
+  auto mesh = DeviceMesh::create("cpu", {w}, reversed, {"x"});
+  EXPECT_EQ(mesh->coordinate(0), w - 1 - dist::get_rank());
+  EXPECT_EQ(mesh->group(0).ranks(), reversed);
+}
+
+TEST(DeviceMeshErrors, ConstructionErrorsNameTheProblem) {
+  const int w = dist::get_world_size();
+  std::string m = error_of([&] { init_device_mesh("cpu", {w + 1}); });
+  EXPECT_TRUE(contains(m, "mesh shape [" + std::to_string(w + 1) + "] holds " +
+                              std::to_string(w + 1) + " ranks but the world size is " +
+                              std::to_string(w)))
+      << m;
+  m = error_of([&] { init_device_mesh("cpu", {}); });
+  EXPECT_TRUE(contains(m, "mesh shape must have at least one dim")) << m;
+  m = error_of([&] { init_device_mesh("cpu", {w, 0}); });
+  EXPECT_TRUE(contains(m, "dim 1 has size 0, expected a positive size")) << m;
+  m = error_of([&] { init_device_mesh("cpu", {w, -1}); });
+  EXPECT_TRUE(contains(m, "dim 1 has size -1")) << m;
+  m = error_of([&] { init_device_mesh("cpu", {1, w}, {"dp", "dp"}); });
+  EXPECT_TRUE(contains(m, "mesh dim names ['dp', 'dp'] contain 'dp' twice")) << m;
+  m = error_of([&] { init_device_mesh("cpu", {1, w}, {"dp"}); });
+  EXPECT_TRUE(contains(m, "has 1 entries but the mesh shape [1, " + std::to_string(w) +
+                              "] has 2 dims"))
+      << m;
+  m = error_of([&] { init_device_mesh("cpu", {w}, {"None"}); });
+  EXPECT_TRUE(contains(m, "'None'")) << m;
+  m = error_of([&] { init_device_mesh("tpu", {w}); });
+  EXPECT_TRUE(contains(m, "device_type must be 'cpu' or 'cuda', got 'tpu'")) << m;
+  m = error_of([&] { init_device_mesh("cuda", {w}); });
+  EXPECT_TRUE(contains(m, "device_type 'cuda' needs a libtorch built with CUDA")) << m;
+  m = error_of([&] { DeviceMesh::create("cpu", {2}, {0, 0}); });
+  EXPECT_TRUE(contains(m, "contain rank 0 twice")) << m;
+}
+
+TEST(DeviceMeshErrors, LookupErrorsNameTheProblem) {
+  auto mesh = init_device_mesh("cpu", two_d_shape(), {"dp", "tp"});
+  std::string m = error_of([&] { (*mesh)["pp"]; });
+  EXPECT_TRUE(contains(m, "mesh dim name 'pp' is not one of the mesh's dims ['dp', 'tp']")) << m;
+  m = error_of([&] { mesh->sub({"tp", "dp"}); });
+  EXPECT_TRUE(contains(m, "must be distinct and in the mesh's order ['dp', 'tp']")) << m;
+  m = error_of([&] { mesh->size(2); });
+  EXPECT_TRUE(contains(m, "mesh dim 2 is out of range")) << m;
+  m = error_of([&] { mesh->group("x"); });
+  EXPECT_TRUE(contains(m, "mesh dim name 'x'")) << m;
+  m = error_of([&] { mesh->flatten({"tp", "dp"}); });
+  EXPECT_TRUE(contains(m, "flatten: names ['tp', 'dp'] must be distinct and in the mesh's order"))
+      << m;
+}
+
+TEST(DeviceMeshErrors, RankOutsideASubsetMesh) {
+  if (dist::get_world_size() < 2) GTEST_SKIP();
+  auto mesh = DeviceMesh::create("cpu", {1}, {0}, {"solo"});
+  if (dist::get_rank() == 0) {
+    EXPECT_EQ(mesh->coordinate(0), 0);
+  } else {
+    EXPECT_FALSE(mesh->contains_self());
+    std::string m = error_of([&] { mesh->coordinate(); });
+    EXPECT_TRUE(contains(m, "is not part of DeviceMesh")) << m;
+  }
+}
+
+}  // namespace
+}  // namespace hp
