@@ -51,21 +51,26 @@ int64_t product_of_sharding_sizes(const Layout& layout, int64_t tensor_dim) {
   return n;
 }
 
-// The layout in which an input of `layout` receives its gradient: Partial
-// inputs get the whole (Replicate) gradient, scaled by 1/n for avg.
-Layout gradient_layout_of(const Layout& layout, double* scale) {
-  Placements placements = layout.placements();
-  *scale = 1.0;
-  for (size_t m = 0; m < placements.size(); ++m) {
-    if (!placements[m].is_partial()) continue;
-    if (placements[m].reduce_op() == dist::ReduceOp::kAvg) {
-      *scale /= static_cast<double>(layout.mesh()->size(static_cast<int64_t>(m)));
-    }
-    placements[m] = Replicate();
-  }
+// The layout in which a DTensor of `layout` receives its (global) gradient
+// from a redistribute: a Partial value's gradient is the whole gradient,
+// so Partial dims become Replicate.
+Layout gradient_layout_of(const Layout& layout) {
   ShardSpec spec = layout.spec();
-  spec.placements = std::move(placements);
+  for (auto& p : spec.placements) {
+    if (p.is_partial()) p = Replicate();
+  }
   return Layout(layout.mesh(), std::move(spec));
+}
+
+// d(mean of n partial values)/d(one of them) = 1/n: the product of the sizes
+// of the Partial(avg) dims divides a global gradient into a local one.
+int64_t average_divisor(const Layout& layout) {
+  int64_t divisor = 1;
+  for (int64_t m = 0; m < layout.mesh()->ndim(); ++m) {
+    const Placement& p = layout.placements()[m];
+    if (p.is_partial() && p.reduce_op() == dist::ReduceOp::kAvg) divisor *= layout.mesh()->size(m);
+  }
+  return divisor;
 }
 
 void check_differentiable(const Layout& layout, const char* op) {
@@ -87,13 +92,10 @@ at::Tensor run_plan(const at::Tensor& local, const Layout& from, const Layout& t
   return execute_redistribute(*plan, local, *from.mesh(), shape);
 }
 
-// Converts a gradient that arrived in `arrived` into `input`'s gradient layout.
-at::Tensor gradient_for_input(const at::Tensor& grad, const Layout& arrived, const Layout& input,
-                              const std::vector<int64_t>& shape) {
-  double scale = 1.0;
-  Layout target = gradient_layout_of(input, &scale);
-  at::Tensor g = arrived == target ? grad : run_plan(grad, arrived, target, shape);
-  return scale == 1.0 ? g : g * scale;
+// Moves a gradient that arrived laid out as `arrived` into `target`.
+at::Tensor move_gradient(const at::Tensor& grad, const Layout& arrived, const Layout& target,
+                         const std::vector<int64_t>& shape) {
+  return arrived == target ? grad : run_plan(grad, arrived, target, shape);
 }
 
 struct FromLocalBackward : torch::autograd::Node {
@@ -106,7 +108,9 @@ struct FromLocalBackward : torch::autograd::Node {
     Layout arrived = cell->get_or(layout);
     // As torch: a gradient in the DTensor's own layout is the local gradient.
     if (arrived == layout) return {grads[0]};
-    return {gradient_for_input(grads[0], arrived, layout, shape)};
+    at::Tensor g = move_gradient(grads[0], arrived, gradient_layout_of(layout), shape);
+    const int64_t divisor = average_divisor(layout);
+    return {divisor == 1 ? g : g / divisor};
   }
   std::string name() const override { return "hp::FromLocalBackward"; }
 };
@@ -118,7 +122,7 @@ struct RedistributeBackward : torch::autograd::Node {
 
   variable_list apply(variable_list&& grads) override {
     if (!grads[0].defined()) return {at::Tensor()};
-    return {gradient_for_input(grads[0], cell->get_or(target), source, shape)};
+    return {move_gradient(grads[0], cell->get_or(target), gradient_layout_of(source), shape)};
   }
   std::string name() const override { return "hp::RedistributeBackward"; }
 };
@@ -144,6 +148,10 @@ Layout prepare(const Layout& layout, int64_t ndim, const char* op) {
   HP_CHECK_ARG(layout.mesh()->contains_self(), op, ": rank ", dist::get_rank(),
                " is not part of ", layout.mesh()->describe());
   return layout.normalized(ndim);
+}
+
+std::vector<int64_t> local_shape_at(const std::vector<int64_t>& shape, const Layout& layout) {
+  return local_shape(shape, layout.spec(), layout.mesh()->shape(), layout.mesh()->coordinate());
 }
 
 // Every mesh rank's local shape, in row-major mesh order (collective).
@@ -246,10 +254,17 @@ std::vector<int64_t> DTensor::local_offset() const {
 
 at::Tensor DTensor::to_local(const std::optional<Placements>& grad_placements) const {
   HP_CHECK_ARG(defined(), "to_local: the DTensor is undefined");
-  if (grad_cell_ && needs_grad(local_)) {
-    Layout grad_layout =
-        grad_placements ? Layout(mesh(), *grad_placements).normalized(dim()) : layout_;
-    grad_cell_->record(grad_layout, "to_local()");
+  if (grad_placements) {
+    Layout grad_layout = Layout(mesh(), *grad_placements).normalized(dim());
+    auto grad_shape = local_shape_at(shape_, grad_layout);
+    HP_CHECK_ARG(grad_shape == local_.sizes().vec(), "to_local: grad_placements ",
+                 to_string(*grad_placements), " give this rank a gradient of shape ",
+                 to_string(grad_shape), " but its local tensor under ", to_string(placements()),
+                 " has shape ", to_string(local_.sizes().vec()),
+                 "; expected placements that shard the same dims the same way");
+    if (grad_cell_ && needs_grad(local_)) grad_cell_->record(grad_layout, "to_local()");
+  } else if (grad_cell_ && needs_grad(local_)) {
+    grad_cell_->record(layout_, "to_local()");
   }
   return local_;
 }
@@ -266,8 +281,7 @@ DTensor DTensor::redistribute(const Layout& target) const {
   if (!needs_grad(local_)) return DTensor(out, dst, shape_, nullptr);
   check_differentiable(layout_, "redistribute");
   if (grad_cell_) {
-    double unused_scale;
-    grad_cell_->record(gradient_layout_of(layout_, &unused_scale), "redistribute()");
+    grad_cell_->record(gradient_layout_of(layout_), "redistribute()");
   }
   auto cell = std::make_shared<GradLayoutCell>();
   auto node = make_node<RedistributeBackward>();

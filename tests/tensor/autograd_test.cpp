@@ -1,0 +1,205 @@
+// Gradients through from_local / redistribute / to_local (SPEC T6) against
+// single-process autograd: every rank computes the whole tensor's gradient
+// for the equivalent global loss and compares its slice with the local
+// gradient. Values are small integers, so gradients are exact.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "hp/dist/world.h"
+#include "hp/tensor/dtensor.h"
+#include "hp/util/error.h"
+#include "tests/support/tensor_checks.h"
+#include "tests/tensor/reference.h"
+
+namespace hp {
+namespace {
+
+using test::PartialStyle;
+using test::tensors_equal;
+
+DeviceMeshPtr world_mesh() { return init_device_mesh("cpu", {dist::get_world_size()}, {"x"}); }
+
+// The slice of `full` this rank holds under `placements` (Partial dims
+// partitioned by the test's pieces).
+at::Tensor slice_of(const at::Tensor& full, const DeviceMeshPtr& mesh, const Placements& pl) {
+  Layout layout(mesh, pl);
+  std::vector<PartialStyle> styles(mesh->ndim(), PartialStyle::kTestPieces);
+  return test::reference_local(full, layout.normalized(full.dim()), mesh->coordinate(), styles);
+}
+
+// A leaf holding this rank's slice.
+at::Tensor leaf(const at::Tensor& full, const DeviceMeshPtr& mesh, const Placements& pl) {
+  return slice_of(full, mesh, pl).clone().requires_grad_(true);
+}
+
+// The global gradient of sum_r (X * W_r) where W_r are per-rank weights.
+at::Tensor weight_of(int rank, at::IntArrayRef shape) {
+  return test::integer_tensor(shape, 100 + rank);
+}
+
+at::Tensor sum_of_weights(at::IntArrayRef shape) {
+  at::Tensor total = at::zeros(shape);
+  for (int r = 0; r < dist::get_world_size(); ++r) total += weight_of(r, shape);
+  return total;
+}
+
+const std::vector<int64_t> kShape = {7, 5};
+
+TEST(Autograd, ShardToReplicateWithReplicateGradientIsAChunk) {
+  auto mesh = world_mesh();
+  at::Tensor full = test::integer_tensor(kShape);
+  at::Tensor w = weight_of(0, kShape);  // the same on every rank: one global loss
+  at::Tensor x = leaf(full, mesh, {Shard(0)});
+  at::Tensor y = from_local(x, mesh, {Shard(0)}, {kShape}).redistribute({Replicate()}).to_local();
+  (y * w).sum().backward();
+  // Single process: d/dX sum(X * W) = W.
+  EXPECT_TRUE(tensors_equal(x.grad(), slice_of(w, mesh, {Shard(0)})));
+}
+
+TEST(Autograd, ShardToReplicateWithPartialGradientReduceScatters) {
+  auto mesh = world_mesh();
+  at::Tensor full = test::integer_tensor(kShape);
+  at::Tensor x = leaf(full, mesh, {Shard(0)});
+  at::Tensor y = from_local(x, mesh, {Shard(0)}, {kShape})
+                     .redistribute({Replicate()})
+                     .to_local(Placements{Partial()});
+  // Each rank's own loss; the global loss is their sum.
+  (y * weight_of(dist::get_rank(), kShape)).sum().backward();
+  EXPECT_TRUE(tensors_equal(x.grad(), slice_of(sum_of_weights(kShape), mesh, {Shard(0)})));
+}
+
+TEST(Autograd, PartialToReplicateIsIdentity) {
+  auto mesh = world_mesh();
+  at::Tensor full = test::integer_tensor(kShape);
+  at::Tensor w = weight_of(0, kShape);
+  at::Tensor x = leaf(full, mesh, {Partial("sum")});
+  at::Tensor y = from_local(x, mesh, {Partial()}).redistribute({Replicate()}).to_local();
+  EXPECT_TRUE(tensors_equal(y, full));
+  (y * w).sum().backward();
+  // X = sum_r x_r, so every partial value gets the whole gradient.
+  EXPECT_TRUE(tensors_equal(x.grad(), w));
+}
+
+TEST(Autograd, PartialAverageScalesByGroupSize) {
+  auto mesh = world_mesh();
+  at::Tensor full = test::integer_tensor(kShape);
+  at::Tensor w = weight_of(0, kShape) * dist::get_world_size();
+  at::Tensor x = leaf(full, mesh, {Partial("avg")});
+  at::Tensor y = from_local(x, mesh, {Partial("avg")}).redistribute({Replicate()}).to_local();
+  EXPECT_TRUE(tensors_equal(y, full));
+  (y * w).sum().backward();
+  EXPECT_TRUE(tensors_equal(x.grad(), w / dist::get_world_size()));
+}
+
+TEST(Autograd, ReplicateToShardGathersTheGradient) {
+  auto mesh = world_mesh();
+  at::Tensor full = test::integer_tensor(kShape);
+  at::Tensor w = weight_of(0, kShape);
+  at::Tensor x = full.clone().requires_grad_(true);
+  DTensor y = from_local(x, mesh, {Replicate()}).redistribute({Shard(0)});
+  // Each rank's loss covers its own shard: together they are sum(X * W).
+  (y.to_local() * slice_of(w, mesh, {Shard(0)})).sum().backward();
+  EXPECT_TRUE(tensors_equal(x.grad(), w));
+}
+
+TEST(Autograd, ShardToOtherShardIsAllToAll) {
+  auto mesh = world_mesh();
+  at::Tensor full = test::integer_tensor(kShape);
+  at::Tensor w = weight_of(0, kShape);
+  at::Tensor x = leaf(full, mesh, {Shard(0)});
+  DTensor y = from_local(x, mesh, {Shard(0)}, {kShape}).redistribute({Shard(1)});
+  (y.to_local() * slice_of(w, mesh, {Shard(1)})).sum().backward();
+  EXPECT_TRUE(tensors_equal(x.grad(), slice_of(w, mesh, {Shard(0)})));
+}
+
+TEST(Autograd, ReplicateToPartialWithReplicateGradient) {
+  auto mesh = world_mesh();
+  at::Tensor full = test::integer_tensor(kShape);
+  at::Tensor w = weight_of(0, kShape);
+  at::Tensor x = full.clone().requires_grad_(true);
+  at::Tensor y = from_local(x, mesh, {Replicate()})
+                     .redistribute({Partial()})
+                     .to_local(Placements{Replicate()});
+  // sum_r (y_r * W) = (X * W) since the y_r add up to X.
+  (y * w).sum().backward();
+  EXPECT_TRUE(tensors_equal(x.grad(), w));
+}
+
+TEST(Autograd, FullTensorGradient) {
+  auto mesh = world_mesh();
+  at::Tensor full = test::integer_tensor(kShape);
+  at::Tensor w = weight_of(0, kShape);
+  at::Tensor x = leaf(full, mesh, {Shard(1)});
+  at::Tensor y = from_local(x, mesh, {Shard(1)}, {kShape}).full_tensor();
+  EXPECT_TRUE(tensors_equal(y, full));
+  (y * w).sum().backward();
+  EXPECT_TRUE(tensors_equal(x.grad(), slice_of(w, mesh, {Shard(1)})));
+}
+
+TEST(Autograd, ChainOnTwoDimensionalMesh) {
+  const int world = dist::get_world_size();
+  std::vector<int64_t> shape = world % 2 == 0 ? std::vector<int64_t>{2, world / 2}
+                                              : std::vector<int64_t>{world, 1};
+  auto mesh = init_device_mesh("cpu", shape, {"dp", "tp"});
+  at::Tensor full = test::integer_tensor(kShape);
+  // [S(0), S(1)] -> [R, S(0)] -> [R, R], each rank with its own loss.
+  at::Tensor x = leaf(full, mesh, {Shard(0), Shard(1)});
+  at::Tensor y = from_local(x, mesh, {Shard(0), Shard(1)}, {kShape})
+                     .redistribute({Replicate(), Shard(0)})
+                     .redistribute({Replicate(), Replicate()})
+                     .to_local(Placements{Partial(), Partial()});
+  (y * weight_of(dist::get_rank(), kShape)).sum().backward();
+  EXPECT_TRUE(tensors_equal(x.grad(), slice_of(sum_of_weights(kShape), mesh,
+                                               {Shard(0), Shard(1)})));
+}
+
+TEST(Autograd, FromLocalBackwardRedistributesToItsPlacements) {
+  auto mesh = world_mesh();
+  at::Tensor full = test::integer_tensor(kShape);
+  // Replicate input whose gradient each rank declares Partial: from_local's
+  // backward sums the contributions (all-reduce) so every replica gets it all.
+  at::Tensor x = full.clone().requires_grad_(true);
+  at::Tensor y = from_local(x, mesh, {Replicate()}).to_local(Placements{Partial()});
+  (y * weight_of(dist::get_rank(), kShape)).sum().backward();
+  EXPECT_TRUE(tensors_equal(x.grad(), sum_of_weights(kShape)));
+}
+
+TEST(AutogradErrors, PartialMaxIsNotDifferentiable) {
+  auto mesh = world_mesh();
+  at::Tensor x = test::integer_tensor(kShape).requires_grad_(true);
+  DTensor d = from_local(x, mesh, {Partial("max")});
+  std::string m = test::message_of<ArgumentError>([&] { d.redistribute({Replicate()}); });
+  EXPECT_NE(m.find("P(max) on mesh dim 'x' that requires grad cannot be differentiated"),
+            std::string::npos)
+      << m;
+  // Without grad it is an ordinary max reduction.
+  at::NoGradGuard no_grad;
+  EXPECT_NO_THROW(d.redistribute({Replicate()}));
+}
+
+TEST(AutogradErrors, ConflictingGradientLayoutsAreRefused) {
+  auto mesh = world_mesh();
+  at::Tensor x = test::integer_tensor(kShape).requires_grad_(true);
+  DTensor d = from_local(x, mesh, {Partial()});
+  d.redistribute({Replicate()});
+  std::string m = test::message_of<ArgumentError>([&] { d.to_local(); });
+  EXPECT_NE(m.find("to_local() would send back a gradient laid out as [P(sum)] but "
+                   "redistribute() already declared [R]"),
+            std::string::npos)
+      << m;
+}
+
+TEST(AutogradErrors, GradPlacementsMustKeepTheLocalShape) {
+  auto mesh = world_mesh();
+  at::Tensor x = test::integer_tensor({8, 4}).requires_grad_(true);
+  DTensor d = from_local(x, mesh, {Replicate()});
+  if (dist::get_world_size() == 1) GTEST_SKIP();
+  std::string m =
+      test::message_of<ArgumentError>([&] { d.to_local(Placements{Shard(0)}); });
+  EXPECT_NE(m.find("to_local: grad_placements [S(0)] give this rank a gradient of shape"),
+            std::string::npos)
+      << m;
+}
+
+}  // namespace
+}  // namespace hp

@@ -1,0 +1,160 @@
+// The DTensor API (SPEC T3, T5): distribute_tensor, from_local (with and
+// without run_check), shapes and offsets, full_tensor, explain and the plan
+// cache, and the argument errors.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "hp/dist/world.h"
+#include "hp/tensor/dtensor.h"
+#include "hp/tensor/redistribute_plan.h"
+#include "hp/util/error.h"
+#include "tests/support/tensor_checks.h"
+#include "tests/tensor/reference.h"
+
+namespace hp {
+namespace {
+
+using test::tensors_equal;
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+DeviceMeshPtr world_mesh() { return init_device_mesh("cpu", {dist::get_world_size()}, {"x"}); }
+
+TEST(DTensor, DistributeTensorSlicesWithoutCommunication) {
+  auto mesh = world_mesh();
+  const int64_t w = dist::get_world_size(), r = dist::get_rank();
+  // 3 rows over up to 4 ranks: torch.chunk leaves the last ranks empty.
+  at::Tensor full = test::integer_tensor({3, 2}).requires_grad_(true);
+  DTensor d = distribute_tensor(full, mesh, {Shard(0)});
+  auto pieces = at::chunk(full.detach(), w, 0);
+  at::Tensor expected = r < int64_t(pieces.size()) ? pieces[r] : full.detach().narrow(0, 3, 0);
+  EXPECT_TRUE(tensors_equal(d.local(), expected.contiguous()));
+  EXPECT_TRUE(d.local().requires_grad());
+  EXPECT_TRUE(d.local().is_leaf());
+  EXPECT_EQ(d.sizes(), (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(d.numel(), 6);
+  EXPECT_EQ(d.dim(), 2);
+  EXPECT_EQ(d.strides(), (std::vector<int64_t>{2, 1}));
+  const int64_t chunk = (3 + w - 1) / w;
+  EXPECT_EQ(d.local_offset(), (std::vector<int64_t>{std::min<int64_t>(3, chunk * r), 0}));
+  EXPECT_TRUE(tensors_equal(d.full_tensor(), full.detach()));
+}
+
+TEST(DTensor, DistributePartialPartitionsTheValue) {
+  auto mesh = world_mesh();
+  at::Tensor full = test::integer_tensor({4, 3});
+  DTensor sum = distribute_tensor(full, mesh, {Partial("sum")});
+  EXPECT_TRUE(tensors_equal(sum.local(), dist::get_rank() == 0 ? full : at::zeros_like(full)));
+  EXPECT_TRUE(tensors_equal(sum.full_tensor(), full));
+  DTensor max = distribute_tensor(full, mesh, {Partial("max")});
+  EXPECT_TRUE(tensors_equal(max.local(), full));
+  EXPECT_TRUE(tensors_equal(max.full_tensor(), full));
+}
+
+TEST(DTensor, FromLocalInfersEvenShapes) {
+  auto mesh = world_mesh();
+  const int64_t w = dist::get_world_size();
+  DTensor d = from_local(at::ones({2, 3}), mesh, {Shard(1)});
+  EXPECT_EQ(d.sizes(), (std::vector<int64_t>{2, 3 * w}));
+  DTensor r = from_local(at::ones({2, 3}), mesh, {Replicate()});
+  EXPECT_EQ(r.sizes(), (std::vector<int64_t>{2, 3}));
+}
+
+TEST(DTensor, FromLocalRunCheckInfersUnevenShapes) {
+  auto mesh = world_mesh();
+  const int64_t w = dist::get_world_size(), r = dist::get_rank();
+  // 2w + 1 rows split by torch.chunk.
+  const int64_t rows = 2 * w + 1;
+  Span s = chunk_span(rows, w, r);
+  DTensor d = from_local(at::ones({s.size, 4}), mesh, {Shard(0)}, {std::nullopt, true});
+  EXPECT_EQ(d.sizes(), (std::vector<int64_t>{rows, 4}));
+  EXPECT_EQ(d.local_offset()[0], s.offset);
+}
+
+TEST(DTensor, FromLocalRunCheckRejectsInconsistentShapesOnEveryRank) {
+  auto mesh = world_mesh();
+  if (dist::get_world_size() < 2) GTEST_SKIP();
+  // Every rank holds 2 rows except the last, which holds 3: not torch.chunk.
+  const bool last = dist::get_rank() == dist::get_world_size() - 1;
+  at::Tensor local = at::ones({last ? 3 : 2, 4});
+  std::string m = test::message_of<ArgumentError>(
+      [&] { from_local(local, mesh, {Shard(0)}, {std::nullopt, true}); });
+  EXPECT_TRUE(contains(m, "from_local: rank ")) << m;
+  EXPECT_TRUE(contains(m, "holds a local tensor of shape")) << m;
+  EXPECT_TRUE(contains(m, "[S(0)] of global shape")) << m;
+}
+
+TEST(DTensor, FromLocalWithShapeChecksThisRanksPiece) {
+  auto mesh = world_mesh();
+  std::string m = test::message_of<ArgumentError>(
+      [&] { from_local(at::ones({5, 2}), mesh, {Shard(0)}, {std::vector<int64_t>{1, 2}}); });
+  EXPECT_TRUE(contains(m, "does not fit [S(0)] of global shape [1, 2]")) << m;
+  m = test::message_of<ArgumentError>(
+      [&] { from_local(at::ones({5, 2}), mesh, {Shard(0)}, {std::vector<int64_t>{5}}); });
+  EXPECT_TRUE(contains(m, "shape [5] has 1 dims but the local tensor has 2")) << m;
+}
+
+TEST(DTensor, RedistributeToTheSameLayoutIsFree) {
+  auto mesh = world_mesh();
+  DTensor d = distribute_tensor(test::integer_tensor({4, 4}), mesh, {Shard(0)});
+  DTensor same = d.redistribute({Shard(-2)});
+  EXPECT_TRUE(same.local().is_same(d.local()));
+}
+
+TEST(DTensor, ExplainAndThePlanCache) {
+  auto mesh = init_device_mesh("cpu", {dist::get_world_size()}, {"dp"});
+  DTensor d = distribute_tensor(test::integer_tensor({8, 4}), mesh, {Shard(0)});
+  std::string e = d.explain(Layout(mesh, {Replicate()}));
+  EXPECT_TRUE(contains(e, "redistribute [S(0)] -> [R]: 1 step(s), 1 collective(s)")) << e;
+  EXPECT_TRUE(contains(e, "mesh dim 0 ('dp', " + std::to_string(dist::get_world_size()) +
+                              " ranks): S(0) -> R  all_gather along tensor dim 0"))
+      << e;
+  clear_plan_cache();
+  d.redistribute({Replicate()});
+  d.redistribute({Replicate()});
+  d.redistribute({Replicate()});
+  PlanCacheStats stats = plan_cache_stats();
+  EXPECT_EQ(stats.misses, 1);
+  EXPECT_EQ(stats.hits, 2);
+  EXPECT_EQ(stats.size, 1);
+}
+
+TEST(DTensor, AliasRedistributeAndStr) {
+  auto mesh = init_device_mesh("cpu", {dist::get_world_size()}, {"dp"});
+  DTensor d = distribute_tensor(test::integer_tensor({6, 4}), mesh, {Replicate()});
+  DTensor s = d.redistribute(AliasPlacements{{"None"}, {"dp"}});
+  EXPECT_EQ(s.placements(), (Placements{Shard(1)}));
+  EXPECT_TRUE(contains(s.str(), "DTensor(shape [6, 4], Layout(mesh ['dp']")) << s.str();
+}
+
+TEST(DTensorErrors, ArgumentErrorsNameTheProblem) {
+  auto mesh = world_mesh();
+  auto error = [](auto fn) { return test::message_of<ArgumentError>(fn); };
+  at::Tensor t = at::ones({4, 4});
+  std::string m = error([&] { distribute_tensor(t, mesh, {Shard(0), Replicate()}); });
+  EXPECT_TRUE(contains(m, "Layout: 2 placements [S(0), R] given for a 1-d mesh ['x']")) << m;
+  m = error([&] { distribute_tensor(t, mesh, {Shard(2)}); });
+  EXPECT_TRUE(contains(m, "S(2) on mesh dim 'x' is out of range for a tensor with 2 dims")) << m;
+  m = error([&] { distribute_tensor(t, mesh, {Shard(-3)}); });
+  EXPECT_TRUE(contains(m, "S(-3) on mesh dim 'x' is out of range")) << m;
+  m = error([&] { Partial("prod"); });
+  EXPECT_TRUE(contains(m, "Partial reduce_op must be one of ['sum', 'avg', 'max', 'min'] but "
+                          "got 'prod'"))
+      << m;
+  m = error([&] { distribute_tensor(at::Tensor(), mesh, {Shard(0)}); });
+  EXPECT_TRUE(contains(m, "distribute_tensor: tensor is undefined")) << m;
+  auto other = init_device_mesh("cpu", {1, dist::get_world_size()}, {"a", "b"});
+  DTensor d = distribute_tensor(t, mesh, {Shard(0)});
+  m = error([&] { d.redistribute(Layout(other, {Replicate(), Replicate()})); });
+  EXPECT_TRUE(contains(m, "redistribute: the target mesh")) << m;
+  EXPECT_TRUE(contains(m, "differs from the DTensor's mesh")) << m;
+  m = error([&] { d.redistribute(AliasPlacements{{"x"}}); });
+  EXPECT_TRUE(contains(m, "alias placements have 1 entries for a 2-d DTensor")) << m;
+  m = error([&] { DTensor().to_local(); });
+  EXPECT_TRUE(contains(m, "to_local: the DTensor is undefined")) << m;
+}
+
+}  // namespace
+}  // namespace hp

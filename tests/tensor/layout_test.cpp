@@ -1,0 +1,150 @@
+// Placements, layouts in their three spellings, the chunk arithmetic and
+// the redistribute planner (SPEC T1, T2, T4, T5).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "hp/dist/world.h"
+#include "hp/tensor/layout.h"
+#include "hp/tensor/redistribute_plan.h"
+#include "hp/util/error.h"
+#include "tests/support/tensor_checks.h"
+
+namespace hp {
+namespace {
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// A 2-d mesh ("dp", "tp") over the world.
+DeviceMeshPtr mesh_2d() {
+  const int w = dist::get_world_size();
+  return init_device_mesh("cpu", w % 2 == 0 ? std::vector<int64_t>{2, w / 2}
+                                            : std::vector<int64_t>{w, 1},
+                          {"dp", "tp"});
+}
+
+TEST(Placement, SpellingsAndEquality) {
+  EXPECT_EQ(Shard(0).str(), "S(0)");
+  EXPECT_EQ(Replicate().str(), "R");
+  EXPECT_EQ(Partial().str(), "P(sum)");
+  EXPECT_EQ(Partial("avg").str(), "P(avg)");
+  EXPECT_EQ(Shard(1), Shard(1));
+  EXPECT_NE(Shard(1), Shard(0));
+  EXPECT_NE(Partial("max"), Partial("min"));
+  EXPECT_NE(Replicate(), Partial());
+  EXPECT_EQ(to_string(Placements{Shard(0), Replicate()}), "[S(0), R]");
+}
+
+TEST(ChunkSpan, MatchesTorchChunk) {
+  for (int64_t length = 0; length <= 13; ++length) {
+    for (int64_t pieces = 1; pieces <= 5; ++pieces) {
+      at::Tensor t = at::arange(length);
+      auto chunks = at::chunk(t, pieces, 0);
+      int64_t total = 0;
+      for (int64_t i = 0; i < pieces; ++i) {
+        Span s = chunk_span(length, pieces, i);
+        int64_t expected = i < int64_t(chunks.size()) ? chunks[i].numel() : 0;
+        EXPECT_EQ(s.size, expected) << length << " / " << pieces << " piece " << i;
+        EXPECT_EQ(s.offset, total);
+        total += s.size;
+      }
+      EXPECT_EQ(total, length);
+    }
+  }
+}
+
+TEST(Layout, AliasPlacementsAndTensorMapRoundTrip) {
+  auto mesh = mesh_2d();
+  Layout a = Layout::from_alias(mesh, {{"dp"}, {"None"}});
+  EXPECT_EQ(a.placements(), (Placements{Shard(0), Replicate()}));
+  EXPECT_EQ(a.tensor_map(2), (std::vector<std::vector<int64_t>>{{1}, {-1}}));
+  EXPECT_EQ(a.alias_placements(2), (AliasPlacements{{"dp"}, {"None"}}));
+  EXPECT_EQ(a.repeat_num(), mesh->size(1));
+
+  Layout b = Layout::from_alias(mesh, {{"None"}, {"dp", "tp"}});
+  EXPECT_EQ(b.placements(), (Placements{Shard(1), Shard(1)}));
+  EXPECT_EQ(b.mesh_dims_of(1), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(b.tensor_map(2), (std::vector<std::vector<int64_t>>{{-1}, {1, 0}}));
+  EXPECT_EQ(b.repeat_num(), 1);
+  EXPECT_EQ(b, Layout(mesh, {Shard(1), Shard(1)}));
+
+  // ("tp", "dp"): tp outer, dp fastest; a different layout from ("dp", "tp").
+  Layout c = Layout::from_alias(mesh, {{"tp", "dp"}, {"None"}});
+  EXPECT_EQ(c.mesh_dims_of(0), (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(c.tensor_map(2), (std::vector<std::vector<int64_t>>{{0, 1}, {-1}}));
+  EXPECT_NE(c, Layout(mesh, {Shard(0), Shard(0)}));
+  EXPECT_EQ(Layout::from_tensor_map(mesh, c.tensor_map(2)), c);
+  EXPECT_EQ(Layout::from_tensor_map(mesh, {{-1}, {1, 0}}), b);
+  EXPECT_EQ(Layout(mesh, {Replicate(), Replicate()}).repeat_num(), mesh->size());
+  EXPECT_TRUE(contains(c.str(), "order{0: [1, 0]}")) << c.str();
+}
+
+TEST(LayoutErrors, AliasAndTensorMapErrors) {
+  auto mesh = mesh_2d();
+  auto error = [](auto fn) { return test::message_of<ArgumentError>(fn); };
+  std::string m = error([&] { Layout::from_alias(mesh, {{"pp"}, {"None"}}); });
+  EXPECT_TRUE(contains(m, "mesh dim name 'pp' is not one of the mesh's dims ['dp', 'tp']")) << m;
+  m = error([&] { Layout::from_alias(mesh, {{"dp"}, {"dp"}}); });
+  EXPECT_TRUE(contains(m, "mesh dim 'dp' shards tensor dim 0 and tensor dim 1")) << m;
+  m = error([&] { Layout::from_alias(mesh, {{"dp", "None"}}); });
+  EXPECT_TRUE(contains(m, "mixes 'None' with mesh dim names")) << m;
+  m = error([&] { Layout::from_tensor_map(mesh, {{2}}); });
+  EXPECT_TRUE(contains(m, "tensor_map entry 2 of tensor dim 0 is out of range for a 2-d mesh")) << m;
+  m = error([&] { Layout(mesh, {Partial(), Replicate()}).alias_placements(1); });
+  EXPECT_TRUE(contains(m, "the alias form cannot express P(sum) on mesh dim 'dp'")) << m;
+  m = error([&] { Layout(mesh, {Shard(0)}); });
+  EXPECT_TRUE(contains(m, "1 placements [S(0)] given for a 2-d mesh")) << m;
+  m = error([&] { Layout(mesh, ShardSpec{{Shard(0), Replicate()}, {{0, {0, 1}}}}); });
+  EXPECT_TRUE(contains(m, "shard order [0, 1] of tensor dim 0 must list exactly the mesh dims [0]"))
+      << m;
+}
+
+// Plans are mesh-independent: test them on specs directly.
+TEST(RedistributePlan, ChoosesTheExpectedCollectives) {
+  auto plan = [](Placements a, Placements b) {
+    return plan_redistribute(ShardSpec{std::move(a), {}}, ShardSpec{std::move(b), {}});
+  };
+  const Placement R = Replicate(), S0 = Shard(0), S1 = Shard(1), P = Partial();
+  using K = RedistributeStep::Kind;
+  auto kinds = [](const std::shared_ptr<const RedistributePlan>& p) {
+    std::vector<K> k;
+    for (const auto& s : p->steps()) k.push_back(s.kind);
+    return k;
+  };
+  EXPECT_EQ(kinds(plan({S0}, {R})), std::vector<K>{K::kAllGather});
+  EXPECT_EQ(kinds(plan({R}, {S0})), std::vector<K>{K::kChunk});
+  EXPECT_EQ(plan({R}, {S0})->num_collectives(), 0);
+  EXPECT_EQ(kinds(plan({P}, {R})), std::vector<K>{K::kAllReduce});
+  EXPECT_EQ(kinds(plan({P}, {S1})), std::vector<K>{K::kReduceScatter});
+  EXPECT_EQ(kinds(plan({S0}, {S1})), std::vector<K>{K::kAllToAll});
+  EXPECT_EQ(kinds(plan({R}, {P})), std::vector<K>{K::kPartition});
+  EXPECT_EQ(kinds(plan({S0}, {P})), (std::vector<K>{K::kAllGather, K::kPartition}));
+  EXPECT_EQ(kinds(plan({Partial("max")}, {P})), (std::vector<K>{K::kAllReduce, K::kPartition}));
+  EXPECT_TRUE(plan({S0, S1}, {S0, S1})->steps().empty());
+  // Partial dims are reduced while the data is still sharded, before gathers.
+  EXPECT_EQ(kinds(plan({P, S0}, {R, R})), (std::vector<K>{K::kAllReduce, K::kAllGather}));
+  // Multi-axis: the inner level (mesh dim 1) is undone before the outer one.
+  auto multi = plan({S0, S0}, {R, R});
+  ASSERT_EQ(multi->steps().size(), 2u);
+  EXPECT_EQ(multi->steps()[0].mesh_dim, 1);
+  EXPECT_EQ(multi->steps()[1].mesh_dim, 0);
+  // Moving a shard level between mesh dims of one tensor dim.
+  EXPECT_EQ(kinds(plan({S0, R}, {R, S0})), (std::vector<K>{K::kAllGather, K::kChunk}));
+  EXPECT_EQ(kinds(plan({S0, S1}, {S1, S0})),
+            (std::vector<K>{K::kAllGather, K::kAllToAll, K::kChunk}));
+}
+
+TEST(RedistributePlan, ExplainNamesEveryStep) {
+  auto p = plan_redistribute(ShardSpec{{Partial(), Shard(0)}, {}},
+                             ShardSpec{{Shard(1), Replicate()}, {}});
+  std::string e = p->explain();
+  EXPECT_TRUE(contains(e, "redistribute [P(sum), S(0)] -> [S(1), R]")) << e;
+  EXPECT_TRUE(contains(e, "mesh dim 1: S(0) -> R  all_gather along tensor dim 0")) << e;
+  EXPECT_TRUE(contains(e, "mesh dim 0: P(sum) -> S(1)  reduce_scatter(sum) along tensor dim 1")) << e;
+  auto same = plan_redistribute(ShardSpec{{Replicate()}, {}}, ShardSpec{{Replicate()}, {}});
+  EXPECT_TRUE(contains(same->explain(), "nothing to do")) << same->explain();
+}
+
+}  // namespace
+}  // namespace hp
