@@ -1,0 +1,41 @@
+// A program for the failure-propagation tests: run under hprun, one rank
+// misbehaves and the job must end non-zero with a message, never hang.
+//
+//   failure_scenarios die     rank 1 exits with status 3 at once
+//   failure_scenarios hang    rank 1 sleeps; the others time out in all_reduce
+//   failure_scenarios sum     no failure: all_reduce of ranks, checked
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <thread>
+
+#include "hp/dist/collectives.h"
+#include "hp/dist/world.h"
+#include "hp/util/error.h"
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  hp::dist::init_process_group();
+  const int rank = hp::dist::get_rank(), world = hp::dist::get_world_size();
+  if (rank == 1 && mode == "die") return 3;
+  if (rank == 1 && mode == "hang") std::this_thread::sleep_for(std::chrono::hours(1));
+  try {
+    at::Tensor t = at::full({4}, float(rank));
+    hp::dist::all_reduce(*hp::dist::world_group(), t).wait();
+    const float expected = world * (world - 1) / 2.0f;
+    if (t[0].item<float>() != expected) {
+      std::cerr << "wrong sum " << t[0].item<float>() << ", expected " << expected << std::endl;
+      return 1;
+    }
+    std::cout << "rank " << rank << " of " << world << " (local rank "
+              << hp::dist::launch_env().local_rank << "): all_reduce sum " << expected
+              << std::endl;
+  } catch (const hp::CollectiveError& e) {
+    std::cerr << "CollectiveError: " << e.what() << std::endl;
+    return 1;
+  }
+  hp::dist::destroy_process_group();
+  return 0;
+}
