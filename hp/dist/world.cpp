@@ -4,6 +4,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <csignal>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -111,6 +112,11 @@ std::chrono::milliseconds default_timeout() {
 
 void init_process_group(const InitOptions& options) {
   std::lock_guard<std::mutex> lock(g_mutex);
+  // A peer that dies closes its sockets; Gloo's next write to one would
+  // raise SIGPIPE and kill this process without a word. Ignored, the write
+  // fails and the collective raises a CollectiveError that says what
+  // happened (Python, and so torch.distributed, ignores SIGPIPE too).
+  std::signal(SIGPIPE, SIG_IGN);
   HP_CHECK_ARG(g_world == nullptr,
                "init_process_group: the process group is already initialized; call "
                "destroy_process_group() first");

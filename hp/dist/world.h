@@ -37,6 +37,7 @@ struct GroupOptions {
   std::chrono::milliseconds timeout{0};
 };
 
+// Also sets SIGPIPE to be ignored in this process (see world.cpp).
 void init_process_group(const InitOptions& options = {});
 bool is_initialized();
 // Drops every group; a later init_process_group() starts afresh.

@@ -1,12 +1,14 @@
 // A program for the failure-propagation tests: run under hprun, one rank
 // misbehaves and the job must end non-zero with a message, never hang.
 //
-//   failure_scenarios die     rank 1 exits with status 3 at once
+//   failure_scenarios die     rank 1 exits with status 3 at once (as a crash would:
+//                             no destructors, the kernel closes its sockets)
 //   failure_scenarios hang    rank 1 sleeps; the others time out in all_reduce
 //   failure_scenarios sum     no failure: all_reduce of ranks, checked
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <thread>
@@ -19,7 +21,7 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   hp::dist::init_process_group();
   const int rank = hp::dist::get_rank(), world = hp::dist::get_world_size();
-  if (rank == 1 && mode == "die") return 3;
+  if (rank == 1 && mode == "die") std::_Exit(3);
   if (rank == 1 && mode == "hang") std::this_thread::sleep_for(std::chrono::hours(1));
   try {
     at::Tensor t = at::full({4}, float(rank));

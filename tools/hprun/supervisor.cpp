@@ -287,7 +287,19 @@ void Job::on_rank_exit(Rank& rank) {
     if (stream->fd >= 0) read_stream(*stream, true);
   }
   bool failed = !(WIFEXITED(rank.status) && WEXITSTATUS(rank.status) == 0);
-  if (!failed || tearing_down_) return;  // teardown casualties are not the cause
+  if (!failed) return;
+  if (tearing_down_) {
+    // Teardown casualties (killed by our signals) are not reported. A rank
+    // that exited on its own with an error while a failure was being handled
+    // may be the actual cause: ranks fail close together (a dying rank closes
+    // its sockets before its process is gone, and its peers' collectives fail
+    // at once), so which one hprun sees first is a matter of scheduling.
+    if (first_failure_code_ >= 0 && WIFEXITED(rank.status)) {
+      say("rank " + std::to_string(rank.global_rank) + " (pid " + std::to_string(rank.pid) +
+          ") also " + describe_wait_status(rank.status));
+    }
+    return;
+  }
   first_failure_code_ = exit_code_of(rank.status);
   say("rank " + std::to_string(rank.global_rank) + " (pid " + std::to_string(rank.pid) + ") " +
       describe_wait_status(rank.status));

@@ -7,7 +7,8 @@
 // and the job is torn down: SIGTERM to every rank's process group, SIGKILL
 // after a grace period, so that no peer keeps waiting on a dead rank. Ranks
 // that die from the teardown are not reported; the first failure is the
-// cause. SIGINT/SIGTERM sent to hprun are forwarded to every rank's process
+// cause, and ranks that exit with an error on their own meanwhile are listed
+// after it ("rank 3 (pid 99) also exited with status 1"). SIGINT/SIGTERM sent to hprun are forwarded to every rank's process
 // group and start the same teardown; a second one sends SIGKILL at once.
 #pragma once
 
