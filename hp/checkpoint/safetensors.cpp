@@ -1,0 +1,366 @@
+#include "hp/checkpoint/safetensors.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "hp/util/error.h"
+#include "hp/util/format.h"
+
+// Tensor bytes go to and from the file as they lie in memory.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "safetensors stores little-endian data; this host is big-endian");
+
+namespace hp::checkpoint {
+namespace {
+
+using Json = nlohmann::ordered_json;  // keeps the header's order: ties at one offset stay put
+
+struct DtypeInfo {
+  const char* name;
+  at::ScalarType type;
+};
+
+constexpr DtypeInfo kDtypes[] = {
+    {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf},  {"BF16", at::kBFloat16},
+    {"I64", at::kLong},   {"I32", at::kInt},   {"I16", at::kShort}, {"I8", at::kChar},
+    {"U8", at::kByte},    {"BOOL", at::kBool},
+};
+
+std::string supported_names() {
+  std::vector<std::string> names;
+  for (const auto& d : kDtypes) names.push_back(d.name);
+  return to_string(names);
+}
+
+const DtypeInfo* dtype_by_name(const std::string& name) {
+  for (const auto& d : kDtypes) {
+    if (name == d.name) return &d;
+  }
+  return nullptr;
+}
+
+const DtypeInfo* dtype_by_type(at::ScalarType type) {
+  for (const auto& d : kDtypes) {
+    if (type == d.type) return &d;
+  }
+  return nullptr;
+}
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  throw SafetensorsError(cat("safetensors file ", path, ": ", what));
+}
+
+[[noreturn]] void fail_tensor(const std::string& path, const std::string& name,
+                              const std::string& what) {
+  throw SafetensorsError(cat("tensor '", name, "' in ", path, ": ", what));
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+// Closes the descriptor on every path out.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+  // Closes now, so that a failing close (a deferred write error) is seen.
+  int close() {
+    int rc = ::close(fd_);
+    fd_ = -1;
+    return rc;
+  }
+
+ private:
+  int fd_;
+};
+
+void read_exact(int fd, void* into, size_t bytes, uint64_t offset, const std::string& path) {
+  auto* p = static_cast<char*>(into);
+  while (bytes > 0) {
+    ssize_t got = ::pread(fd, p, bytes, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) fail(path, cat("read failed at byte ", offset, ": ", errno_text()));
+    if (got == 0) fail(path, cat("file ended at byte ", offset, " while reading"));
+    p += got;
+    bytes -= static_cast<size_t>(got);
+    offset += static_cast<uint64_t>(got);
+  }
+}
+
+void write_all(int fd, const void* from, size_t bytes, const std::string& path) {
+  const auto* p = static_cast<const char*>(from);
+  while (bytes > 0) {
+    ssize_t put = ::write(fd, p, bytes);
+    if (put < 0 && errno == EINTR) continue;
+    if (put < 0) fail(path, cat("write failed: ", errno_text()));
+    p += put;
+    bytes -= static_cast<size_t>(put);
+  }
+}
+
+// ---- reading ---------------------------------------------------------------
+
+struct Entry {
+  std::string name;
+  const DtypeInfo* dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin, end;
+};
+
+uint64_t unsigned_field(const Json& value, const std::string& path, const std::string& name,
+                        const char* field) {
+  if (!value.is_number_unsigned()) {
+    fail_tensor(path, name, cat(field, " must hold non-negative integers but has ", value.dump()));
+  }
+  return value.get<uint64_t>();
+}
+
+Entry parse_entry(const std::string& name, const Json& info, const std::string& path) {
+  if (!info.is_object()) fail_tensor(path, name, cat("entry must be an object but is ", info.dump()));
+  for (const char* field : {"dtype", "shape", "data_offsets"}) {
+    if (!info.contains(field)) fail_tensor(path, name, cat("entry has no \"", field, "\""));
+  }
+  Entry e;
+  e.name = name;
+  const Json& dtype = info["dtype"];
+  if (!dtype.is_string()) fail_tensor(path, name, cat("dtype must be a string but is ", dtype.dump()));
+  e.dtype = dtype_by_name(dtype.get<std::string>());
+  if (e.dtype == nullptr) {
+    fail_tensor(path, name,
+                cat("unknown dtype ", dtype.dump(), "; supported: ", supported_names()));
+  }
+  const Json& shape = info["shape"];
+  if (!shape.is_array()) fail_tensor(path, name, cat("shape must be an array but is ", shape.dump()));
+  uint64_t bytes = at::elementSize(e.dtype->type);
+  for (const Json& d : shape) {
+    uint64_t size = unsigned_field(d, path, name, "shape");
+    if (size > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(bytes, size, &bytes)) {
+      fail_tensor(path, name, cat("shape ", shape.dump(), " is too large"));
+    }
+    e.shape.push_back(static_cast<int64_t>(size));
+  }
+  const Json& offsets = info["data_offsets"];
+  if (!offsets.is_array() || offsets.size() != 2) {
+    fail_tensor(path, name, cat("data_offsets must be [begin, end] but is ", offsets.dump()));
+  }
+  e.begin = unsigned_field(offsets[0], path, name, "data_offsets");
+  e.end = unsigned_field(offsets[1], path, name, "data_offsets");
+  if (e.end < e.begin) {
+    fail_tensor(path, name, cat("data_offsets [", e.begin, ", ", e.end, "] end before they begin"));
+  }
+  if (e.end - e.begin != bytes) {
+    fail_tensor(path, name,
+                cat("shape ", to_string(e.shape), " of ", e.dtype->name, " needs ", bytes,
+                    " bytes but data_offsets [", e.begin, ", ", e.end, "] give ",
+                    e.end - e.begin));
+  }
+  return e;
+}
+
+// Parses the header, rejecting a name that appears twice (a JSON parser
+// would silently keep one of them).
+Json parse_header(const std::string& text, const std::string& path) {
+  std::set<std::string> keys;
+  std::string duplicate;
+  auto on_event = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    if (depth == 1 && event == Json::parse_event_t::key && duplicate.empty() &&
+        !keys.insert(parsed.get<std::string>()).second) {
+      duplicate = parsed.get<std::string>();
+    }
+    return true;
+  };
+  Json header;
+  try {
+    header = Json::parse(text, on_event);
+  } catch (const Json::parse_error& e) {
+    fail(path, cat("header is not valid JSON: ", e.what()));
+  }
+  if (!duplicate.empty()) fail(path, cat("header names '", duplicate, "' twice"));
+  if (!header.is_object()) fail(path, cat("header must be a JSON object but is a ", header.type_name()));
+  return header;
+}
+
+std::map<std::string, std::string> parse_metadata(const Json& value, const std::string& path) {
+  if (!value.is_object()) fail(path, cat("__metadata__ must be an object but is ", value.dump()));
+  std::map<std::string, std::string> metadata;
+  for (const auto& [key, v] : value.items()) {
+    if (!v.is_string()) {
+      fail(path, cat("__metadata__ values must be strings but '", key, "' is ", v.dump()));
+    }
+    metadata[key] = v.get<std::string>();
+  }
+  return metadata;
+}
+
+// ---- writing ---------------------------------------------------------------
+
+std::string temp_path_for(const std::string& path) {
+  static std::atomic<uint64_t> counter{0};
+  return cat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
+}
+
+void fsync_directory_of(const std::string& path) {
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0 || ::fsync(fd.get()) != 0) {
+    fail(path, cat("cannot fsync directory '", dir, "': ", errno_text()));
+  }
+}
+
+void write_file(const std::string& temp, const std::string& header,
+                const std::vector<at::Tensor>& data, const std::string& path) {
+  Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
+  if (fd.get() < 0) fail(path, cat("cannot create '", temp, "': ", errno_text()));
+  unsigned char length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(header.size() >> (8 * i));
+  write_all(fd.get(), length, sizeof(length), temp);
+  write_all(fd.get(), header.data(), header.size(), temp);
+  for (const at::Tensor& t : data) write_all(fd.get(), t.data_ptr(), t.nbytes(), temp);
+  if (::fsync(fd.get()) != 0) fail(path, cat("cannot fsync '", temp, "': ", errno_text()));
+  if (fd.close() != 0) fail(path, cat("cannot close '", temp, "': ", errno_text()));
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  // Everything that can be wrong with the arguments is found before the
+  // disk is touched.
+  Json header = Json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::set<std::string> names;
+  std::vector<at::Tensor> data;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    HP_CHECK_ARG(!name.empty(), "write_safetensors(", path, "): tensor names must be non-empty");
+    HP_CHECK_ARG(name != "__metadata__", "write_safetensors(", path,
+                 "): '__metadata__' is reserved for the metadata and cannot name a tensor");
+    HP_CHECK_ARG(names.insert(name).second, "write_safetensors(", path, "): tensor name '", name,
+                 "' is given twice; names must be unique");
+    HP_CHECK_ARG(tensor.defined(), "write_safetensors(", path, "): tensor '", name,
+                 "' is undefined");
+    const DtypeInfo* dtype = dtype_by_type(tensor.scalar_type());
+    HP_CHECK_ARG(dtype != nullptr, "write_safetensors(", path, "): tensor '", name, "' has dtype ",
+                 tensor.scalar_type(), ", which safetensors cannot hold; supported: ",
+                 supported_names());
+    at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
+    const uint64_t bytes = t.nbytes();
+    header[name] = {{"dtype", dtype->name},
+                    {"shape", t.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    data.push_back(std::move(t));
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const Json::type_error& e) {
+    throw_argument_error(cat("write_safetensors(", path,
+                             "): tensor names and metadata must be valid UTF-8: ", e.what()));
+  }
+  // Pad with spaces so that the data starts 8-byte aligned, as the Python
+  // package does, which lets readers map tensors straight from the file.
+  text.append((8 - text.size() % 8) % 8, ' ');
+
+  const std::string temp = temp_path_for(path);
+  try {
+    write_file(temp, text, data, path);
+    if (::rename(temp.c_str(), path.c_str()) != 0) {
+      fail(path, cat("cannot rename '", temp, "' over it: ", errno_text()));
+    }
+  } catch (...) {
+    ::unlink(temp.c_str());
+    throw;
+  }
+  fsync_directory_of(path);
+}
+
+SafetensorsFile read_safetensors(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) fail(path, cat("cannot open: ", errno_text()));
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) fail(path, cat("cannot stat: ", errno_text()));
+  if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+
+  if (file_size < 8) {
+    fail(path, cat("truncated: ", file_size, " bytes, too short for the 8-byte header length"));
+  }
+  unsigned char length[8];
+  read_exact(fd.get(), length, 8, 0, path);
+  uint64_t header_size = 0;
+  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | length[i];
+  if (header_size > file_size - 8) {
+    fail(path, cat("header length ", header_size, " is larger than the ", file_size - 8,
+                   " bytes that follow it (truncated or not a safetensors file)"));
+  }
+  std::string text(header_size, '\0');
+  read_exact(fd.get(), text.data(), header_size, 8, path);
+  const Json header = parse_header(text, path);
+
+  SafetensorsFile file;
+  std::vector<Entry> entries;
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__") {
+      file.metadata = parse_metadata(info, path);
+    } else {
+      entries.push_back(parse_entry(name, info, path));
+    }
+  }
+
+  // The ranges, in offset order, must tile the data section exactly.
+  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  const uint64_t data_size = file_size - 8 - header_size;
+  uint64_t expected = 0;
+  const Entry* previous = nullptr;
+  for (const Entry& e : entries) {
+    if (e.begin < expected) {
+      fail_tensor(path, e.name,
+                  cat("data_offsets [", e.begin, ", ", e.end, "] overlap those of '",
+                      previous->name, "' [", previous->begin, ", ", previous->end, "]"));
+    }
+    if (e.begin > expected) {
+      fail_tensor(path, e.name,
+                  cat("data_offsets [", e.begin, ", ", e.end, "] leave bytes [", expected, ", ",
+                      e.begin, ") of the data unused"));
+    }
+    expected = e.end;
+    previous = &e;
+  }
+  if (expected != data_size) {
+    fail(path, cat("the tensors' data_offsets end at byte ", expected, " but the data section has ",
+                   data_size, " bytes"));
+  }
+
+  const uint64_t data_start = 8 + header_size;
+  for (const Entry& e : entries) {
+    // Bytes that are not 0 or 1 would make an invalid bool: read them as
+    // bytes and convert, as numpy does.
+    const bool is_bool = e.dtype->type == at::kBool;
+    at::Tensor t = at::empty(e.shape, is_bool ? at::kByte : e.dtype->type);
+    read_exact(fd.get(), t.data_ptr(), e.end - e.begin, data_start + e.begin, path);
+    file.tensors.emplace_back(e.name, is_bool ? t.to(at::kBool) : t);
+  }
+  return file;
+}
+
+}  // namespace hp::checkpoint
