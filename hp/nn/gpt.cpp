@@ -1,0 +1,108 @@
+#include "hp/nn/gpt.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+
+#include "hp/util/error.h"
+
+namespace hp::nn {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+GPTImpl::GPTImpl(GPTConfig config) : Module("GPT"), config_(config) {
+  config_.validate();
+  const int64_t d = config_.n_embd;
+  wte = register_module("wte", torch::nn::Embedding(config_.vocab_size, d));
+  wpe = register_module("wpe", torch::nn::Embedding(config_.context, d));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config_.n_layer; ++i) {
+    blocks_.emplace_back(config_);
+    h->push_back(blocks_.back().ptr());
+  }
+  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d}).eps(1e-5)));
+  lm_head = register_module(
+      "lm_head", torch::nn::Linear(torch::nn::LinearOptions(d, config_.vocab_size).bias(false)));
+  init_weights();
+}
+
+// nanoGPT's _init_weights applied over modules() in pre-order, then its
+// c_proj re-draw over named_parameters(): the same draws in the same order,
+// so a seed means the same weights here and in PyTorch.
+void GPTImpl::init_weights() {
+  torch::NoGradGuard no_grad;
+  for (const auto& m : modules(/*include_self=*/false)) {
+    if (auto* linear = m->as<torch::nn::Linear>()) {
+      linear->weight.normal_(0.0, 0.02);
+      if (linear->bias.defined()) linear->bias.zero_();
+    } else if (auto* embedding = m->as<torch::nn::Embedding>()) {
+      embedding->weight.normal_(0.0, 0.02);
+    }
+  }
+  // Residual projections: their outputs add up over 2 * n_layer sub-layers.
+  const double proj_std = 0.02 / std::sqrt(2.0 * double(config_.n_layer));
+  for (auto& p : named_parameters()) {
+    if (ends_with(p.key(), "c_proj.weight")) p.value().normal_(0.0, proj_std);
+  }
+}
+
+at::Tensor GPTImpl::forward(const at::Tensor& idx) {
+  HP_CHECK_ARG(idx.scalar_type() == at::kLong && idx.dim() == 2,
+               "GPT.forward: idx must be an int64 [B, T] tensor but got ", idx.scalar_type(),
+               " of shape ", idx.sizes());
+  const int64_t T = idx.size(1);
+  HP_CHECK_ARG(T >= 1, "GPT.forward: sequence length ", T, " must be at least 1");
+  HP_CHECK_ARG(T <= config_.context, "GPT.forward: sequence length ", T, " exceeds config.context ",
+               config_.context);
+  if (idx.numel() > 0) {
+    auto [lo, hi] = torch::aminmax(idx);
+    const int64_t min_id = lo.item<int64_t>(), max_id = hi.item<int64_t>();
+    HP_CHECK_ARG(min_id >= 0 && max_id < config_.vocab_size,
+                 "GPT.forward: token ids must be in [0, ", config_.vocab_size, ") but got ",
+                 (min_id < 0 ? min_id : max_id));
+  }
+
+  at::Tensor x = wte(idx) + wpe(torch::arange(T, idx.options()));
+  if (config_.dropout > 0 && is_training()) x = torch::dropout(x, config_.dropout, /*train=*/true);
+  for (auto& block : blocks_) x = block(x);
+  return lm_head(ln_f(x));
+}
+
+at::Tensor GPTImpl::generate(at::Tensor idx, int64_t max_new_tokens, double temperature,
+                             int64_t top_k, at::Generator generator) {
+  HP_CHECK_ARG(idx.scalar_type() == at::kLong && idx.dim() == 2 && idx.size(1) >= 1,
+               "GPT.generate: idx must be an int64 [B, T0] tensor with T0 >= 1 but got ",
+               idx.scalar_type(), " of shape ", idx.sizes());
+  HP_CHECK_ARG(max_new_tokens >= 0, "GPT.generate: max_new_tokens ", max_new_tokens,
+               " must be non-negative");
+  HP_CHECK_ARG(temperature > 0 && std::isfinite(temperature), "GPT.generate: temperature ",
+               temperature, " must be positive and finite");
+  HP_CHECK_ARG(top_k >= 0, "GPT.generate: top_k ", top_k, " must be non-negative (0 = off)");
+
+  torch::NoGradGuard no_grad;
+  const int64_t context = config_.context;
+  for (int64_t step = 0; step < max_new_tokens; ++step) {
+    at::Tensor window =
+        idx.size(1) <= context ? idx : idx.narrow(1, idx.size(1) - context, context);
+    // Through the hooks: a sharded root gathers its parameters here as in training.
+    at::Tensor logits = call(*this, window).select(1, -1) / temperature;  // [B, vocab]
+    if (top_k > 0 && top_k < logits.size(-1)) {
+      at::Tensor kth = std::get<0>(logits.topk(top_k, /*dim=*/-1)).narrow(-1, top_k - 1, 1);
+      logits = logits.masked_fill(logits < kth, -std::numeric_limits<double>::infinity());
+    }
+    at::Tensor next = torch::multinomial(logits.softmax(-1), /*num_samples=*/1,
+                                         /*replacement=*/false, generator);
+    idx = torch::cat({idx, next}, /*dim=*/1);
+  }
+  return idx;
+}
+
+}  // namespace hp::nn

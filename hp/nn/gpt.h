@@ -1,0 +1,73 @@
+// A GPT-2 language model (SPEC N2, N3).
+//
+// Parameter names are GPT-2's, so weights exchange with PyTorch by name:
+//   wte.weight [vocab, d], wpe.weight [context, d], h.<i>.{ln_1, attn.c_attn,
+//   attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj}.{weight, bias}, ln_f.{weight,
+//   bias}, lm_head.weight [vocab, d] (no bias, not tied to wte).
+// named_parameters() yields exactly these, in that order, and the module has
+// no buffers, so state_dict is the same set.
+//
+// Initialisation (GPT-2 / nanoGPT) is a function of torch::manual_seed only:
+// Linear and Embedding weights ~ N(0, 0.02), biases 0, LayerNorm 1 and 0,
+// then every c_proj.weight redrawn ~ N(0, 0.02 / sqrt(2 n_layer)). The draws
+// happen in the order nanoGPT makes them, so the same seed gives the same
+// weights as tests/nn/gpt_reference.py.
+//
+// Blocks are called through their holders (and generate() calls forward
+// through this module's own hooks), so hooks registered by fully_shard on the
+// blocks and the root run.
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "hp/nn/block.h"
+#include "hp/nn/gpt_config.h"
+#include "hp/nn/module.h"
+
+namespace hp::nn {
+
+class GPTImpl : public Module {
+ public:
+  // Throws hp::ArgumentError when config.validate() does.
+  explicit GPTImpl(GPTConfig config);
+
+  // idx: int64 [B, T], 1 <= T <= config.context, ids in [0, vocab_size)
+  // -> logits [B, T, vocab_size].
+  at::Tensor forward(const at::Tensor& idx);
+
+  // Appends max_new_tokens sampled tokens to idx [B, T0] and returns
+  // [B, T0 + max_new_tokens]. Each step feeds the last config.context tokens,
+  // divides the last position's logits by temperature (> 0), keeps the top_k
+  // largest (0 = all) and samples with `generator` (an undefined generator
+  // means torch's default one). Runs without autograd, in the module's
+  // current mode: call eval() first when dropout is on.
+  at::Tensor generate(at::Tensor idx, int64_t max_new_tokens, double temperature, int64_t top_k,
+                      at::Generator generator);
+
+  const GPTConfig& config() const { return config_; }
+  // The blocks h.0, h.1, ... in forward order.
+  const std::vector<Block>& blocks() const { return blocks_; }
+
+  torch::nn::Embedding wte{nullptr};
+  torch::nn::Embedding wpe{nullptr};
+  torch::nn::ModuleList h{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+  torch::nn::Linear lm_head{nullptr};
+
+ private:
+  void init_weights();
+
+  GPTConfig config_;
+  std::vector<Block> blocks_;
+};
+HP_MODULE(GPT);
+
+}  // namespace hp::nn
