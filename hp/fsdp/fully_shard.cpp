@@ -1,0 +1,245 @@
+#include "hp/fsdp/fully_shard.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "hp/dist/world.h"
+#include "hp/fsdp/registry.h"
+#include "hp/fsdp/unit.h"
+#include "hp/util/error.h"
+
+namespace hp {
+namespace {
+
+using fsdp::FSDPParam;
+using fsdp::Unit;
+
+void validate_options(const FullyShardOptions& options) {
+  const auto& mp = options.mp_policy;
+  HP_CHECK_ARG(!mp.param_dtype && !mp.reduce_dtype && !mp.output_dtype &&
+                   !mp.apply_grad_on_fp32_main_grad,
+               "fully_shard: mixed precision (mp_policy with param_dtype / reduce_dtype / "
+               "output_dtype / apply_grad_on_fp32_main_grad) is not available in this version; "
+               "leave mp_policy at its defaults");
+  HP_CHECK_ARG(!options.comm_fusion && !options.comm_fusion_zero_copy.value_or(false),
+               "fully_shard: comm_fusion is not available in this version; leave it false");
+  HP_CHECK_ARG(std::holds_alternative<bool>(options.reshard_after_forward),
+               "fully_shard: reshard_after_forward as an int (reshard to groups of N ranks) is "
+               "not available in this version; pass true or false");
+}
+
+// The modules of `modules` that are not inside another one of them.
+std::vector<std::shared_ptr<nn::Module>> root_modules(
+    const std::vector<std::shared_ptr<nn::Module>>& modules) {
+  std::vector<std::shared_ptr<nn::Module>> roots;
+  for (const auto& candidate : modules) {
+    bool inside = false;
+    for (const auto& other : modules) {
+      if (other == candidate) continue;
+      for (const auto& sub : other->modules(/*include_self=*/false)) {
+        if (sub.get() == candidate.get()) inside = true;
+      }
+    }
+    if (!inside && std::find(roots.begin(), roots.end(), candidate) == roots.end()) {
+      roots.push_back(candidate);
+    }
+  }
+  return roots;
+}
+
+std::unordered_set<const c10::TensorImpl*> impls_of(const std::vector<at::Tensor>& tensors,
+                                                    const char* what) {
+  std::unordered_set<const c10::TensorImpl*> set;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    HP_CHECK_ARG(tensors[i].defined(), "fully_shard: ", what, "[", i, "] is an undefined tensor");
+    set.insert(tensors[i].unsafeGetTensorImpl());
+  }
+  return set;
+}
+
+int64_t shard_dim_for(const FullyShardOptions& options, const at::Tensor& param,
+                      const std::string& fqn, const fsdp::MeshInfo& mesh) {
+  std::optional<Placement> placement;
+  if (options.shard_placement_fn) placement = options.shard_placement_fn(param);
+  if (!placement) return 0;
+  HP_CHECK_ARG(placement->is_shard(), "fully_shard: shard_placement_fn must return Shard(dim) or ",
+               "nullopt, but returned ", placement->str(), " for parameter '", fqn, "'");
+  const int64_t ndim = param.dim();
+  int64_t dim = placement->dim();
+  HP_CHECK_ARG(dim >= -ndim && dim < ndim, "fully_shard: shard_placement_fn returned ",
+               placement->str(), " for parameter '", fqn, "' of shape ",
+               to_string(param.sizes().vec()), ", out of range for ", ndim, " dims");
+  if (dim < 0) dim += ndim;
+  HP_CHECK_ARG(dim == 0 || param.size(dim) % mesh.shard_size == 0, "fully_shard: parameter '", fqn,
+               "' of shape ", to_string(param.sizes().vec()), " cannot be sharded on dim ", dim,
+               " over ", mesh.shard_size, " ranks: ", param.size(dim), " is not divisible by ",
+               mesh.shard_size, " (only dim 0 is padded when uneven)");
+  return dim;
+}
+
+}  // namespace
+
+FSDPModule fully_shard(const std::shared_ptr<nn::Module>& module,
+                       const FullyShardOptions& options) {
+  HP_CHECK_ARG(module != nullptr, "fully_shard: module must not be null");
+  return fully_shard(std::vector<std::shared_ptr<nn::Module>>{module}, options);
+}
+
+FSDPModule fully_shard(const std::vector<std::shared_ptr<nn::Module>>& modules,
+                       const FullyShardOptions& options) {
+  HP_CHECK_ARG(!modules.empty(), "fully_shard does not support empty list of modules.");
+  for (size_t i = 0; i < modules.size(); ++i) {
+    HP_CHECK_ARG(modules[i] != nullptr,
+                 "fully_shard expects a module or a list of modules, but got a list with a null "
+                 "module at index ",
+                 i, ".");
+    HP_CHECK_ARG(!modules[i]->attachment<Unit>(fsdp::kUnitAttachment),
+                 "fully_shard: module ", modules[i]->name(),
+                 " is already managed by fully_shard; call it once per module");
+  }
+  validate_options(options);
+  auto roots = root_modules(modules);
+  DeviceMeshPtr mesh = options.mesh;
+  if (!mesh) mesh = init_device_mesh("cpu", {dist::get_world_size()}, {"dp"});
+  fsdp::MeshInfo mesh_info = fsdp::MeshInfo::from_mesh(mesh);
+
+  // Every parameter of the modules, by TensorImpl, with its name.
+  std::vector<std::pair<std::string, at::Tensor>> candidates;
+  std::unordered_set<const c10::TensorImpl*> in_modules;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const std::string prefix = roots.size() > 1 ? cat("[", i, "].") : "";
+    for (const auto& item : roots[i]->named_parameters(/*recurse=*/true)) {
+      if (!in_modules.insert(item.value().unsafeGetTensorImpl()).second) continue;  // tied
+      candidates.emplace_back(prefix + item.key(), item.value());
+    }
+  }
+  auto ignored = impls_of(options.ignored_params, "ignored_params");
+  auto replicated = impls_of(options.replicate_params, "replicate_params");
+  for (const auto& [what, set] : {std::make_pair("ignored_params", &ignored),
+                                  std::make_pair("replicate_params", &replicated)}) {
+    for (const c10::TensorImpl* impl : *set) {
+      HP_CHECK_ARG(in_modules.count(impl), "fully_shard: ", what, " contains a tensor of shape ",
+                   to_string(impl->sizes().vec()),
+                   " that is not a parameter of the module(s) being sharded");
+    }
+  }
+
+  std::vector<std::unique_ptr<FSDPParam>> params;
+  std::vector<at::Tensor> claimed;
+  for (auto& [fqn, param] : candidates) {
+    const c10::TensorImpl* impl = param.unsafeGetTensorImpl();
+    HP_CHECK_ARG(!(ignored.count(impl) && replicated.count(impl)), "fully_shard: parameter '",
+                 fqn, "' is in both ignored_params and replicate_params");
+    if (ignored.count(impl)) continue;
+    if (auto owner = fsdp::find_managed(param)) {
+      // Owned by an inner unit (built first, as it should be) or by another
+      // unit; a unit that contains this module means the order was reversed.
+      for (const auto& outer : owner->unit->modules()) {
+        for (const auto& sub : outer->modules(/*include_self=*/false)) {
+          HP_CHECK_ARG(std::find_if(roots.begin(), roots.end(),
+                                    [&](const auto& r) { return r.get() == sub.get(); }) ==
+                           roots.end(),
+                       "fully_shard: parameter '", fqn, "' is already managed by the unit of ",
+                       outer->name(), ", which contains this module; apply fully_shard to "
+                       "submodules before their parents");
+        }
+      }
+      continue;
+    }
+    const bool keep_whole = replicated.count(impl) > 0 || param.dim() == 0;
+    const int64_t dim = keep_whole ? 0 : shard_dim_for(options, param, fqn, mesh_info);
+    claimed.push_back(param);
+    params.push_back(std::make_unique<FSDPParam>(param, fqn, mesh_info, dim, keep_whole));
+  }
+
+  fsdp::UnitFlags flags;
+  flags.reshard_after_forward = std::get<bool>(options.reshard_after_forward);
+  auto unit = std::make_shared<Unit>(roots, mesh_info, std::move(params), flags);
+  for (size_t i = 0; i < claimed.size(); ++i) {
+    fsdp::register_param(claimed[i], unit, unit->params()[i].get());
+  }
+  for (const auto& root : roots) root->set_attachment(fsdp::kUnitAttachment, unit);
+  unit->install_hooks();
+  return FSDPModule(roots[0]);
+}
+
+bool is_fully_sharded(const nn::Module& module) {
+  return module.attachment<Unit>(fsdp::kUnitAttachment) != nullptr;
+}
+
+void UnshardHandle::wait() {
+  for (auto& unit : units_) unit->wait_unshard();
+  units_.clear();
+}
+
+FSDPModule::FSDPModule(std::shared_ptr<nn::Module> module) : module_(std::move(module)) {
+  HP_CHECK_ARG(module_ != nullptr, "FSDPModule: module must not be null");
+  HP_CHECK_ARG(is_fully_sharded(*module_), "FSDPModule: module ", module_->name(),
+               " is not managed by fully_shard; call hp::fully_shard(module) first");
+}
+
+std::shared_ptr<Unit> FSDPModule::unit() const {
+  return module_->attachment<Unit>(fsdp::kUnitAttachment);
+}
+
+std::vector<std::shared_ptr<Unit>> FSDPModule::units(bool recurse) const {
+  if (!recurse) return {unit()};
+  std::vector<std::shared_ptr<Unit>> out;
+  for (const auto& sub : module_->modules(/*include_self=*/true)) {
+    auto hookable = std::dynamic_pointer_cast<nn::Module>(sub);
+    if (!hookable) continue;
+    auto u = hookable->attachment<Unit>(fsdp::kUnitAttachment);
+    if (u && std::find(out.begin(), out.end(), u) == out.end()) out.push_back(u);
+  }
+  return out;
+}
+
+UnshardHandle FSDPModule::unshard(bool async_op) {
+  auto u = unit();
+  u->begin_unshard();
+  if (!async_op) {
+    u->wait_unshard();
+    return UnshardHandle();
+  }
+  return UnshardHandle({u});
+}
+
+void FSDPModule::reshard() { unit()->reshard(); }
+
+void FSDPModule::set_requires_gradient_sync(bool requires_gradient_sync, bool recurse) {
+  for (auto& u : units(recurse)) u->flags().requires_gradient_sync = requires_gradient_sync;
+}
+
+void FSDPModule::set_requires_all_reduce(bool requires_all_reduce, bool recurse) {
+  for (auto& u : units(recurse)) u->flags().requires_all_reduce = requires_all_reduce;
+}
+
+void FSDPModule::set_reshard_after_forward(bool reshard_after_forward, bool recurse) {
+  for (auto& u : units(recurse)) u->flags().reshard_after_forward = reshard_after_forward;
+}
+
+void FSDPModule::set_reshard_after_backward(bool reshard_after_backward, bool recurse) {
+  for (auto& u : units(recurse)) u->flags().reshard_after_backward = reshard_after_backward;
+}
+
+void FSDPModule::set_is_last_backward(bool is_last_backward) {
+  for (auto& u : units(true)) u->flags().is_last_backward = is_last_backward;
+}
+
+void FSDPModule::set_reduce_op_type(const std::string& reduce_op_type) {
+  HP_CHECK_ARG(reduce_op_type == "sum" || reduce_op_type == "avg", "Unsupported reduce op type ",
+               reduce_op_type, ", supported types are ['sum', 'avg']");
+  for (auto& u : units(true)) u->flags().average = reduce_op_type == "avg";
+}
+
+void FSDPModule::zero_grad() {
+  for (auto& u : units(true)) u->zero_grad();
+}
+
+StateDict FSDPModule::state_dict() const { return get_model_state_dict(*module_); }
+
+}  // namespace hp

@@ -1,0 +1,97 @@
+// fully_shard: sharded data parallelism for hookable modules (SPEC F1-F15).
+//
+//   hp::nn::GPT model(config);
+//   for (auto& block : model->blocks()) hp::fully_shard(block.ptr());   // inner units first
+//   hp::FSDPModule fsdp = hp::fully_shard(model.ptr());                // the root
+//   torch::optim::AdamW optimizer(model->parameters(), options);
+//   ...  loss = hp::nn::cross_entropy(model(x), y); loss.backward(); optimizer.step();
+//
+// Each call makes the module (or the list of modules, as one unit) a unit:
+// its parameters not already owned by an inner unit are sharded in place
+// along dim 0 (uneven sizes padded) over the mesh's shard dim, and hooks
+// gather them for forward and backward and reduce their gradients. The
+// registered parameters keep their identity, so an optimizer built from
+// model->parameters() steps the local shards (F6). Arguments are validated
+// before anything is communicated; building units is collective: every rank
+// calls fully_shard on the same modules in the same order.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hp/fsdp/options.h"
+#include "hp/fsdp/state_dict.h"
+#include "hp/nn/module.h"
+
+namespace hp {
+
+namespace fsdp {
+class Unit;
+}
+
+class FSDPModule;
+
+// Waits for an asynchronous unshard (F9).
+class UnshardHandle {
+ public:
+  UnshardHandle() = default;
+  explicit UnshardHandle(std::vector<std::shared_ptr<fsdp::Unit>> units) : units_(std::move(units)) {}
+  void wait();
+
+ private:
+  std::vector<std::shared_ptr<fsdp::Unit>> units_;
+};
+
+// The fully_shard interface of a module (FSDP2's FSDPModule methods).
+class FSDPModule {
+ public:
+  // The handle of a module that fully_shard made a unit; raises otherwise.
+  explicit FSDPModule(std::shared_ptr<nn::Module> module);
+
+  nn::Module& module() const { return *module_; }
+  const std::shared_ptr<nn::Module>& module_ptr() const { return module_; }
+
+  // Gathers this unit's parameters (not its sub-units'); with async_op the
+  // returned handle's wait() finishes it (the next forward waits too).
+  UnshardHandle unshard(bool async_op = false);
+  void reshard();
+
+  // F10. With recurse (the default) they apply to every unit in the module's
+  // tree, else to this unit only.
+  void set_requires_gradient_sync(bool requires_gradient_sync, bool recurse = true);
+  void set_requires_all_reduce(bool requires_all_reduce, bool recurse = true);
+  void set_reshard_after_forward(bool reshard_after_forward, bool recurse = true);
+  void set_reshard_after_backward(bool reshard_after_backward, bool recurse = true);
+  // Whether the coming backward is the last before the optimizer step; when
+  // false its reductions complete at the next forward instead.
+  void set_is_last_backward(bool is_last_backward);
+  // "avg" (default: divide by the data-parallel size) or "sum" (F5).
+  void set_reduce_op_type(const std::string& reduce_op_type);
+
+  // Drops every gradient of the tree's managed parameters (F14).
+  void zero_grad();
+
+  // Local shards as DTensors under their fully-qualified names (F14).
+  StateDict state_dict() const;
+  // Accepts DTensors, local-shape or global-shape tensors per key; strict
+  // raises on missing or unexpected keys, listing them.
+  void load_state_dict(const StateDict& state_dict, bool strict = true);
+
+ private:
+  std::vector<std::shared_ptr<fsdp::Unit>> units(bool recurse) const;
+  std::shared_ptr<fsdp::Unit> unit() const;
+
+  std::shared_ptr<nn::Module> module_;
+};
+
+FSDPModule fully_shard(const std::shared_ptr<nn::Module>& module,
+                       const FullyShardOptions& options = {});
+// The modules form one unit (their parameters are gathered together).
+FSDPModule fully_shard(const std::vector<std::shared_ptr<nn::Module>>& modules,
+                       const FullyShardOptions& options = {});
+
+// Whether `module` is a fully_shard unit.
+bool is_fully_sharded(const nn::Module& module);
+
+}  // namespace hp

@@ -1,0 +1,39 @@
+#include "hp/fsdp/mesh_info.h"
+
+#include "hp/dist/world.h"
+#include "hp/util/error.h"
+
+namespace hp::fsdp {
+
+MeshInfo MeshInfo::from_mesh(DeviceMeshPtr mesh) {
+  HP_CHECK_ARG(mesh->ndim() == 1 || mesh->ndim() == 2,
+               "fully_shard expects a 1-D mesh (FSDP) or a 2-D (replicate, shard) mesh (HSDP), "
+               "got a ",
+               mesh->ndim(), "-D mesh ", to_string(mesh->dim_names()));
+  HP_CHECK_ARG(mesh->contains_self(), "fully_shard: rank ", dist::get_rank(),
+               " is not part of ", mesh->describe());
+  MeshInfo info;
+  info.mesh = mesh;
+  const int64_t shard_dim = mesh->ndim() - 1;
+  info.shard_size = mesh->size(shard_dim);
+  info.shard_rank = mesh->coordinate(shard_dim);
+  info.shard_group = mesh->group_ptr(shard_dim);
+  const auto& shard_ranks = info.shard_group->ranks();
+  info.reduce_group = dist::new_group(shard_ranks, {"fsdp-reduce"});
+  if (mesh->ndim() == 2) {
+    info.replicate_size = mesh->size(0);
+    info.replicate_group = dist::new_group(mesh->group(0).ranks(), {"fsdp-allreduce"});
+  }
+  return info;
+}
+
+Placements MeshInfo::placements(int64_t dim) const {
+  if (mesh->ndim() == 2) return {Replicate(), Shard(dim)};
+  return {Shard(dim)};
+}
+
+Placements MeshInfo::replicated_placements() const {
+  return Placements(mesh->ndim(), Replicate());
+}
+
+}  // namespace hp::fsdp

@@ -1,0 +1,36 @@
+// Which ranks a fully_shard unit shards over and which it replicates over.
+//
+// A 1-D mesh shards over its one dim (FSDP). A 2-D mesh replicates over dim
+// 0 and shards over dim 1 (HSDP); with a shard dim of size 1 that is plain
+// data parallelism (DDP). Gradient reductions run on their own process
+// groups (same ranks, separate Gloo contexts), so a reduction in flight
+// never delays the next all-gather: the CPU analogue of FSDP2's streams.
+#pragma once
+
+#include <cstdint>
+
+#include "hp/dist/group.h"
+#include "hp/mesh/device_mesh.h"
+#include "hp/tensor/placement.h"
+
+namespace hp::fsdp {
+
+struct MeshInfo {
+  DeviceMeshPtr mesh;
+  int64_t shard_size = 1;
+  int64_t shard_rank = 0;
+  int64_t replicate_size = 1;
+  dist::GroupPtr shard_group;       // all-gathers
+  dist::GroupPtr reduce_group;      // reduce-scatters (shard ranks)
+  dist::GroupPtr replicate_group;   // all-reduces over replicas; null without replicas
+
+  // Collective over every rank that builds a unit on this mesh.
+  static MeshInfo from_mesh(DeviceMeshPtr mesh);
+
+  bool has_replicas() const { return replicate_size > 1; }
+  // The DTensor placements of a parameter sharded on `dim`.
+  Placements placements(int64_t dim) const;
+  Placements replicated_placements() const;
+};
+
+}  // namespace hp::fsdp

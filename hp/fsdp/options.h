@@ -1,0 +1,62 @@
+// Options of fully_shard (SPEC F1, F7, F8).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <variant>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "hp/mesh/device_mesh.h"
+#include "hp/tensor/placement.h"
+
+namespace hp {
+
+// Mixed precision (F7). Unset dtypes mean "the parameter's own dtype".
+struct MixedPrecisionPolicy {
+  std::optional<at::ScalarType> param_dtype;   // all-gather and compute
+  std::optional<at::ScalarType> reduce_dtype;  // gradient collectives
+  std::optional<at::ScalarType> output_dtype;  // forward outputs cast to this
+  bool cast_forward_inputs = true;             // floating inputs cast to param_dtype
+  // Reduced gradients land in fp32 main grads when parameters compute in low
+  // precision.
+  bool apply_grad_on_fp32_main_grad = false;
+};
+
+// CPU offload of sharded parameters and gradients (F8). On a CPU-only build
+// the parameters already live in host memory, so it is accepted and changes
+// nothing; pin_memory is validated for a CUDA build.
+struct OffloadPolicy {
+  enum class Kind { kNone, kCPU };
+  Kind kind = Kind::kNone;
+  bool pin_memory = true;
+
+  static OffloadPolicy none() { return {}; }
+  static OffloadPolicy cpu(bool pin_memory = true) { return {Kind::kCPU, pin_memory}; }
+};
+
+struct FullyShardOptions {
+  // 1-D mesh: FSDP over its ranks; 2-D (replicate, shard): HSDP; a 2-D mesh
+  // whose shard dim has size 1: DDP. Default: a 1-D mesh over the world.
+  DeviceMeshPtr mesh;
+  // true: free the unsharded parameters after forward; false: keep them for
+  // backward; an int N: keep them gathered within groups of N ranks.
+  std::variant<bool, int64_t> reshard_after_forward = true;
+  // Returns the Shard placement of a parameter, or nullopt for Shard(0).
+  std::function<std::optional<Placement>(const at::Tensor& param)> shard_placement_fn;
+  MixedPrecisionPolicy mp_policy;
+  OffloadPolicy offload_policy;
+  // Left alone entirely: not sharded, not reduced.
+  std::vector<at::Tensor> ignored_params;
+  // Managed but never sharded: gradients all-reduced over the whole mesh.
+  std::vector<at::Tensor> replicate_params;
+  // One all-gather / reduce-scatter per unit over packed buffers.
+  bool comm_fusion = false;
+  // With comm_fusion: the shards live in one flat buffer the optimizer
+  // updates in place (default: on with comm_fusion).
+  std::optional<bool> comm_fusion_zero_copy;
+};
+
+}  // namespace hp

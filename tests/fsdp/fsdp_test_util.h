@@ -1,0 +1,47 @@
+// Helpers for fully_shard parity tests: the global batch, this rank's slice
+// of it, and gathering a sharded model's parameters for comparison.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <map>
+#include <string>
+
+#include "hp/dist/collectives.h"
+#include "hp/dist/world.h"
+#include "hp/fsdp/state_dict.h"
+#include "hp/nn/module.h"
+
+namespace hp::test {
+
+// Step s's global batch: [batch, in] inputs and [batch, out] targets.
+inline std::pair<at::Tensor, at::Tensor> global_batch(int step, int64_t batch = 12,
+                                                      int64_t in = 6, int64_t out = 5) {
+  at::Generator gen = at::detail::createCPUGenerator(500 + step);
+  return {at::randn({batch, in}, gen), at::randn({batch, out}, gen)};
+}
+
+// Rows [r*B/D, (r+1)*B/D) of the batch for data-parallel rank r of D.
+inline at::Tensor rows_for(const at::Tensor& t, int64_t dp_rank, int64_t dp_size) {
+  const int64_t per = t.size(0) / dp_size;
+  return t.narrow(0, dp_rank * per, per);
+}
+
+// Whole parameters of a (possibly sharded) model by name (collective).
+inline std::map<std::string, at::Tensor> full_parameters(const nn::Module& model) {
+  std::map<std::string, at::Tensor> out;
+  for (auto& [name, value] : get_model_state_dict(model, {/*full_state_dict=*/true})) {
+    out[name] = std::get<at::Tensor>(value);
+  }
+  return out;
+}
+
+// The mean of a per-rank scalar over the world (the global-batch loss).
+inline double world_mean(double value) {
+  if (!dist::is_initialized()) return value;
+  at::Tensor t = at::full({1}, value, at::kDouble);
+  dist::all_reduce(*dist::world_group(), t, dist::ReduceOp::kAvg).wait();
+  return t.item<double>();
+}
+
+}  // namespace hp::test
