@@ -181,7 +181,7 @@ Work all_gather_into(Group& group, const at::Tensor& output, const at::Tensor& i
 }
 
 Work reduce_scatter(Group& group, const at::Tensor& output, const at::Tensor& input,
-                    ReduceOp op_kind) {
+                    ReduceOp op_kind, const at::Tensor& scratch) {
   constexpr const char* op = "reduce_scatter";
   check_member(group, op);
   check_defined(output, op, "output");
@@ -208,7 +208,16 @@ Work reduce_scatter(Group& group, const at::Tensor& output, const at::Tensor& in
   // Low-precision data travels as its own bits and is summed in fp32 here.
   const bool low = is_low_precision(in.scalar_type());
   at::Tensor send = wire_view(in).view(-1);
-  at::Tensor recv = at::empty({size * n}, send.options());
+  at::Tensor recv;
+  if (scratch.defined()) {
+    HP_CHECK_ARG(scratch.is_contiguous() && scratch.scalar_type() == in.scalar_type() &&
+                     scratch.numel() >= size * n,
+                 op, ": scratch ", describe_tensor(scratch), " must be a contiguous ",
+                 in.scalar_type(), " tensor of at least ", size * n, " elements");
+    recv = wire_view(scratch).view(-1).narrow(0, 0, size * n);
+  } else {
+    recv = at::empty({size * n}, send.options());
+  }
   auto finish = [output, recv, size, n, op_kind, low, dtype = in.scalar_type()] {
     at::Tensor chunks = (low ? recv.view(dtype).to(at::kFloat) : recv.view(dtype)).view({size, n});
     at::Tensor out = output.view(-1);

@@ -31,9 +31,12 @@ Work all_gather_into(Group& group, const at::Tensor& output, const at::Tensor& i
 // output = op over ranks of input[r*n:(r+1)*n] where r is this rank's group
 // rank and n = output.numel(). Implemented as one all-to-all plus a local
 // reduction (the same bytes on the wire as a ring reduce-scatter; Gloo 1.13
-// has none); the reduction runs in wait().
+// has none); the reduction runs in wait(). The all-to-all receives
+// group.size() * n elements: pass `scratch` (contiguous, input's dtype, at
+// least that many elements, not overlapping input) to receive into memory
+// the caller has anyway instead of a new allocation.
 Work reduce_scatter(Group& group, const at::Tensor& output, const at::Tensor& input,
-                    ReduceOp op = ReduceOp::kSum);
+                    ReduceOp op = ReduceOp::kSum, const at::Tensor& scratch = {});
 
 // tensor = op over ranks of tensor, in place.
 Work all_reduce(Group& group, const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);

@@ -125,6 +125,16 @@ void FSDPParam::reshard() {
   data_ = Data::kSharded;
 }
 
+at::Tensor FSDPParam::reshard_lending_buffer() {
+  if (!sharded_ || data_ != Data::kUnsharded) {
+    reshard();
+    return at::Tensor();
+  }
+  param_.set_data(shard_view_);
+  data_ = Data::kSharded;
+  return unsharded_;
+}
+
 void FSDPParam::set_post_accumulate_hook(std::function<void()> hook) {
   post_accumulate_hook_ = std::move(hook);
   if (!sharded_ && !accumulator_ && param_.requires_grad()) {

@@ -65,6 +65,11 @@ class FSDPParam {
   void free_unsharded();
   // The parameter holds its shard again; the unsharded memory is released.
   void reshard();
+  // As reshard(), but the unsharded buffer keeps its memory and is returned
+  // (undefined if there is none): the gradient's reduce-scatter receives
+  // into it instead of allocating as much again. The caller releases it
+  // (free_storage) once the collective is done, before the next gather.
+  at::Tensor reshard_lending_buffer();
 
   // Called after autograd accumulated a gradient into the parameter.
   void set_post_accumulate_hook(std::function<void()> hook);

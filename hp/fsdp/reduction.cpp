@@ -3,17 +3,22 @@
 #include <ATen/ATen.h>
 
 #include "hp/dist/collectives.h"
+#include "hp/fsdp/storage.h"
 
 namespace hp::fsdp {
 
-void ReductionQueue::issue(FSDPParam& param, at::Tensor full_grad, const MeshInfo& mesh,
-                           ReduceSettings settings, int64_t wave,
+void ReductionQueue::issue(FSDPParam& param, at::Tensor full_grad, at::Tensor scratch,
+                           const MeshInfo& mesh, ReduceSettings settings, int64_t wave,
                            std::shared_ptr<void> keep_alive) {
-  Pending p{&param, &mesh, settings, wave, std::move(keep_alive), {}, {}, {}};
+  Pending p{&param, &mesh, settings, wave, std::move(keep_alive), {}, {}, {}, std::move(scratch)};
   if (param.sharded()) {
     p.input = param.pack_for_reduce_scatter(full_grad);
-    p.output = at::empty(param.padded_shard().sizes(), full_grad.options());
-    p.work = dist::reduce_scatter(*mesh.reduce_group, p.output, p.input, dist::ReduceOp::kSum);
+    full_grad = at::Tensor();  // the packed input is all that stays alive
+    p.output = at::empty(param.padded_shard().sizes(), p.input.options());
+    const bool lend = p.scratch.defined() && p.scratch.scalar_type() == p.input.scalar_type() &&
+                      p.scratch.numel() >= p.input.numel();
+    p.work = dist::reduce_scatter(*mesh.reduce_group, p.output, p.input, dist::ReduceOp::kSum,
+                                  lend ? p.scratch : at::Tensor());
   } else {
     // Replicated parameters all-reduce over the shard ranks first (they hold
     // the same parameter and different data); shard groups of one skip it.
@@ -27,6 +32,8 @@ void ReductionQueue::issue(FSDPParam& param, at::Tensor full_grad, const MeshInf
 
 void ReductionQueue::complete(Pending& p) {
   p.work.wait();
+  p.input = at::Tensor();
+  if (p.scratch.defined()) free_storage(p.scratch);
   FSDPParam& param = *p.param;
   const MeshInfo& mesh = *p.mesh;
   at::Tensor grad;
@@ -60,7 +67,7 @@ void ReductionQueue::complete(Pending& p) {
 }
 
 void ReductionQueue::complete_before(int64_t wave) {
-  while (!pending_.empty() && pending_.front().wave < wave - 1) {
+  while (!pending_.empty() && pending_.front().wave < wave) {
     Pending p = std::move(pending_.front());
     pending_.pop_front();
     complete(p);

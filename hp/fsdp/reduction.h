@@ -5,8 +5,11 @@
 // for HSDP, all-reduced over the replicate group); replicated ones are
 // all-reduced. Collectives are issued asynchronously on the reduction
 // groups and completed later, so a unit's reduction overlaps the backward
-// compute of the units before it. To bound memory, issuing the first
-// gradient of unit k completes everything issued before unit k-1.
+// compute of the unit before it, until that unit's first gradient arrives:
+// then the previous unit's reductions complete. That keeps the unsharded
+// working set at about two units (issue 3's memory bound); the all-to-all
+// of a reduce-scatter receives into the parameter's own unsharded buffer,
+// which autograd no longer needs, rather than a new allocation.
 #pragma once
 
 #include <cstdint>
@@ -31,9 +34,11 @@ class ReductionQueue {
   // Issues the reduction of `full_grad` for `param`. `keep_alive` holds the
   // owner of `param` and `mesh` until the reduction completes. `wave` is the
   // order in which units started their post-backward in this backward pass.
-  void issue(FSDPParam& param, at::Tensor full_grad, const MeshInfo& mesh,
+  // `scratch`: the parameter's lent unsharded buffer (may be undefined);
+  // its memory is released when the reduction completes.
+  void issue(FSDPParam& param, at::Tensor full_grad, at::Tensor scratch, const MeshInfo& mesh,
              ReduceSettings settings, int64_t wave, std::shared_ptr<void> keep_alive);
-  // Completes what units before `wave - 1` issued.
+  // Completes what units before `wave` issued.
   void complete_before(int64_t wave);
   void complete_all();
   bool empty() const { return pending_.empty(); }
@@ -50,6 +55,7 @@ class ReductionQueue {
     dist::Work work;
     at::Tensor input;   // kept alive until the collective completes
     at::Tensor output;  // reduce-scatter output row, or the all-reduced buffer
+    at::Tensor scratch; // lent unsharded buffer, released on completion
   };
   void complete(Pending& p);
 

@@ -98,6 +98,17 @@ void Unit::validate_for_training() const {
 
 void Unit::begin_unshard() {
   if (unshard_in_flight_) return;
+  // A pending reduction may still be receiving into a parameter's unsharded
+  // buffer (set_is_last_backward(false)); it lands before that buffer is
+  // gathered into again.
+  if (context_) {
+    for (auto& p : params_) {
+      if (context_->reductions.pending_for(*p)) {
+        context_->reductions.complete_all();
+        break;
+      }
+    }
+  }
   for (auto& p : params_) {
     if (p->sharded() && p->data() != FSDPParam::Data::kUnsharded) {
       unshard_works_.push_back(p->all_gather(*mesh_.shard_group));
@@ -198,9 +209,9 @@ void Unit::post_accumulate(FSDPParam& param) {
     return;
   }
   // The optimizer steps the shard, so a reduced gradient always goes with
-  // a resharded parameter.
-  param.reshard();
-  context_->reductions.issue(param, std::move(grad), mesh_,
+  // a resharded parameter; its unsharded buffer receives the reduce-scatter.
+  at::Tensor scratch = param.reshard_lending_buffer();
+  context_->reductions.issue(param, std::move(grad), std::move(scratch), mesh_,
                              {flags_.average, flags_.requires_all_reduce}, wave_,
                              shared_from_this());
 }

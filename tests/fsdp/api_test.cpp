@@ -1,0 +1,287 @@
+// The fully_shard API around the training loop (SPEC F1, F9, F10, F13,
+// F14, F15): state dicts in every mode, explicit unshard/reshard, the
+// setters, replicate_params vs ignored_params, zero_grad, and every
+// validation error with its message.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "hp/fsdp/clip_grad.h"
+#include "hp/fsdp/storage.h"
+#include "hp/tensor/shard_spec.h"
+#include "hp/util/error.h"
+#include "tests/fsdp/fsdp_test_util.h"
+#include "tests/fsdp/gpt_fixture.h"
+#include "tests/fsdp/toy_model.h"
+#include "tests/support/tensor_checks.h"
+
+namespace hp {
+namespace {
+
+using test::tensors_equal;
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  return test::message_of<ArgumentError>(fn);
+}
+
+// One AdamW step of `model` on this rank's slice of batch 0.
+void train_one_step(nn::GPT& model) {
+  auto opt = test::make_adamw(*model);
+  const int64_t rows = 12 / dist::get_world_size();
+  test::gpt_loss(model, test::token_batch(0), dist::get_rank() * rows, rows).backward();
+  opt.step();
+}
+
+TEST(FullyShardStateDict, RoundTripsInEveryModeAndValueKind) {
+  for (const auto& mesh : test::mesh_configs()) {
+    SCOPED_TRACE(mesh.name);
+    FullyShardOptions options;
+    options.mesh = test::make_mesh(mesh);
+    auto source = test::make_gpt(/*seed=*/1);
+    FSDPModule source_root = test::shard_gpt(source, options);
+    train_one_step(source);
+    auto expected = test::full_parameters(*source);
+
+    // Local shards as DTensors.
+    StateDict local = source_root.state_dict();
+    for (const auto& [name, value] : local) {
+      ASSERT_TRUE(std::holds_alternative<DTensor>(value)) << name;
+      EXPECT_EQ(std::get<DTensor>(value).sizes(), expected.at(name).sizes().vec()) << name;
+    }
+    // Whole tensors, plain local tensors and DTensors all load.
+    StateDict whole = get_model_state_dict(*source, {/*full_state_dict=*/true});
+    StateDict plain_local;
+    for (const auto& [name, value] : local) {
+      plain_local.emplace_back(name, std::get<DTensor>(value).local().clone());
+    }
+    for (const StateDict* sd : {&local, &whole, &plain_local}) {
+      auto target = test::make_gpt(/*seed=*/2);
+      FSDPModule root = test::shard_gpt(target, options);
+      root.load_state_dict(*sd);
+      auto loaded = test::full_parameters(*target);
+      for (const auto& [name, tensor] : expected) {
+        EXPECT_TRUE(tensors_equal(loaded.at(name), tensor)) << name;
+      }
+    }
+    // A sharded state dict loads into an unsharded model too.
+    auto plain = test::make_gpt(/*seed=*/3);
+    for (const auto& [name, value] : whole) {
+      plain->named_parameters()[name].detach().copy_(std::get<at::Tensor>(value));
+    }
+    for (auto& item : plain->named_parameters()) {
+      EXPECT_TRUE(tensors_equal(item.value(), expected.at(item.key()))) << item.key();
+    }
+  }
+}
+
+TEST(FullyShardStateDict, Rank0OnlyAndStrictKeys) {
+  auto model = test::make_gpt();
+  FSDPModule root = test::shard_gpt(model, {});
+  StateDict rank0 = get_model_state_dict(*model, {true, true, true});
+  EXPECT_EQ(rank0.empty(), dist::get_rank() != 0);
+
+  StateDict sd = root.state_dict();
+  sd.erase(std::remove_if(sd.begin(), sd.end(),
+                          [](const auto& e) { return e.first == "h.0.ln_1.weight"; }),
+           sd.end());
+  sd.emplace_back("h.9.bogus", at::zeros({1}));
+  std::string m = error_of([&] { root.load_state_dict(sd); });
+  EXPECT_EQ(m,
+            "Error(s) in loading state_dict for GPT:\n\tMissing key(s): 'h.0.ln_1.weight'\n\t"
+            "Unexpected key(s): 'h.9.bogus'");
+  // Not strict: the unexpected key is ignored, the rest loads.
+  EXPECT_NO_THROW(root.load_state_dict(sd, /*strict=*/false));
+
+  StateDict wrong = {{"wte.weight", at::zeros({3, 3})}};
+  m = error_of([&] { root.load_state_dict(wrong, /*strict=*/false); });
+  EXPECT_TRUE(contains(m, "load 'wte.weight': plain tensor shape (3, 3) matches neither local "
+                          "shard ("))
+      << m;
+  EXPECT_TRUE(contains(m, "nor global (50, 64).")) << m;
+}
+
+TEST(FullyShardApi, ExplicitUnshardAndReshard) {
+  if (dist::get_world_size() < 2) GTEST_SKIP();
+  auto model = test::make_gpt();
+  test::shard_gpt(model, {});
+  nn::Block block = model->blocks()[0];
+  FSDPModule unit(block.ptr());
+  const at::Tensor& w = block->mlp->c_fc->weight;
+  EXPECT_LT(w.size(0), 256);
+  unit.unshard();
+  EXPECT_EQ(w.sizes().vec(), (std::vector<int64_t>{256, 64}));
+  unit.reshard();
+  EXPECT_LT(w.size(0), 256);
+  UnshardHandle handle = unit.unshard(/*async_op=*/true);
+  handle.wait();
+  handle.wait();
+  EXPECT_EQ(w.size(0), 256);
+  // The gathered values are the model's: a forward after an explicit
+  // unshard gives the same loss as without.
+  unit.reshard();
+  at::Tensor tokens = test::token_batch(0);
+  const double before = test::gpt_loss(model, tokens, 0, 4).item<double>();
+  unit.unshard(true);
+  EXPECT_DOUBLE_EQ(test::gpt_loss(model, tokens, 0, 4).item<double>(), before);
+}
+
+TEST(FullyShardApi, ReshardAfterForwardSetterIsRecursive) {
+  if (dist::get_world_size() < 2) GTEST_SKIP();
+  auto model = test::make_gpt();
+  FSDPModule root = test::shard_gpt(model, {});
+  root.set_reshard_after_forward(false);
+  at::Tensor loss = test::gpt_loss(model, test::token_batch(0), 0, 4);
+  EXPECT_TRUE(fsdp::storage_is_allocated(model->blocks()[0]->mlp->c_fc->weight));
+  loss.backward();
+  root.set_reshard_after_forward(true);
+  loss = test::gpt_loss(model, test::token_batch(0), 0, 4);
+  EXPECT_FALSE(fsdp::storage_is_allocated(model->blocks()[0]->mlp->c_fc->weight));
+  loss.backward();
+  // Not recursive: only the root's own flag changes.
+  root.set_reshard_after_forward(false, /*recurse=*/false);
+  loss = test::gpt_loss(model, test::token_batch(0), 0, 4);
+  EXPECT_FALSE(fsdp::storage_is_allocated(model->blocks()[0]->mlp->c_fc->weight));
+  loss.backward();
+}
+
+TEST(FullyShardApi, ZeroGradDropsGradients) {
+  auto model = test::make_gpt();
+  FSDPModule root = test::shard_gpt(model, {});
+  test::gpt_loss(model, test::token_batch(0), 0, 4).backward();
+  for (auto& p : model->parameters()) EXPECT_TRUE(p.grad().defined());
+  root.zero_grad();
+  for (auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined());
+}
+
+TEST(FullyShardApi, ReplicateParamsAreAllReducedIgnoredParamsAreLocal) {
+  const int64_t world = dist::get_world_size(), rank = dist::get_rank();
+  auto reference = test::make_toy_model();
+  auto model = test::make_toy_model();
+  FullyShardOptions options;
+  options.replicate_params = {model->head->weight};
+  options.ignored_params = {model->embed->bias};
+  fully_shard(model.ptr(), options);
+  // Replicated: whole; ignored: whole and untouched; others sharded.
+  EXPECT_EQ(model->head->weight.sizes().vec(), (std::vector<int64_t>{5, 10}));
+  EXPECT_EQ(model->embed->bias.sizes().vec(), (std::vector<int64_t>{10}));
+  EXPECT_EQ(model->embed->weight.size(0), chunk_span(10, world, rank).size);
+
+  auto [x, y] = test::global_batch(0);
+  torch::mse_loss(reference(x), y).backward();
+  torch::mse_loss(model(test::rows_for(x, rank, world)), test::rows_for(y, rank, world)).backward();
+  // The replicated parameter's gradient is the global one on every rank.
+  EXPECT_TRUE(test::tensors_close(model->head->weight.grad(), reference->head->weight.grad(), 1e-5,
+                                  1e-7));
+  // The ignored one only saw this rank's rows.
+  auto local_ref = test::make_toy_model();
+  torch::mse_loss(local_ref(test::rows_for(x, rank, world)), test::rows_for(y, rank, world))
+      .backward();
+  EXPECT_TRUE(test::tensors_close(model->embed->bias.grad(), local_ref->embed->bias.grad(), 1e-5,
+                                  1e-7));
+}
+
+TEST(FullyShardErrors, ArgumentErrorsNameTheProblem) {
+  const int world = dist::get_world_size();
+  std::string m = error_of([] { fully_shard(std::shared_ptr<nn::Module>()); });
+  EXPECT_EQ(m, "fully_shard: module must not be null");
+  m = error_of([] { fully_shard(std::vector<std::shared_ptr<nn::Module>>{}); });
+  EXPECT_EQ(m, "fully_shard does not support empty list of modules.");
+  auto model = test::make_gpt();
+  m = error_of([&] {
+    fully_shard(std::vector<std::shared_ptr<nn::Module>>{model.ptr(), nullptr});
+  });
+  EXPECT_TRUE(contains(m, "a null module at index 1")) << m;
+
+  // Outer unit first, then an inner one.
+  auto outer_first = test::make_gpt();
+  fully_shard(outer_first.ptr());
+  m = error_of([&] {
+    nn::Block b = outer_first->blocks()[0];
+    fully_shard(b.ptr());
+  });
+  EXPECT_TRUE(contains(m, "is already managed by the unit of GPT, which contains this module; "
+                          "apply fully_shard to submodules before their parents"))
+      << m;
+  m = error_of([&] { fully_shard(outer_first.ptr()); });
+  EXPECT_TRUE(contains(m, "module GPT is already managed by fully_shard")) << m;
+
+  FullyShardOptions options;
+  options.mesh = init_device_mesh("cpu", {1, 1, world}, {"a", "b", "c"});
+  m = error_of([&] { fully_shard(test::make_gpt().ptr(), options); });
+  EXPECT_TRUE(contains(m, "fully_shard expects a 1-D mesh (FSDP) or a 2-D (replicate, shard) "
+                          "mesh (HSDP), got a 3-D mesh ['a', 'b', 'c']"))
+      << m;
+
+  options = {};
+  options.shard_placement_fn = [](const at::Tensor&) { return std::optional<Placement>(Replicate()); };
+  m = error_of([&] { fully_shard(test::make_gpt().ptr(), options); });
+  EXPECT_TRUE(contains(m, "shard_placement_fn must return Shard(dim) or nullopt, but returned R "
+                          "for parameter 'wte.weight'"))
+      << m;
+  options.shard_placement_fn = [](const at::Tensor&) { return std::optional<Placement>(Shard(2)); };
+  m = error_of([&] { fully_shard(test::make_gpt().ptr(), options); });
+  EXPECT_TRUE(contains(m, "returned S(2) for parameter 'wte.weight' of shape [50, 64], out of "
+                          "range for 2 dims"))
+      << m;
+  if (world == 3) {
+    options.shard_placement_fn = [](const at::Tensor& p) {
+      return p.dim() == 2 ? std::optional<Placement>(Shard(1)) : std::nullopt;
+    };
+    m = error_of([&] { fully_shard(test::make_gpt().ptr(), options); });
+    EXPECT_TRUE(contains(m, "parameter 'wte.weight' of shape [50, 64] cannot be sharded on dim 1 "
+                            "over 3 ranks: 64 is not divisible by 3 (only dim 0 is padded when "
+                            "uneven)"))
+        << m;
+  }
+
+  auto toy = test::make_toy_model();
+  options = {};
+  options.ignored_params = {at::zeros({3})};
+  m = error_of([&] { fully_shard(toy.ptr(), options); });
+  EXPECT_TRUE(contains(m, "ignored_params contains a tensor of shape [3] that is not a parameter "
+                          "of the module(s) being sharded"))
+      << m;
+  options = {};
+  options.ignored_params = {toy->head->weight};
+  options.replicate_params = {toy->head->weight};
+  m = error_of([&] { fully_shard(toy.ptr(), options); });
+  EXPECT_TRUE(contains(m, "parameter 'head.weight' is in both ignored_params and replicate_params"))
+      << m;
+
+  auto sharded = test::make_gpt();
+  FSDPModule root = test::shard_gpt(sharded, {});
+  m = error_of([&] { root.set_reduce_op_type("max"); });
+  EXPECT_EQ(m, "Unsupported reduce op type max, supported types are ['sum', 'avg']");
+  m = error_of([&] { FSDPModule plain(test::make_gpt().ptr()); });
+  EXPECT_TRUE(contains(m, "module GPT is not managed by fully_shard; call hp::fully_shard(module) "
+                          "first"))
+      << m;
+  m = error_of([&] { clip_grad_norm_(sharded->parameters(), 1.0, 3.0); });
+  EXPECT_TRUE(contains(m, "norm_type must be 2.0 or inf, got 3")) << m;
+}
+
+// A module with a parameter left on the meta device.
+struct MetaImpl : nn::Module {
+  MetaImpl() : nn::Module("Meta") {
+    w = register_parameter("w", torch::empty({4, 2}, torch::TensorOptions().device(at::kMeta)));
+  }
+  at::Tensor forward(const at::Tensor& x) { return x; }
+  at::Tensor w;
+};
+HP_MODULE(Meta);
+
+TEST(FullyShardErrors, LazyInitRefusesMetaParameters) {
+  Meta meta;
+  fully_shard(meta.ptr());
+  std::string m = error_of([&] { meta(torch::ones({1})); });
+  EXPECT_EQ(m,
+            "HSDP parameters should be materialized from meta device before training, but the "
+            "following were still on meta device: ['w']\nFor example, initialize the module "
+            "weights on a real device before running training.");
+}
+
+}  // namespace
+}  // namespace hp

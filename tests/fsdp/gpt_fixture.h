@@ -1,0 +1,103 @@
+// A small GPT (2 layers, d 64) for fully_shard tests, its data and the
+// sharding recipe every test uses: each block a unit, then the root.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "hp/dist/world.h"
+#include "hp/fsdp/fully_shard.h"
+#include "hp/nn/gpt.h"
+#include "hp/nn/loss.h"
+
+namespace hp::test {
+
+inline nn::GPTConfig small_gpt_config(int64_t layers = 2) {
+  nn::GPTConfig c;
+  c.vocab_size = 50;
+  c.context = 16;
+  c.n_layer = layers;
+  c.n_head = 4;
+  c.n_embd = 64;
+  return c;
+}
+
+inline nn::GPT make_gpt(uint64_t seed = 7, int64_t layers = 2) {
+  torch::manual_seed(seed);
+  return nn::GPT(small_gpt_config(layers));
+}
+
+// Tokens of step s: [batch, seq + 1], the same on every process.
+inline at::Tensor token_batch(int step, int64_t batch = 12, int64_t seq = 8) {
+  at::Generator gen = at::detail::createCPUGenerator(900 + step);
+  return at::randint(0, 50, {batch, seq + 1}, gen, at::kLong);
+}
+
+// The single-process reference step: the global batch as `parts` equal
+// micro-batches (the data-parallel ranks' slices), their gradients summed by
+// accumulation and divided by `parts` — the arithmetic data parallelism does.
+// Returns the mean loss.
+at::Tensor reference_backward(nn::GPT& model, const at::Tensor& tokens, int64_t parts);
+
+// Mean cross-entropy of `model` on rows [first, first + count) of `tokens`.
+inline at::Tensor gpt_loss(nn::GPT& model, const at::Tensor& tokens, int64_t first,
+                           int64_t count) {
+  at::Tensor rows = tokens.narrow(0, first, count);
+  at::Tensor inputs = rows.narrow(1, 0, rows.size(1) - 1);
+  at::Tensor targets = rows.narrow(1, 1, rows.size(1) - 1);
+  return nn::cross_entropy(model(inputs), targets);
+}
+
+inline at::Tensor reference_backward(nn::GPT& model, const at::Tensor& tokens, int64_t parts) {
+  const int64_t rows = tokens.size(0) / parts;
+  at::Tensor total = at::zeros({});
+  for (int64_t p = 0; p < parts; ++p) {
+    at::Tensor loss = gpt_loss(model, tokens, p * rows, rows);
+    loss.backward();
+    total += loss.detach();
+  }
+  at::NoGradGuard no_grad;
+  for (auto& param : model->parameters()) {
+    if (param.grad().defined()) param.mutable_grad().div_(parts);
+  }
+  return total / parts;
+}
+
+struct MeshConfig {
+  std::string name;  // "fsdp", "hsdp", "ddp"
+  std::vector<int64_t> shape;
+};
+
+inline DeviceMeshPtr make_mesh(const MeshConfig& config) {
+  return init_device_mesh("cpu", config.shape,
+                          config.shape.size() == 1 ? std::vector<std::string>{"shard"}
+                                                   : std::vector<std::string>{"replicate", "shard"});
+}
+
+// Every mode this world size supports.
+inline std::vector<MeshConfig> mesh_configs() {
+  const int64_t w = dist::get_world_size();
+  std::vector<MeshConfig> out = {{"fsdp", {w}}, {"ddp", {w, 1}}};
+  if (w == 4) out.push_back({"hsdp", {2, 2}});
+  return out;
+}
+
+// Blocks first (inner units), then the root.
+inline FSDPModule shard_gpt(nn::GPT& model, FullyShardOptions options) {
+  for (const auto& block : model->blocks()) {
+    nn::Block b = block;
+    fully_shard(b.ptr(), options);
+  }
+  return fully_shard(model.ptr(), options);
+}
+
+inline torch::optim::AdamW make_adamw(nn::Module& model) {
+  return torch::optim::AdamW(model.parameters(), torch::optim::AdamWOptions(1e-2)
+                                                      .betas({0.9, 0.95})
+                                                      .eps(1e-8)
+                                                      .weight_decay(0.1));
+}
+
+}  // namespace hp::test

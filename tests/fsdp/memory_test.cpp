@@ -1,0 +1,73 @@
+// Memory of a training step under fully_shard (issue 3), measured with the
+// counting allocator, not estimated.
+//
+// A GPT of 8 equal blocks (each its own unit) with a tiny batch, so that
+// activations are negligible next to the parameters. Per rank, the peak of
+// a steady-state step (forward, backward, AdamW step; Adam state exists)
+// must stay within
+//   (parameters + gradients + Adam's two moments) / world size
+//   + the unsharded working set of two units (one block's parameters and
+//     gradients, twice)
+//   + 10 %.
+// Every rank prints its figures; run on 1, 2 and 4 ranks for the table.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+
+#include "hp/dist/collectives.h"
+#include "hp/util/memory_stats.h"
+#include "tests/fsdp/fsdp_test_util.h"
+#include "tests/fsdp/gpt_fixture.h"
+
+namespace hp {
+namespace {
+
+int64_t bytes_of(nn::Module& module) {
+  int64_t bytes = 0;
+  for (auto& p : module.parameters()) bytes += p.numel() * p.element_size();
+  return bytes;
+}
+
+TEST(FullyShardMemory, PeakOfAStepIsAShardPlusTwoUnits) {
+  enable_memory_tracking();
+  const int64_t world = dist::get_world_size(), rank = dist::get_rank();
+  nn::GPTConfig config;
+  config.vocab_size = 256;
+  config.context = 16;
+  config.n_layer = 8;
+  config.n_head = 4;
+  config.n_embd = 256;
+  torch::manual_seed(3);
+  nn::GPT model(config);
+  const int64_t param_bytes = bytes_of(*model);
+  nn::Block first = model->blocks()[0];
+  const int64_t unit_bytes = bytes_of(*first);
+  test::shard_gpt(model, {});
+  auto opt = test::make_adamw(*model);
+  const int64_t batch = 4;  // one sequence of 8 tokens per rank on 4 ranks
+  auto step = [&](int s) {
+    at::Tensor tokens = test::token_batch(s, batch, 8).remainder(256);
+    const int64_t rows = batch / world;
+    at::Tensor rows_tokens = tokens.narrow(0, rank * rows, rows);
+    at::Tensor loss = nn::cross_entropy(model(rows_tokens.narrow(1, 0, 8)),
+                                        rows_tokens.narrow(1, 1, 8));
+    loss.backward();
+    opt.step();
+    opt.zero_grad();
+  };
+  step(0);  // creates Adam's state
+  reset_peak_memory();
+  step(1);
+  const MemoryStats stats = memory_stats();
+  const double bound = 1.1 * (4.0 * param_bytes / world + 2.0 * 2.0 * unit_bytes);
+  std::printf(
+      "memory rank %lld/%lld: peak %.2f MB, steady %.2f MB; unsharded params+grads+adam %.2f MB, "
+      "one unit %.2f MB, bound %.2f MB\n",
+      static_cast<long long>(rank), static_cast<long long>(world), stats.peak_bytes / 1e6,
+      stats.current_bytes / 1e6, 4.0 * param_bytes / 1e6, unit_bytes / 1e6, bound / 1e6);
+  EXPECT_LE(stats.peak_bytes, bound);
+}
+
+}  // namespace
+}  // namespace hp
