@@ -3,16 +3,24 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <condition_variable>
 #include <cstdlib>
 #include <functional>
 #include <mutex>
 
 #include "hp/dist/collective_checks.h"
+#include "hp/dist/comm_stats.h"
 #include "hp/util/error.h"
+#include "hp/util/trace.h"
 
 namespace hp::dist {
 
 // What a Work needs to finish a collective and to explain a failure.
+//
+// The backend reports completion through its future, on its own thread;
+// complete() then runs the local step and the continuations there, so that
+// buffers are released and local reductions done while the caller computes.
+// wait() only blocks until complete() has run.
 struct Work::State {
   const char* op = "";
   std::string group;
@@ -20,14 +28,39 @@ struct Work::State {
   int group_rank = 0;
   std::chrono::milliseconds timeout{0};
   std::string sizes;
-  c10::intrusive_ptr<c10d::Work> backend_work;
-  std::function<void()> finish;  // the local step; runs once, in wait()
+  int64_t issued_us = 0;  // trace::now_us()
+
   std::mutex mutex;
-  bool done = false;
+  std::condition_variable finished_cv;
+  bool completing = false;  // complete() is running
+  bool finished = false;
+  bool waited = false;
+  int64_t completed_us = -1;
   std::exception_ptr error;
+  c10::intrusive_ptr<c10d::Work> backend_work;  // dropped once finished
+  std::function<void()> finish;                 // the local step
+  std::vector<std::function<void()>> continuations;
+
+  // Runs the local step and continuations once; `cause` is the backend's error.
+  void complete(std::exception_ptr cause);
 };
 
 namespace {
+
+std::mutex g_stats_mutex;
+CommStats g_stats;
+
+void count(CallKind kind) {
+  std::lock_guard<std::mutex> lock(g_stats_mutex);
+  switch (kind) {
+    case CallKind::kAllGather: ++g_stats.all_gather; break;
+    case CallKind::kReduceScatter: ++g_stats.reduce_scatter; break;
+    case CallKind::kAllReduce: ++g_stats.all_reduce; break;
+    case CallKind::kBroadcast: ++g_stats.broadcast; break;
+    case CallKind::kAllToAll: ++g_stats.all_to_all; break;
+    case CallKind::kBarrier: ++g_stats.barrier; break;
+  }
+}
 
 std::string what_of(const std::exception& e) {
   if (auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
@@ -109,40 +142,146 @@ Work launch(Group& group, const char* op, std::string sizes, CallFingerprint fin
   state->sequence = group.next_sequence_number();
   state->finish = std::move(finish);
   fingerprint.sequence = state->sequence;
+  c10::intrusive_ptr<c10d::Work> backend_work;
   try {
     if (collective_checks_enabled()) verify_same_call(group, fingerprint);
-    if (issue) state->backend_work = issue();
+    state->issued_us = trace::now_us();
+    if (issue) backend_work = issue();
   } catch (const CollectiveError&) {
     throw;
   } catch (const std::exception& e) {
     throw CollectiveError(failure_message(*state, what_of(e)));
   }
+  count(fingerprint.kind);
+  if (!backend_work) {
+    state->complete(nullptr);
+    return Work(std::move(state));
+  }
+  {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    state->backend_work = backend_work;
+  }
+  // A weak reference: the backend's future may outlive the Work. If it has
+  // already completed, addCallback runs the callback right here.
+  std::weak_ptr<Work::State> weak = state;
+  backend_work->getFuture()->addCallback([weak](c10::ivalue::Future& future) {
+    auto s = weak.lock();
+    if (!s) return;
+    s->complete(future.hasError() ? future.exception_ptr() : nullptr);
+  });
   return Work(std::move(state));
 }
 
 }  // namespace
 
+CommStats comm_stats() {
+  std::lock_guard<std::mutex> lock(g_stats_mutex);
+  return g_stats;
+}
+
+void reset_comm_stats() {
+  std::lock_guard<std::mutex> lock(g_stats_mutex);
+  g_stats = CommStats();
+}
+
+void Work::State::complete(std::exception_ptr cause) {
+  std::function<void()> step;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (finished || completing) return;
+    completing = true;
+    step = std::move(finish);
+  }
+  if (!cause) {
+    try {
+      if (step) step();
+    } catch (...) {
+      cause = std::current_exception();
+    }
+  }
+  // Continuations added while this runs are picked up too: `finished` is set
+  // under the same lock that finds none left, so then() either queues before
+  // that or runs its function itself after.
+  auto describe = [this](std::exception_ptr e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      return failure_message(*this, what_of(ex));
+    } catch (...) {
+      return failure_message(*this, "unknown error");
+    }
+  };
+  for (;;) {
+    std::vector<std::function<void()>> then;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (continuations.empty()) {
+        if (cause) error = std::make_exception_ptr(CollectiveError(describe(cause)));
+        completed_us = trace::now_us();
+        finished = true;
+        backend_work.reset();  // the backend's tensors go as soon as it lets them
+        break;
+      }
+      then = std::move(continuations);
+      continuations.clear();
+    }
+    if (cause) continue;
+    try {
+      for (auto& fn : then) fn();
+    } catch (...) {
+      cause = std::current_exception();
+    }
+  }
+  step = nullptr;  // releases the local step's buffers outside the lock
+  finished_cv.notify_all();
+}
+
 void Work::wait() {
   if (!state_) return;
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  if (!state_->done) {
-    try {
-      if (state_->backend_work) state_->backend_work->wait();
-      if (state_->finish) state_->finish();
-    } catch (const std::exception& e) {
-      state_->error = std::make_exception_ptr(CollectiveError(failure_message(*state_, what_of(e))));
+  State& s = *state_;
+  std::unique_lock<std::mutex> lock(s.mutex);
+  if (!s.waited) {
+    const int64_t wait_start = trace::now_us();
+    s.finished_cv.wait(lock, [&s] { return s.finished; });
+    const int64_t wait_end = trace::now_us();
+    s.waited = true;
+    {
+      std::lock_guard<std::mutex> stats_lock(g_stats_mutex);
+      g_stats.comm_seconds += (s.completed_us - s.issued_us) * 1e-6;
+      g_stats.wait_seconds += (wait_end - wait_start) * 1e-6;
     }
-    state_->done = true;
-    state_->finish = nullptr;  // releases scratch buffers
-    state_->backend_work.reset();
+    if (trace::enabled()) {
+      trace::record(cat(s.op, " ", s.group, " #", s.sequence), "comm", s.op, s.issued_us,
+                    s.completed_us);
+      if (wait_end > wait_start) {
+        trace::record(cat("wait ", s.op), "wait", "wait", wait_start, wait_end);
+      }
+    }
   }
-  if (state_->error) std::rethrow_exception(state_->error);
+  if (s.error) std::rethrow_exception(s.error);
+}
+
+void Work::then(std::function<void()> fn) {
+  if (!fn) return;
+  if (!state_) {
+    fn();
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (!state_->finished) {
+      state_->continuations.push_back(std::move(fn));
+      return;
+    }
+    if (state_->error) return;  // wait() reports it
+  }
+  fn();
 }
 
 bool Work::is_completed() const {
   if (!state_) return true;
   std::lock_guard<std::mutex> lock(state_->mutex);
-  return state_->done || !state_->backend_work || state_->backend_work->isCompleted();
+  return state_->finished;
 }
 
 std::string Work::describe() const {

@@ -1,5 +1,6 @@
 #include "hp/fsdp/fsdp_param.h"
 
+#include <ATen/ATen.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -31,7 +32,7 @@ size_t nbytes_of(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * 
 }  // namespace
 
 FSDPParam::FSDPParam(at::Tensor param, std::string fqn, const MeshInfo& mesh, int64_t shard_dim,
-                     bool replicated)
+                     bool replicated, const MixedPrecisionPolicy& mp)
     : param_(std::move(param)),
       fqn_(std::move(fqn)),
       full_shape_(param_.sizes().vec()),
@@ -39,12 +40,16 @@ FSDPParam::FSDPParam(at::Tensor param, std::string fqn, const MeshInfo& mesh, in
       shard_size_(mesh.shard_size),
       shard_rank_(mesh.shard_rank),
       replicated_(replicated),
-      sharded_(!replicated && mesh.shard_size > 1) {
+      sharded_(!replicated && mesh.shard_size > 1),
+      orig_dtype_(param_.scalar_type()) {
+  // The seeds' normalisation: no cast when param_dtype is the parameter's
+  // own; gradients are reduced in reduce_dtype, else in the compute dtype.
+  compute_dtype_ = mp.param_dtype.value_or(orig_dtype_);
+  reduce_dtype_ = mp.reduce_dtype.value_or(compute_dtype_);
   at::Tensor data = param_.detach();
   if (!sharded_) {
     padded_shard_ = data;
     shard_view_ = data;
-    unsharded_ = data;
     return;
   }
   const int64_t length = full_shape_[shard_dim_];
@@ -63,70 +68,119 @@ FSDPParam::FSDPParam(at::Tensor param, std::string fqn, const MeshInfo& mesh, in
   // Any existing gradient is sharded the same way.
   at::Tensor grad = param_.grad();
   at::Tensor grad_shard;
-  if (grad.defined()) {
-    grad_shard = grad.narrow(shard_dim_, mine.offset, mine.size).clone();
-  }
+  if (grad.defined()) grad_shard = grad.narrow(shard_dim_, mine.offset, mine.size).clone();
   param_.set_data(shard_view_);
   param_.mutable_grad() = grad_shard;
 }
 
 bool FSDPParam::requires_grad() const { return param_.requires_grad(); }
 
-dist::Work FSDPParam::all_gather(dist::Group& group) {
-  HP_CHECK_ARG(sharded_, "internal error: all_gather of unsharded parameter ", fqn_);
-  if (shard_dim_ == 0) {
-    if (!unsharded_.defined()) {
-      std::vector<int64_t> shape = padded_shard_.sizes().vec();
-      shape[0] *= shard_size_;
-      unsharded_ = at::empty(shape, padded_shard_.options());
-    } else {
-      allocate_storage(unsharded_, nbytes_of(unsharded_));
-    }
-    return dist::all_gather_into(group, unsharded_, padded_shard_);
+void FSDPParam::rebase_shard(const at::Tensor& view) {
+  HP_CHECK_ARG(view.sizes() == padded_shard_.sizes() && view.scalar_type() == orig_dtype_,
+               "internal error: rebasing ", fqn_, " onto an incompatible buffer");
+  view.copy_(padded_shard_);
+  const bool holds_shard = data_ == Data::kSharded;
+  padded_shard_ = view;
+  shard_view_ = shard_dim_ == 0 ? view.narrow(0, 0, shard_view_.size(0)) : view;
+  if (!sharded_) unsharded_ = at::Tensor();
+  if (holds_shard) param_.set_data(shard_view_);
+}
+
+std::vector<int64_t> FSDPParam::unsharded_shape() const {
+  if (sharded_ && shard_dim_ == 0) {
+    std::vector<int64_t> shape = padded_shard_.sizes().vec();
+    shape[0] *= shard_size_;
+    return shape;
   }
+  return full_shape_;
+}
+
+int64_t FSDPParam::unsharded_numel() const {
+  int64_t n = 1;
+  for (int64_t s : unsharded_shape()) n *= s;
+  return n;
+}
+
+at::Tensor& FSDPParam::ensure_unsharded() {
   if (!unsharded_.defined()) {
-    unsharded_ = at::empty(full_shape_, padded_shard_.options());
-  } else {
+    unsharded_ = at::empty(unsharded_shape(), padded_shard_.options().dtype(compute_dtype_));
+  } else if (owns_unsharded_) {
     allocate_storage(unsharded_, nbytes_of(unsharded_));
   }
-  gather_buffer_ = at::empty({shard_size_ * padded_shard_.numel()}, padded_shard_.options());
-  return dist::all_gather_into(group, gather_buffer_, padded_shard_);
+  return unsharded_;
+}
+
+void FSDPParam::set_external_unsharded(at::Tensor view) {
+  unsharded_ = view.view(unsharded_shape());
+  owns_unsharded_ = false;
+}
+
+at::Tensor FSDPParam::shard_gather_input() const {
+  return compute_dtype_ == orig_dtype_ ? padded_shard_ : padded_shard_.to(compute_dtype_);
+}
+
+dist::Work FSDPParam::gather(dist::Group& group, const at::Tensor& input) {
+  ensure_unsharded();
+  if (shard_dim_ == 0) return dist::all_gather_into(group, unsharded_, input);
+  gather_buffer_ = at::empty({group.size() * input.numel()}, input.options());
+  dist::Work work = dist::all_gather_into(group, gather_buffer_, input);
+  const int64_t pieces = group.size();
+  work.then([this, pieces] {
+    copy_out(gather_buffer_.view({pieces, -1}));
+    gather_buffer_ = at::Tensor();
+  });
+  return work;
+}
+
+void FSDPParam::copy_out(const at::Tensor& pieces) {
+  const int64_t count = pieces.size(0);
+  if (shard_dim_ == 0) {
+    unsharded_.view({count, -1}).copy_(pieces);
+    return;
+  }
+  std::vector<int64_t> piece_shape = full_shape_;
+  piece_shape[shard_dim_] /= count;
+  std::vector<at::Tensor> parts;
+  for (int64_t g = 0; g < count; ++g) parts.push_back(pieces[g].view(piece_shape));
+  at::cat_out(unsharded_, parts, shard_dim_);
+}
+
+void FSDPParam::cast_into_unsharded() { ensure_unsharded().copy_(padded_shard_); }
+
+at::Tensor FSDPParam::unsharded_view() const {
+  if (sharded_ && shard_dim_ == 0) return unsharded_.narrow(0, 0, full_shape_[0]);
+  return unsharded_;
 }
 
 void FSDPParam::use_unsharded() {
-  if (!sharded_) return;
-  if (shard_dim_ == 0) {
-    param_.set_data(unsharded_.narrow(0, 0, full_shape_[0]));
-  } else {
-    std::vector<int64_t> pieces_shape = padded_shard_.sizes().vec();
-    pieces_shape.insert(pieces_shape.begin(), shard_size_);
-    auto pieces = gather_buffer_.view(pieces_shape).unbind(0);
-    at::cat_out(unsharded_, pieces, shard_dim_);
-    gather_buffer_ = at::Tensor();
-    param_.set_data(unsharded_);
-  }
+  if (!needs_unshard()) return;
+  param_.set_data(unsharded_view());
   data_ = Data::kUnsharded;
-  if (!accumulator_ && param_.requires_grad()) {
+  if (!param_.requires_grad()) return;
+  if (!accumulator_) {
     accumulator_ = torch::autograd::impl::grad_accumulator(param_);
     accumulator_->add_post_hook(std::make_unique<PostAccumulateHook>(&post_accumulate_hook_));
+  } else if (compute_dtype_ != orig_dtype_) {
+    // set_data with another dtype made autograd forget the accumulator.
+    torch::autograd::impl::set_grad_accumulator(param_, accumulator_);
   }
 }
 
 void FSDPParam::free_unsharded() {
-  if (!sharded_ || data_ != Data::kUnsharded) return;
-  free_storage(unsharded_);
+  if (!needs_unshard() || data_ != Data::kUnsharded) return;
+  if (owns_unsharded_) free_storage(unsharded_);
   data_ = Data::kFreed;
 }
 
 void FSDPParam::reshard() {
-  if (!sharded_ || data_ == Data::kSharded) return;
+  if (!needs_unshard() || data_ == Data::kSharded) return;
   param_.set_data(shard_view_);
-  free_storage(unsharded_);
+  if (owns_unsharded_) free_storage(unsharded_);
   data_ = Data::kSharded;
 }
 
 at::Tensor FSDPParam::reshard_lending_buffer() {
-  if (!sharded_ || data_ != Data::kUnsharded) {
+  if (!needs_unshard() || data_ != Data::kUnsharded || !owns_unsharded_) {
     reshard();
     return at::Tensor();
   }
@@ -135,10 +189,18 @@ at::Tensor FSDPParam::reshard_lending_buffer() {
   return unsharded_;
 }
 
+void FSDPParam::keep_regather_piece(int64_t pieces, int64_t index) {
+  if (shard_dim_ == 0) {
+    regather_piece_ = unsharded_.view({pieces, -1})[index].clone();
+  } else {
+    regather_piece_ = unsharded_.chunk(pieces, shard_dim_)[index].contiguous().clone();
+  }
+}
+
 void FSDPParam::set_post_accumulate_hook(std::function<void()> hook) {
   post_accumulate_hook_ = std::move(hook);
-  if (!sharded_ && !accumulator_ && param_.requires_grad()) {
-    // Unsharded parameters never change shape: attach right away.
+  if (!needs_unshard() && !accumulator_ && param_.requires_grad()) {
+    // Parameters that never change shape or dtype: attach right away.
     accumulator_ = torch::autograd::impl::grad_accumulator(param_);
     accumulator_->add_post_hook(std::make_unique<PostAccumulateHook>(&post_accumulate_hook_));
   }
@@ -154,6 +216,7 @@ void FSDPParam::stash_grad() {
 at::Tensor FSDPParam::take_grad() {
   at::Tensor grad = std::move(param_.mutable_grad());
   param_.mutable_grad() = at::Tensor();
+  if (grad.defined() && grad.scalar_type() != reduce_dtype_) grad = grad.to(reduce_dtype_);
   if (kept_grad_.defined()) {
     grad = grad.defined() ? grad + kept_grad_ : kept_grad_;
     kept_grad_ = at::Tensor();
@@ -167,6 +230,7 @@ void FSDPParam::keep_for_later(at::Tensor full_grad) {
 }
 
 void FSDPParam::assign_grad(at::Tensor reduced) {
+  if (reduced.scalar_type() != orig_dtype_) reduced = reduced.to(orig_dtype_);
   if (stashed_grad_.defined()) {
     reduced = reduced + stashed_grad_;
     stashed_grad_ = at::Tensor();
@@ -177,7 +241,8 @@ void FSDPParam::assign_grad(at::Tensor reduced) {
 void FSDPParam::restore_stash() {
   if (!stashed_grad_.defined()) return;
   at::Tensor& grad = param_.mutable_grad();
-  grad = grad.defined() ? grad + stashed_grad_ : stashed_grad_;
+  grad = grad.defined() && grad.sizes() == stashed_grad_.sizes() ? grad + stashed_grad_
+                                                                  : stashed_grad_;
   stashed_grad_ = at::Tensor();
 }
 
@@ -188,24 +253,31 @@ void FSDPParam::zero_grad() {
   partial_reduce_ = at::Tensor();
 }
 
-at::Tensor FSDPParam::pack_for_reduce_scatter(const at::Tensor& full_grad) const {
-  const int64_t row = padded_shard_.numel();
-  if (shard_dim_ == 0) {
-    const int64_t padded_rows = padded_shard_.size(0) * shard_size_;
-    if (full_grad.size(0) == padded_rows) return full_grad.contiguous().view({shard_size_, row});
-    std::vector<int64_t> shape = full_grad.sizes().vec();
-    shape[0] = padded_rows;
-    at::Tensor packed = at::zeros(shape, full_grad.options());
-    packed.narrow(0, 0, full_grad.size(0)).copy_(full_grad);
-    return packed.view({shard_size_, row});
+void FSDPParam::pack_for_reduce_scatter(const at::Tensor& full_grad, const at::Tensor& dst) const {
+  std::vector<int64_t> block = padded_shard_.sizes().vec();
+  block.insert(block.begin(), shard_size_);
+  at::Tensor rows = dst.view(block);  // [shard_size, *padded shard shape]
+  if (shard_dim_ != 0) {
+    auto pieces = full_grad.chunk(shard_size_, shard_dim_);
+    for (int64_t r = 0; r < shard_size_; ++r) rows[r].copy_(pieces[r]);
+    return;
   }
-  auto pieces = full_grad.chunk(shard_size_, shard_dim_);
-  return at::stack(pieces).contiguous().view({shard_size_, row});
+  const int64_t chunk = padded_shard_.size(0);
+  const int64_t length = full_grad.size(0);
+  for (int64_t r = 0; r < shard_size_; ++r) {
+    const int64_t begin = std::min(length, r * chunk);
+    const int64_t count = std::min(length, begin + chunk) - begin;
+    if (count > 0) rows[r].narrow(0, 0, count).copy_(full_grad.narrow(0, begin, count));
+    if (count < chunk) rows[r].narrow(0, count, chunk - count).zero_();
+  }
 }
 
-at::Tensor FSDPParam::unpack_reduced(const at::Tensor& output) const {
-  if (shard_dim_ != 0 || shard_view_.size(0) == padded_shard_.size(0)) return output;
-  return output.narrow(0, 0, shard_view_.size(0)).clone();
+at::Tensor FSDPParam::unpack_reduced(const at::Tensor& reduced) const {
+  at::Tensor shard = reduced.view(padded_shard_.sizes());
+  if (shard_dim_ == 0 && shard_view_.size(0) != padded_shard_.size(0)) {
+    shard = shard.narrow(0, 0, shard_view_.size(0));
+  }
+  return shard;
 }
 
 }  // namespace hp::fsdp

@@ -4,11 +4,15 @@
 // The registered parameter's TensorImpl is never replaced, so the user's
 // optimizer keeps working on it. Between steps it holds this rank's shard
 // (the torch.chunk piece of dim 0, or of the dim shard_placement_fn chose)
-// as a view into a zero-padded shard buffer, so every rank all-gathers the
-// same number of elements. For compute it points at the unsharded buffer;
+// in its original dtype, as a view into a zero-padded shard buffer, so every
+// rank gathers the same number of elements. For compute it points at the
+// unsharded buffer, in the compute dtype (mixed precision's param_dtype);
 // after forward that buffer's memory can be released while the parameter
 // keeps its full shape (autograd's saved views stay valid), and it is
 // refilled into the same storage before backward.
+//
+// The param gathers, copies out and reshards itself; which collectives carry
+// its data (one per parameter, or one per unit) is the ParamGroup's choice.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +25,7 @@
 
 #include "hp/dist/work.h"
 #include "hp/fsdp/mesh_info.h"
+#include "hp/fsdp/options.h"
 
 namespace torch::autograd {
 struct Node;
@@ -33,7 +38,7 @@ class FSDPParam {
   // Shards `param` in place. `replicated` keeps it whole (replicate_params);
   // a shard group of one rank keeps it whole too.
   FSDPParam(at::Tensor param, std::string fqn, const MeshInfo& mesh, int64_t shard_dim,
-            bool replicated);
+            bool replicated, const MixedPrecisionPolicy& mp);
   FSDPParam(const FSDPParam&) = delete;
   FSDPParam& operator=(const FSDPParam&) = delete;
 
@@ -46,45 +51,80 @@ class FSDPParam {
   bool requires_grad() const;
   const std::vector<int64_t>& full_shape() const { return full_shape_; }
   int64_t shard_dim() const { return shard_dim_; }
+  int64_t shard_size() const { return shard_size_; }
+  at::ScalarType orig_dtype() const { return orig_dtype_; }
+  at::ScalarType compute_dtype() const { return compute_dtype_; }
+  at::ScalarType reduce_dtype() const { return reduce_dtype_; }
+  // Whether forward needs an unsharded copy: sharded, or cast for compute.
+  bool needs_unshard() const { return sharded_ || compute_dtype_ != orig_dtype_; }
+
   // What the parameter holds between steps.
   const at::Tensor& local_shard() const { return shard_view_; }
-  // The padded shard the all-gather reads (local_shard() is a view of it).
+  // The padded shard (local_shard() is a view of it).
   const at::Tensor& padded_shard() const { return padded_shard_; }
+  // Moves the padded shard into `view` (same shape and dtype), e.g. a slice
+  // of a unit's flat buffer, and points the parameter at it if sharded now.
+  void rebase_shard(const at::Tensor& view);
+
+  // --- the unsharded buffer ---
+  // Its shape: [shard_size * chunk, ...] (padded) for dim-0 shards, else the
+  // full shape; compute dtype.
+  std::vector<int64_t> unsharded_shape() const;
+  int64_t unsharded_numel() const;
+  // Makes the buffer's memory exist: a buffer of its own is created or
+  // refilled; an external one (set_external_unsharded) is the group's job.
+  at::Tensor& ensure_unsharded();
+  // Uses `view` (of a unit's flat buffer) as the unsharded buffer; its
+  // memory is then allocated and released by the owner of the flat buffer.
+  void set_external_unsharded(at::Tensor view);
+
+  // This rank's contribution to a gather over the shard group: the padded
+  // shard in the compute dtype (a cast copy when the dtypes differ).
+  at::Tensor shard_gather_input() const;
+  // Gathers from `input` over `group` into the unsharded buffer (one
+  // collective for this parameter); dims other than 0 copy out on completion.
+  dist::Work gather(dist::Group& group, const at::Tensor& input);
+  // Copies gathered pieces [G, n] (row g: group rank g's piece) into the
+  // unsharded buffer.
+  void copy_out(const at::Tensor& pieces);
+  // Unsharded but cast for compute: fills the buffer from the parameter's data.
+  void cast_into_unsharded();
 
   enum class Data { kSharded, kUnsharded, kFreed };
   Data data() const { return data_; }
-
-  // Issues the all-gather of the shard into the unsharded buffer (allocating
-  // its memory if it was released). Call use_unsharded() after waiting.
-  dist::Work all_gather(dist::Group& group);
-  // Points the parameter at the gathered data. The first call creates the
-  // gradient accumulator while the parameter has its full shape, so that it
-  // accepts full-shaped gradients, and installs the post-accumulate hook.
+  // Points the parameter at the unsharded buffer. The first call creates the
+  // gradient accumulator while the parameter has its compute shape and dtype
+  // (so it accepts such gradients) and installs the post-accumulate hook;
+  // later calls re-install it when a dtype change made autograd drop it.
   void use_unsharded();
-  // Releases the unsharded memory but keeps the parameter's full shape.
+  // Releases the unsharded memory but keeps the parameter's compute shape.
   void free_unsharded();
   // The parameter holds its shard again; the unsharded memory is released.
   void reshard();
-  // As reshard(), but the unsharded buffer keeps its memory and is returned
-  // (undefined if there is none): the gradient's reduce-scatter receives
-  // into it instead of allocating as much again. The caller releases it
-  // (free_storage) once the collective is done, before the next gather.
+  // As reshard(), but a buffer of its own keeps its memory and is returned
+  // (else undefined): a gradient reduce-scatter receives into it instead of
+  // allocating as much again. The caller releases it once that is done.
   at::Tensor reshard_lending_buffer();
+
+  // reshard_after_forward = N: keeps piece `index` of `pieces` (a copy of the
+  // unsharded buffer's slice) for a later gather within a group of N ranks.
+  void keep_regather_piece(int64_t pieces, int64_t index);
+  const at::Tensor& regather_piece() const { return regather_piece_; }
+  void drop_regather_piece() { regather_piece_ = at::Tensor(); }
 
   // Called after autograd accumulated a gradient into the parameter.
   void set_post_accumulate_hook(std::function<void()> hook);
 
   // --- gradients ---
   // Before backward: moves a shard-shaped .grad (from earlier steps) aside,
-  // so autograd accumulates a fresh full-shaped gradient.
+  // so autograd accumulates a fresh compute-shaped gradient.
   void stash_grad();
-  // After accumulation: the full gradient plus anything kept by
-  // keep_for_later(); .grad is cleared.
+  // After accumulation: the full gradient (in the reduce dtype) plus
+  // anything kept by keep_for_later(); .grad is cleared.
   at::Tensor take_grad();
-  // No-sync accumulation: adds a full gradient to the kept one.
+  // No-sync accumulation: adds a full gradient (reduce dtype) to the kept one.
   void keep_for_later(at::Tensor full_grad);
-  bool has_kept_grad() const { return kept_grad_.defined(); }
-  // .grad = reduced shard (+ the stashed gradient).
+  // .grad = the reduced shard, cast to the original dtype (+ the stash).
   void assign_grad(at::Tensor reduced);
   // .grad = the stashed gradient (when no new gradient arrived).
   void restore_stash();
@@ -93,16 +133,19 @@ class FSDPParam {
   // HSDP without all-reduce: reduce-scattered gradients accumulate here.
   at::Tensor& partial_reduce() { return partial_reduce_; }
 
-  // The unsharded gradient's layout for reduce-scatter: a [shard_size, n]
-  // buffer whose row r is what rank r keeps (padded where uneven).
-  at::Tensor pack_for_reduce_scatter(const at::Tensor& full_grad) const;
-  // The gradient shard from a reduce-scatter output shaped like
-  // padded_shard(): the output itself, or a copy without the padding (a
-  // gradient must not be a view: optimizers detach_() gradients in place).
-  at::Tensor unpack_reduced(const at::Tensor& output) const;
-  int64_t padded_shard_numel() const { return padded_shard_.numel(); }
+  // The shard-sized piece of a reduce-scatter (padded shard numel).
+  int64_t reduce_numel() const { return padded_shard_.numel(); }
+  // Writes `full_grad` as [shard_size, reduce_numel()] rows (row r is what
+  // rank r keeps, zero-padded) into `dst`, a [shard_size, reduce_numel()]
+  // view (possibly a column block of a unit's buffer).
+  void pack_for_reduce_scatter(const at::Tensor& full_grad, const at::Tensor& dst) const;
+  // The gradient shard (torch.chunk piece) from a reduced [reduce_numel()]
+  // slice.
+  at::Tensor unpack_reduced(const at::Tensor& reduced) const;
 
  private:
+  at::Tensor unsharded_view() const;
+
   at::Tensor param_;
   std::string fqn_;
   std::vector<int64_t> full_shape_;
@@ -111,12 +154,17 @@ class FSDPParam {
   int64_t shard_rank_ = 0;
   bool replicated_ = false;
   bool sharded_ = false;
+  at::ScalarType orig_dtype_;
+  at::ScalarType compute_dtype_;
+  at::ScalarType reduce_dtype_;
   Data data_ = Data::kSharded;
 
-  at::Tensor padded_shard_;  // [chunk, ...] (dim 0) or the even chunk (other dims)
-  at::Tensor shard_view_;    // the torch.chunk piece, a view of padded_shard_
-  at::Tensor unsharded_;     // the gathered buffer (padded along dim 0)
-  at::Tensor gather_buffer_; // shard dims other than 0: flat gather before the copy-out
+  at::Tensor padded_shard_;     // original dtype; [chunk, ...] for dim 0
+  at::Tensor shard_view_;       // the torch.chunk piece, a view of padded_shard_
+  at::Tensor unsharded_;        // compute dtype
+  bool owns_unsharded_ = true;  // false: a view of a unit's flat buffer
+  at::Tensor gather_buffer_;    // dims other than 0: flat gather before the copy-out
+  at::Tensor regather_piece_;   // reshard_after_forward = N
 
   std::shared_ptr<torch::autograd::Node> accumulator_;
   std::function<void()> post_accumulate_hook_;

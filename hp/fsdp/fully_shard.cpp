@@ -18,18 +18,32 @@ namespace {
 using fsdp::FSDPParam;
 using fsdp::Unit;
 
+std::string dtype_set(const std::set<at::ScalarType>& dtypes) {
+  std::string out = "{";
+  for (auto it = dtypes.begin(); it != dtypes.end(); ++it) {
+    out += cat(it == dtypes.begin() ? "" : ", ", *it);
+  }
+  return out + "}";
+}
+
 void validate_options(const FullyShardOptions& options) {
   const auto& mp = options.mp_policy;
-  HP_CHECK_ARG(!mp.param_dtype && !mp.reduce_dtype && !mp.output_dtype &&
-                   !mp.apply_grad_on_fp32_main_grad,
-               "fully_shard: mixed precision (mp_policy with param_dtype / reduce_dtype / "
-               "output_dtype / apply_grad_on_fp32_main_grad) is not available in this version; "
-               "leave mp_policy at its defaults");
-  HP_CHECK_ARG(!options.comm_fusion && !options.comm_fusion_zero_copy.value_or(false),
-               "fully_shard: comm_fusion is not available in this version; leave it false");
-  HP_CHECK_ARG(std::holds_alternative<bool>(options.reshard_after_forward),
-               "fully_shard: reshard_after_forward as an int (reshard to groups of N ranks) is "
-               "not available in this version; pass true or false");
+  for (const auto& [name, dtype] : {std::make_pair("param_dtype", mp.param_dtype),
+                                    std::make_pair("reduce_dtype", mp.reduce_dtype),
+                                    std::make_pair("output_dtype", mp.output_dtype)}) {
+    HP_CHECK_ARG(!dtype || at::isFloatingType(*dtype), "MixedPrecisionPolicy.", name,
+                 " must be a floating-point dtype, got ", *dtype);
+  }
+  HP_CHECK_ARG(options.comm_fusion || !options.comm_fusion_zero_copy.value_or(false),
+               "comm_fusion_zero_copy=true needs comm_fusion=true (the zero-copy buffer is "
+               "the fused all-gather's input)");
+  if (auto* ranks = std::get_if<int64_t>(&options.reshard_after_forward)) {
+    HP_CHECK_ARG(*ranks >= 1, "reshard_after_forward as an int must be a positive divisor of "
+                              "the shard group size, got ",
+                 *ranks);
+  }
+  // CPUOffloadPolicy: this build keeps every tensor in host memory already, so
+  // there is nothing to move; both pin_memory settings are accepted.
 }
 
 // The modules of `modules` that are not inside another one of them.
@@ -151,14 +165,45 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<nn::Module>>& modules,
       continue;
     }
     const bool keep_whole = replicated.count(impl) > 0 || param.dim() == 0;
+    HP_CHECK_ARG(!(options.comm_fusion && replicated.count(impl)), "comm_fusion does not support ",
+                 "parameter ", fqn, ": non-sharded parameters such as replicate_params are not ",
+                 "supported.");
     const int64_t dim = keep_whole ? 0 : shard_dim_for(options, param, fqn, mesh_info);
     claimed.push_back(param);
-    params.push_back(std::make_unique<FSDPParam>(param, fqn, mesh_info, dim, keep_whole));
+    params.push_back(
+        std::make_unique<FSDPParam>(param, fqn, mesh_info, dim, keep_whole, options.mp_policy));
+  }
+  // Mixed precision and the fused buffers need one dtype per unit (the
+  // seeds' check, over the parameters that train).
+  std::set<at::ScalarType> orig_dtypes, reduce_dtypes;
+  for (const auto& p : params) {
+    if (!p->requires_grad()) continue;
+    orig_dtypes.insert(p->orig_dtype());
+    reduce_dtypes.insert(p->reduce_dtype());
+  }
+  HP_CHECK_ARG(orig_dtypes.size() <= 1, "hsdp expects uniform original parameter dtype but got ",
+               dtype_set(orig_dtypes));
+  HP_CHECK_ARG(reduce_dtypes.size() <= 1, "hsdp expects uniform reduce dtype but got ",
+               dtype_set(reduce_dtypes));
+  if (options.comm_fusion) {
+    std::set<at::ScalarType> all;
+    for (const auto& p : params) all.insert(p->orig_dtype());
+    HP_CHECK_ARG(all.size() <= 1, "comm_fusion: All parameters in the group must have a uniform "
+                                  "dtype, got ",
+                 dtype_set(all));
   }
 
   fsdp::UnitFlags flags;
-  flags.reshard_after_forward = std::get<bool>(options.reshard_after_forward);
-  auto unit = std::make_shared<Unit>(roots, mesh_info, std::move(params), flags);
+  if (auto* keep = std::get_if<bool>(&options.reshard_after_forward)) {
+    flags.reshard_after_forward_ranks = *keep ? mesh_info.shard_size : 1;
+  } else {
+    flags.reshard_after_forward_ranks = std::get<int64_t>(options.reshard_after_forward);
+  }
+  fsdp::ParamGroup::Options group_options;
+  group_options.fused = options.comm_fusion;
+  group_options.zero_copy = options.comm_fusion_zero_copy.value_or(options.comm_fusion);
+  auto unit = std::make_shared<Unit>(roots, mesh_info, std::move(params), flags, options.mp_policy,
+                                     group_options);
   for (size_t i = 0; i < claimed.size(); ++i) {
     fsdp::register_param(claimed[i], unit, unit->params()[i].get());
   }
@@ -211,29 +256,65 @@ UnshardHandle FSDPModule::unshard(bool async_op) {
 void FSDPModule::reshard() { unit()->reshard(); }
 
 void FSDPModule::set_requires_gradient_sync(bool requires_gradient_sync, bool recurse) {
-  for (auto& u : units(recurse)) u->flags().requires_gradient_sync = requires_gradient_sync;
+  for (auto& u : units(recurse)) u->mutable_flags().requires_gradient_sync = requires_gradient_sync;
 }
 
 void FSDPModule::set_requires_all_reduce(bool requires_all_reduce, bool recurse) {
-  for (auto& u : units(recurse)) u->flags().requires_all_reduce = requires_all_reduce;
+  for (auto& u : units(recurse)) u->mutable_flags().requires_all_reduce = requires_all_reduce;
 }
 
 void FSDPModule::set_reshard_after_forward(bool reshard_after_forward, bool recurse) {
-  for (auto& u : units(recurse)) u->flags().reshard_after_forward = reshard_after_forward;
+  for (auto& u : units(recurse)) {
+    u->set_reshard_after_forward(reshard_after_forward ? u->mesh().shard_size : 1);
+  }
+}
+
+void FSDPModule::set_reshard_after_forward(int64_t ranks, bool recurse) {
+  // Validated for every unit before any changes (and before any group is made).
+  for (auto& u : units(recurse)) {
+    HP_CHECK_ARG(ranks >= 1 && ranks <= u->mesh().shard_size && u->mesh().shard_size % ranks == 0,
+                 "reshard_after_forward as an int must be a divisor of the shard group size ",
+                 u->mesh().shard_size, " of unit ", u->name(), ", got ", ranks);
+  }
+  for (auto& u : units(recurse)) u->set_reshard_after_forward(ranks);
 }
 
 void FSDPModule::set_reshard_after_backward(bool reshard_after_backward, bool recurse) {
-  for (auto& u : units(recurse)) u->flags().reshard_after_backward = reshard_after_backward;
+  for (auto& u : units(recurse)) u->mutable_flags().reshard_after_backward = reshard_after_backward;
 }
 
 void FSDPModule::set_is_last_backward(bool is_last_backward) {
-  for (auto& u : units(true)) u->flags().is_last_backward = is_last_backward;
+  for (auto& u : units(true)) u->mutable_flags().is_last_backward = is_last_backward;
 }
 
 void FSDPModule::set_reduce_op_type(const std::string& reduce_op_type) {
   HP_CHECK_ARG(reduce_op_type == "sum" || reduce_op_type == "avg", "Unsupported reduce op type ",
                reduce_op_type, ", supported types are ['sum', 'avg']");
-  for (auto& u : units(true)) u->flags().average = reduce_op_type == "avg";
+  for (auto& u : units(true)) u->mutable_flags().average = reduce_op_type == "avg";
+}
+
+void FSDPModule::set_implicit_prefetch(bool enabled, bool recurse) {
+  for (auto& u : units(recurse)) u->mutable_flags().implicit_prefetch = enabled;
+}
+
+namespace {
+
+std::vector<std::weak_ptr<Unit>> units_of(const std::vector<FSDPModule>& modules) {
+  std::vector<std::weak_ptr<Unit>> out;
+  for (const auto& m : modules) {
+    out.push_back(m.module().attachment<Unit>(fsdp::kUnitAttachment));
+  }
+  return out;
+}
+
+}  // namespace
+
+void FSDPModule::set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules) {
+  unit()->set_forward_prefetch(units_of(modules));
+}
+
+void FSDPModule::set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules) {
+  unit()->set_backward_prefetch(units_of(modules));
 }
 
 void FSDPModule::zero_grad() {

@@ -62,12 +62,22 @@ class FSDPModule {
   void set_requires_gradient_sync(bool requires_gradient_sync, bool recurse = true);
   void set_requires_all_reduce(bool requires_all_reduce, bool recurse = true);
   void set_reshard_after_forward(bool reshard_after_forward, bool recurse = true);
+  // Keep the parameters gathered within groups of `ranks` ranks after forward
+  // (a divisor of the shard size), so backward gathers only inside them.
+  void set_reshard_after_forward(int64_t ranks, bool recurse = true);
   void set_reshard_after_backward(bool reshard_after_backward, bool recurse = true);
   // Whether the coming backward is the last before the optimizer step; when
   // false its reductions complete at the next forward instead.
   void set_is_last_backward(bool is_last_backward);
   // "avg" (default: divide by the data-parallel size) or "sum" (F5).
   void set_reduce_op_type(const std::string& reduce_op_type);
+
+  // F11. Implicit prefetch (on by default): forward gathers the next unit in
+  // the recorded execution order while this one computes, backward the one
+  // before it. Explicit lists replace the implicit choice for this unit.
+  void set_implicit_prefetch(bool enabled, bool recurse = true);
+  void set_modules_to_forward_prefetch(const std::vector<FSDPModule>& modules);
+  void set_modules_to_backward_prefetch(const std::vector<FSDPModule>& modules);
 
   // Drops every gradient of the tree's managed parameters (F14).
   void zero_grad();

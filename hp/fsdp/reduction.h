@@ -1,20 +1,25 @@
-// Gradient reduction of fully_shard units (SPEC F4, F5).
+// Gradient reduction of fully_shard units (SPEC F4, F5, F12).
 //
-// After autograd accumulates a parameter's full gradient, the unit hands it
-// here: sharded parameters are reduce-scattered over the shard group (and,
-// for HSDP, all-reduced over the replicate group); replicated ones are
-// all-reduced. Collectives are issued asynchronously on the reduction
-// groups and completed later, so a unit's reduction overlaps the backward
-// compute of the unit before it, until that unit's first gradient arrives:
-// then the previous unit's reductions complete. That keeps the unsharded
-// working set at about two units (issue 3's memory bound); the all-to-all
-// of a reduce-scatter receives into the parameter's own unsharded buffer,
-// which autograd no longer needs, rather than a new allocation.
+// A GradReduction carries the full gradients of one parameter, or of a
+// whole unit with comm_fusion, through its collectives:
+//   sharded:    reduce-scatter over the shard ranks, then (HSDP, DDP) one
+//               all-reduce over the replicas of everything it reduced (the
+//               replicate bucket);
+//   replicated: all-reduce over the shard ranks (replicate_params), then over
+//               the replicas.
+// Each stage is issued asynchronously; advance() waits for the current one
+// and issues the next, and the last assigns the reduced shards to .grad.
+// The queue drives them: without fusion, a unit's first gradient completes
+// the previous units' reductions (keeping the unsharded working set near two
+// units); with fusion, issuing unit k moves every older reduction one stage
+// on, so unit k+1's reduce-scatter overlaps unit k's backward and its
+// all-reduce overlaps unit k's reduce-scatter (seed 001's pipeline).
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -29,37 +34,56 @@ struct ReduceSettings {
   bool all_reduce = true;  // HSDP/DDP: all-reduce over replicas now
 };
 
+class GradReduction {
+ public:
+  // Issues the first collective. params are all sharded or all unsharded;
+  // grads[i] is params[i]'s full gradient in the reduce dtype. `scratch`
+  // (may be undefined) is memory the reduce-scatter may receive into; it is
+  // released when that completes. `keep_alive` holds the owner of params and
+  // mesh until the reduction is done.
+  GradReduction(std::vector<FSDPParam*> params, std::vector<at::Tensor> grads, at::Tensor scratch,
+                const MeshInfo& mesh, ReduceSettings settings, int64_t wave,
+                std::shared_ptr<void> keep_alive);
+
+  // Waits for the current stage and issues the next; true once the reduced
+  // gradients are assigned.
+  bool advance();
+  void complete();
+  bool done() const { return stage_ == Stage::kDone; }
+  int64_t wave() const { return wave_; }
+  bool covers(const FSDPParam& param) const;
+
+ private:
+  enum class Stage { kReduceScatter, kShardAllReduce, kReplicaAllReduce, kDone };
+  void start_replica_stage();
+  void assign();
+
+  std::vector<FSDPParam*> params_;
+  std::vector<int64_t> offsets_;
+  const MeshInfo& mesh_;
+  ReduceSettings settings_;
+  int64_t wave_;
+  std::shared_ptr<void> keep_alive_;
+  Stage stage_ = Stage::kDone;
+  dist::Work work_;
+  at::Tensor input_;   // kept until the reduce-scatter completes
+  at::Tensor output_;  // the reduced values, flat
+};
+
 class ReductionQueue {
  public:
-  // Issues the reduction of `full_grad` for `param`. `keep_alive` holds the
-  // owner of `param` and `mesh` until the reduction completes. `wave` is the
-  // order in which units started their post-backward in this backward pass.
-  // `scratch`: the parameter's lent unsharded buffer (may be undefined);
-  // its memory is released when the reduction completes.
-  void issue(FSDPParam& param, at::Tensor full_grad, at::Tensor scratch, const MeshInfo& mesh,
-             ReduceSettings settings, int64_t wave, std::shared_ptr<void> keep_alive);
-  // Completes what units before `wave` issued.
+  void push(std::unique_ptr<GradReduction> reduction);
+  // Completes every reduction issued before `wave`.
   void complete_before(int64_t wave);
+  // Moves every reduction issued before `wave` one stage on.
+  void advance_before(int64_t wave);
   void complete_all();
   bool empty() const { return pending_.empty(); }
-  // Whether `param` has a reduction in flight.
   bool pending_for(const FSDPParam& param) const;
 
  private:
-  struct Pending {
-    FSDPParam* param;
-    const MeshInfo* mesh;
-    ReduceSettings settings;
-    int64_t wave;
-    std::shared_ptr<void> keep_alive;
-    dist::Work work;
-    at::Tensor input;   // kept alive until the collective completes
-    at::Tensor output;  // reduce-scatter output row, or the all-reduced buffer
-    at::Tensor scratch; // lent unsharded buffer, released on completion
-  };
-  void complete(Pending& p);
-
-  std::deque<Pending> pending_;
+  void drop_done();
+  std::deque<std::unique_ptr<GradReduction>> pending_;
 };
 
 }  // namespace hp::fsdp

@@ -5,9 +5,25 @@
 
 #include <algorithm>
 
+#include "hp/dist/world.h"
 #include "hp/util/error.h"
+#include "hp/util/trace.h"
 
 namespace hp::fsdp {
+namespace {
+
+// Floating-point tensors of `tensors` cast to `dtype` (others unchanged).
+nn::TensorList cast_floating(const nn::TensorList& tensors, at::ScalarType dtype) {
+  nn::TensorList out;
+  out.reserve(tensors.size());
+  for (const auto& t : tensors) {
+    const bool cast = t.defined() && at::isFloatingType(t.scalar_type()) && t.scalar_type() != dtype;
+    out.push_back(cast ? t.to(dtype) : t);
+  }
+  return out;
+}
+
+}  // namespace
 
 void RootContext::finish_backward() {
   for (auto& weak : units) {
@@ -18,18 +34,65 @@ void RootContext::finish_backward() {
   next_wave = 0;
 }
 
+Unit* RootContext::neighbour(const Unit* unit, int offset) const {
+  auto it = std::find(forward_order.begin(), forward_order.end(), unit);
+  if (it == forward_order.end()) return nullptr;
+  const auto index = (it - forward_order.begin()) + offset;
+  if (index < 0 || index >= static_cast<int64_t>(forward_order.size())) return nullptr;
+  return forward_order[index];
+}
+
 Unit::Unit(std::vector<std::shared_ptr<nn::Module>> modules, MeshInfo mesh,
-           std::vector<std::unique_ptr<FSDPParam>> params, UnitFlags flags)
+           std::vector<std::unique_ptr<FSDPParam>> params, UnitFlags flags,
+           MixedPrecisionPolicy mp, ParamGroup::Options group_options)
     : modules_(std::move(modules)),
       mesh_(std::move(mesh)),
       params_(std::move(params)),
-      flags_(flags) {}
+      flags_(flags),
+      mp_(mp),
+      group_(
+          [this] {
+            std::vector<FSDPParam*> needing;
+            for (auto& p : params_) {
+              if (p->needs_unshard()) needing.push_back(p.get());
+            }
+            return needing;
+          }(),
+          mesh_, group_options) {
+  set_reshard_after_forward(flags_.reshard_after_forward_ranks);
+}
 
 Unit::~Unit() {
   for (auto& handle : hook_handles_) handle.remove();
 }
 
 std::string Unit::name() const { return modules_.empty() ? "?" : modules_[0]->name(); }
+
+void Unit::set_reshard_after_forward(int64_t ranks) {
+  const int64_t shard_size = mesh_.shard_size;
+  HP_CHECK_ARG(ranks >= 1 && ranks <= shard_size && shard_size % ranks == 0,
+               "reshard_after_forward as an int must be a divisor of the shard group size ",
+               shard_size, " (1 keeps the parameters gathered, ", shard_size,
+               " reshards them fully), got ", ranks);
+  flags_.reshard_after_forward_ranks = ranks;
+  regather_group_ = nullptr;
+  if (ranks > 1 && ranks < shard_size) {
+    // Contiguous blocks of `ranks` shard ranks; each rank keeps piece
+    // (shard_rank % ranks) of the gathered parameters after forward.
+    const auto& shard_ranks = mesh_.shard_group->ranks();
+    const int64_t first = mesh_.shard_rank / ranks * ranks;
+    std::vector<int> block(shard_ranks.begin() + first, shard_ranks.begin() + first + ranks);
+    regather_group_ = dist::new_group(block, {"fsdp-regather"});
+  }
+}
+
+void Unit::set_forward_prefetch(std::vector<std::weak_ptr<Unit>> units) {
+  forward_prefetch_ = std::move(units);
+}
+
+void Unit::set_backward_prefetch(std::vector<std::weak_ptr<Unit>> units) {
+  backward_prefetch_ = std::move(units);
+}
 
 void Unit::install_hooks() {
   std::weak_ptr<Unit> weak = weak_from_this();
@@ -96,44 +159,49 @@ void Unit::validate_for_training() const {
   }
 }
 
-void Unit::begin_unshard() {
-  if (unshard_in_flight_) return;
-  // A pending reduction may still be receiving into a parameter's unsharded
-  // buffer (set_is_last_backward(false)); it lands before that buffer is
-  // gathered into again.
-  if (context_) {
-    for (auto& p : params_) {
-      if (context_->reductions.pending_for(*p)) {
-        context_->reductions.complete_all();
-        break;
-      }
-    }
-  }
+void Unit::complete_own_reductions() {
+  if (!context_ || context_->reductions.empty()) return;
   for (auto& p : params_) {
-    if (p->sharded() && p->data() != FSDPParam::Data::kUnsharded) {
-      unshard_works_.push_back(p->all_gather(*mesh_.shard_group));
+    if (context_->reductions.pending_for(*p)) {
+      // A reduction may still receive into this unit's unsharded buffers.
+      context_->reductions.complete_all();
+      return;
     }
   }
-  unshard_in_flight_ = true;
 }
 
-void Unit::wait_unshard() {
-  if (!unshard_in_flight_) return;
-  for (auto& work : unshard_works_) work.wait();
-  unshard_works_.clear();
-  for (auto& p : params_) {
-    if (p->sharded() && p->data() != FSDPParam::Data::kUnsharded) p->use_unsharded();
-  }
-  unshard_in_flight_ = false;
+void Unit::begin_unshard() {
+  if (group_.empty()) return;
+  complete_own_reductions();
+  group_.begin_unshard(regather_group_.get());
 }
+
+void Unit::wait_unshard() { group_.finish_unshard(); }
 
 void Unit::reshard() {
-  wait_unshard();
-  for (auto& p : params_) p->reshard();
+  complete_own_reductions();
+  group_.reshard();
 }
 
 void Unit::zero_grad() {
   for (auto& p : params_) p->zero_grad();
+}
+
+void Unit::prefetch(const std::vector<std::weak_ptr<Unit>>& explicit_units, int offset) {
+  // Forward prefetches units that have not run yet in this iteration;
+  // backward, units whose forward ran and whose backward has not started.
+  const State wanted = offset > 0 ? State::kIdle : State::kAfterForward;
+  auto start = [&](Unit* unit) {
+    if (unit != this && unit->state_ == wanted) unit->begin_unshard();
+  };
+  if (!explicit_units.empty()) {
+    for (const auto& weak : explicit_units) {
+      if (auto unit = weak.lock()) start(unit.get());
+    }
+    return;
+  }
+  if (!flags_.implicit_prefetch || !context_->forward_order_recorded) return;
+  if (Unit* next = context_->neighbour(this, offset)) start(next);
 }
 
 std::optional<nn::TensorList> Unit::pre_forward(const nn::TensorList& inputs) {
@@ -145,26 +213,35 @@ std::optional<nn::TensorList> Unit::pre_forward(const nn::TensorList& inputs) {
     auto& order = context_->forward_order;
     if (std::find(order.begin(), order.end(), this) == order.end()) order.push_back(this);
   }
-  begin_unshard();
-  wait_unshard();
+  {
+    trace::Span span("unshard " + name(), "fsdp", "compute");
+    begin_unshard();
+    prefetch(forward_prefetch_, +1);
+    wait_unshard();
+  }
   state_ = State::kForward;
+  if (mp_.param_dtype && mp_.cast_forward_inputs) return cast_floating(inputs, *mp_.param_dtype);
   return std::nullopt;
 }
 
 std::optional<nn::TensorList> Unit::post_forward(const nn::TensorList& outputs) {
   if (--forward_depth_ > 0) return std::nullopt;
+  std::optional<nn::TensorList> replaced;
+  if (mp_.output_dtype) replaced = cast_floating(outputs, *mp_.output_dtype);
+  const nn::TensorList& result = replaced ? *replaced : outputs;
   const bool backward_follows =
       at::GradMode::is_enabled() &&
-      std::any_of(outputs.begin(), outputs.end(),
+      std::any_of(result.begin(), result.end(),
                   [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
   if (is_root()) context_->forward_order_recorded = true;
+  const int64_t keep_over = flags_.reshard_after_forward_ranks;
   if (!backward_follows) {
-    if (flags_.reshard_after_forward) reshard();
+    if (keep_over != 1) reshard();
     state_ = State::kIdle;
-    return std::nullopt;
+    return replaced;
   }
   std::weak_ptr<Unit> weak = weak_from_this();
-  for (const auto& out : outputs) {
+  for (const auto& out : result) {
     if (!out.defined() || !out.requires_grad()) continue;
     out.register_hook([weak](const at::Tensor&) {
       if (auto unit = weak.lock()) unit->pre_backward();
@@ -173,10 +250,13 @@ std::optional<nn::TensorList> Unit::post_forward(const nn::TensorList& outputs) 
   state_ = State::kAfterForward;
   // The root's parameters would be gathered again right away for backward.
   const bool root_of_others = is_root() && context_->units.size() > 1;
-  if (flags_.reshard_after_forward && !root_of_others) {
-    for (auto& p : params_) p->free_unsharded();
+  if (root_of_others || keep_over == 1) return replaced;
+  if (regather_group_) {
+    group_.keep_for_regather(keep_over, mesh_.shard_rank % keep_over);
+  } else {
+    group_.free_unsharded();
   }
-  return std::nullopt;
+  return replaced;
 }
 
 void Unit::pre_backward() {
@@ -187,38 +267,93 @@ void Unit::pre_backward() {
     torch::autograd::Engine::get_default_engine().queue_callback(
         [context] { context->finish_backward(); });
   }
-  begin_unshard();
-  wait_unshard();
+  {
+    trace::Span span("unshard " + name(), "fsdp", "compute");
+    begin_unshard();
+    prefetch(backward_prefetch_, -1);
+    wait_unshard();
+  }
   for (auto& p : params_) p->stash_grad();
   state_ = State::kPreBackward;
   wave_ = -1;
+  arrived_.clear();
+  grads_expected_ = 0;
+  for (auto& p : params_) grads_expected_ += p->requires_grad() ? 1 : 0;
 }
 
 void Unit::post_accumulate(FSDPParam& param) {
   if (wave_ < 0) {
     wave_ = context_->next_wave++;
-    context_->reductions.complete_before(wave_);
+    // Without fusion, memory first: the previous unit's reductions land now.
+    if (!group_.fused()) context_->reductions.complete_before(wave_);
   }
   at::Tensor grad = param.take_grad();
   if (!flags_.requires_gradient_sync) {
     // No-sync micro-batch: keep the full gradient, reduce it with the next
     // synchronised one (exactly equal to one large batch).
     param.keep_for_later(std::move(grad));
-    if (flags_.reshard_after_backward) param.reshard();
     param.restore_stash();
+    if (!group_.fused() && flags_.reshard_after_backward) param.reshard();
+    arrived_.emplace_back(&param, at::Tensor());
+    if (group_.fused() && static_cast<int64_t>(arrived_.size()) == grads_expected_) {
+      if (flags_.reshard_after_backward) group_.reshard();
+      arrived_.clear();
+    }
     return;
   }
-  // The optimizer steps the shard, so a reduced gradient always goes with
-  // a resharded parameter; its unsharded buffer receives the reduce-scatter.
-  at::Tensor scratch = param.reshard_lending_buffer();
-  context_->reductions.issue(param, std::move(grad), std::move(scratch), mesh_,
-                             {flags_.average, flags_.requires_all_reduce}, wave_,
-                             shared_from_this());
+  ReduceSettings settings{flags_.average, flags_.requires_all_reduce};
+  if (!group_.fused()) {
+    // The optimizer steps the shard, so a reduced gradient always goes with
+    // a resharded parameter; its unsharded buffer receives the reduce-scatter.
+    at::Tensor scratch = param.reshard_lending_buffer();
+    context_->reductions.push(std::make_unique<GradReduction>(
+        std::vector<FSDPParam*>{&param}, std::vector<at::Tensor>{std::move(grad)},
+        std::move(scratch), mesh_, settings, wave_, shared_from_this()));
+    return;
+  }
+  arrived_.emplace_back(&param, std::move(grad));
+  if (static_cast<int64_t>(arrived_.size()) == grads_expected_) reduce_fused();
+}
+
+void Unit::reduce_fused() {
+  // The pipeline: older reductions move on one stage (reduce-scatter done ->
+  // all-reduce issued; all-reduce done -> gradients assigned).
+  context_->reductions.advance_before(wave_);
+  at::Tensor scratch = group_.reshard_lending_flat_buffer();
+  std::vector<FSDPParam*> sharded, whole;
+  std::vector<at::Tensor> sharded_grads, whole_grads;
+  for (auto& [param, grad] : arrived_) {
+    if (!grad.defined()) continue;
+    (param->sharded() ? sharded : whole).push_back(param);
+    (param->sharded() ? sharded_grads : whole_grads).push_back(std::move(grad));
+  }
+  arrived_.clear();
+  ReduceSettings settings{flags_.average, flags_.requires_all_reduce};
+  if (!sharded.empty()) {
+    context_->reductions.push(std::make_unique<GradReduction>(
+        std::move(sharded), std::move(sharded_grads), std::move(scratch), mesh_, settings, wave_,
+        shared_from_this()));
+  } else if (scratch.defined()) {
+    group_.reshard();
+  }
+  if (!whole.empty()) {
+    context_->reductions.push(std::make_unique<GradReduction>(
+        std::move(whole), std::move(whole_grads), at::Tensor(), mesh_, settings, wave_,
+        shared_from_this()));
+  }
 }
 
 void Unit::finish_backward() {
+  if (group_.fused() && flags_.requires_gradient_sync && !arrived_.empty()) reduce_fused();
+  arrived_.clear();
+  if (flags_.reshard_after_backward || flags_.requires_gradient_sync) {
+    group_.finish_unshard();
+    for (auto& p : params_) {
+      if (!context_->reductions.pending_for(*p)) p->reshard();
+    }
+    group_.free_unsharded();
+  }
   for (auto& p : params_) {
-    if (flags_.reshard_after_backward || flags_.requires_gradient_sync) p->reshard();
     if (!context_->reductions.pending_for(*p)) p->restore_stash();
   }
   state_ = State::kIdle;

@@ -1,15 +1,18 @@
 // A fully_shard unit: the parameters of one module (or a list of modules)
-// that are gathered, resharded and reduced together (SPEC F4, F9, F10, F15).
+// that are gathered, resharded and reduced together (SPEC F4, F9-F12, F15).
 //
 // Hooks drive the lifecycle:
-//   pre-forward   gather the unit's shards, point the parameters at them
-//   post-forward  release the gathered memory (reshard_after_forward) and
-//                 hook the outputs' gradients
-//   pre-backward  (first output gradient) gather again into the same storage,
-//                 stash earlier shard gradients
-//   post-accumulate (per parameter) take the full gradient, reshard the
-//                 parameter, queue its reduction
-//   end of backward (root callback) reshard what got no gradient, complete
+//   pre-forward   gather the unit's shards (or wait for a prefetch), point the
+//                 parameters at them, prefetch the next unit, cast inputs
+//   post-forward  release the gathered memory (reshard_after_forward: true
+//                 frees, N keeps pieces for a group of N ranks), hook the
+//                 outputs' gradients, cast outputs
+//   pre-backward  (first output gradient) gather again into the same
+//                 storage, prefetch the previous unit, stash earlier grads
+//   post-accumulate (per parameter) take the full gradient; without fusion
+//                 reshard that parameter and queue its reduction, with fusion
+//                 queue the unit's once all its gradients are in
+//   end of backward (root callback) reduce what is left, reshard, complete
 //                 the reductions, reset.
 // The first unit whose forward runs becomes the root of the units in its
 // module tree (lazy initialisation): it validates them and owns the shared
@@ -23,6 +26,8 @@
 
 #include "hp/fsdp/fsdp_param.h"
 #include "hp/fsdp/mesh_info.h"
+#include "hp/fsdp/options.h"
+#include "hp/fsdp/param_group.h"
 #include "hp/fsdp/reduction.h"
 #include "hp/nn/module.h"
 
@@ -45,14 +50,19 @@ struct RootContext {
 
   // The end-of-backward callback.
   void finish_backward();
+  // The unit after (offset 1) or before (-1) `unit` in forward order.
+  Unit* neighbour(const Unit* unit, int offset) const;
 };
 
 struct UnitFlags {
-  bool reshard_after_forward = true;
+  // Ranks the parameters stay spread over after forward: the shard size
+  // (true: reshard), 1 (false: keep them gathered) or N in between.
+  int64_t reshard_after_forward_ranks = 0;
   bool reshard_after_backward = true;
   bool requires_gradient_sync = true;
   bool requires_all_reduce = true;
   bool average = true;  // reduce op "avg" (else "sum")
+  bool implicit_prefetch = true;
   // Read on the root: whether this backward completes its reductions.
   bool is_last_backward = true;
 };
@@ -60,7 +70,8 @@ struct UnitFlags {
 class Unit : public std::enable_shared_from_this<Unit> {
  public:
   Unit(std::vector<std::shared_ptr<nn::Module>> modules, MeshInfo mesh,
-       std::vector<std::unique_ptr<FSDPParam>> params, UnitFlags flags);
+       std::vector<std::unique_ptr<FSDPParam>> params, UnitFlags flags,
+       MixedPrecisionPolicy mp, ParamGroup::Options group_options);
   ~Unit();
 
   // Registers the forward hooks on the modules and the post-accumulate hooks
@@ -70,11 +81,18 @@ class Unit : public std::enable_shared_from_this<Unit> {
   const std::vector<std::shared_ptr<nn::Module>>& modules() const { return modules_; }
   const std::vector<std::unique_ptr<FSDPParam>>& params() const { return params_; }
   const MeshInfo& mesh() const { return mesh_; }
-  UnitFlags& flags() { return flags_; }
+  const UnitFlags& flags() const { return flags_; }
+  UnitFlags& mutable_flags() { return flags_; }
   const std::shared_ptr<RootContext>& context() const { return context_; }
   bool is_root() const { return context_ && context_->root == this; }
   // A short name for messages: the first module's name.
   std::string name() const;
+
+  // reshard_after_forward as bool or N (validated: N divides the shard size).
+  void set_reshard_after_forward(int64_t ranks);
+  // Explicit prefetch lists (F11); they replace the implicit choice.
+  void set_forward_prefetch(std::vector<std::weak_ptr<Unit>> units);
+  void set_backward_prefetch(std::vector<std::weak_ptr<Unit>> units);
 
   // Explicit unshard/reshard (F9).
   void begin_unshard();
@@ -89,9 +107,12 @@ class Unit : public std::enable_shared_from_this<Unit> {
   std::optional<nn::TensorList> post_forward(const nn::TensorList& outputs);
   void pre_backward();
   void post_accumulate(FSDPParam& param);
+  void reduce_fused();
   void finish_backward();
   void become_root();
   void validate_for_training() const;
+  void prefetch(const std::vector<std::weak_ptr<Unit>>& explicit_units, int offset);
+  void complete_own_reductions();
 
   enum class State { kIdle, kForward, kAfterForward, kPreBackward };
 
@@ -99,14 +120,19 @@ class Unit : public std::enable_shared_from_this<Unit> {
   MeshInfo mesh_;
   std::vector<std::unique_ptr<FSDPParam>> params_;
   UnitFlags flags_;
+  MixedPrecisionPolicy mp_;
+  ParamGroup group_;
+  dist::GroupPtr regather_group_;  // reshard_after_forward = N
   std::shared_ptr<RootContext> context_;
   std::vector<nn::HookHandle> hook_handles_;
+  std::vector<std::weak_ptr<Unit>> forward_prefetch_;
+  std::vector<std::weak_ptr<Unit>> backward_prefetch_;
 
   State state_ = State::kIdle;
-  int forward_depth_ = 0;        // list units: modules inside forward
-  int64_t wave_ = -1;            // post-backward order in this backward
-  std::vector<dist::Work> unshard_works_;
-  bool unshard_in_flight_ = false;
+  int forward_depth_ = 0;  // list units: modules inside forward
+  int64_t wave_ = -1;      // post-backward order in this backward
+  int64_t grads_expected_ = 0;
+  std::vector<std::pair<FSDPParam*, at::Tensor>> arrived_;  // fused: gradients so far
 
   friend struct RootContext;
 };

@@ -84,11 +84,14 @@ inline std::vector<MeshConfig> mesh_configs() {
   return out;
 }
 
-// Blocks first (inner units), then the root.
+// Blocks first (inner units), then the root. output_dtype applies to the
+// root only: blocks hand their outputs to each other in the compute dtype.
 inline FSDPModule shard_gpt(nn::GPT& model, FullyShardOptions options) {
+  FullyShardOptions block_options = options;
+  block_options.mp_policy.output_dtype.reset();
   for (const auto& block : model->blocks()) {
     nn::Block b = block;
-    fully_shard(b.ptr(), options);
+    fully_shard(b.ptr(), block_options);
   }
   return fully_shard(model.ptr(), options);
 }

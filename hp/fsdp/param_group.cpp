@@ -1,0 +1,171 @@
+#include "hp/fsdp/param_group.h"
+
+#include <ATen/ATen.h>
+
+#include "hp/dist/collectives.h"
+#include "hp/fsdp/storage.h"
+#include "hp/util/error.h"
+
+namespace hp::fsdp {
+
+ParamGroup::ParamGroup(std::vector<FSDPParam*> params, const MeshInfo& mesh, Options options)
+    : params_(std::move(params)), mesh_(mesh), options_(options) {
+  for (FSDPParam* p : params_) {
+    if (p->sharded()) sharded_.push_back(p);
+  }
+  if (!options_.fused || sharded_.empty()) return;
+  // Fused layout: one flat unsharded buffer with every parameter's buffer a
+  // view, param after param; with zero-copy, one flat shard buffer too.
+  const at::ScalarType compute = sharded_[0]->compute_dtype();
+  for (FSDPParam* p : sharded_) {
+    unsharded_offsets_.push_back(unsharded_total_);
+    unsharded_total_ += p->unsharded_numel();
+    shard_offsets_.push_back(shard_total_);
+    shard_total_ += p->reduce_numel();
+  }
+  flat_unsharded_ = at::empty({unsharded_total_}, sharded_[0]->padded_shard().options().dtype(compute));
+  for (size_t i = 0; i < sharded_.size(); ++i) {
+    sharded_[i]->set_external_unsharded(
+        flat_unsharded_.narrow(0, unsharded_offsets_[i], sharded_[i]->unsharded_numel()));
+  }
+  free_storage(flat_unsharded_);
+  if (options_.zero_copy) {
+    flat_shards_ = at::empty({shard_total_}, sharded_[0]->padded_shard().options());
+    for (size_t i = 0; i < sharded_.size(); ++i) {
+      const at::Tensor& shard = sharded_[i]->padded_shard();
+      sharded_[i]->rebase_shard(
+          flat_shards_.narrow(0, shard_offsets_[i], shard.numel()).view(shard.sizes()));
+    }
+    if (compute != flat_shards_.scalar_type()) {
+      flat_cast_ = at::empty({shard_total_}, flat_shards_.options().dtype(compute));
+    }
+  }
+}
+
+ParamGroup::~ParamGroup() {
+  for (auto& work : works_) {
+    try {
+      work.wait();
+    } catch (const std::exception&) {
+      // Destruction cannot report it; the unit is going away.
+    }
+  }
+}
+
+void ParamGroup::ensure_flat_unsharded() {
+  lent_ = false;  // the borrower is done (callers complete its reduction first)
+  allocate_storage(flat_unsharded_, static_cast<size_t>(unsharded_total_) *
+                                        flat_unsharded_.element_size());
+}
+
+void ParamGroup::release_flat_unsharded() {
+  if (flat_unsharded_.defined() && !lent_) free_storage(flat_unsharded_);
+}
+
+void ParamGroup::begin_unshard(dist::Group* regather_group) {
+  if (in_flight_) return;
+  in_flight_ = true;
+  arriving_.clear();
+  for (FSDPParam* p : params_) {
+    if (!p->sharded() && p->data() != FSDPParam::Data::kUnsharded) {
+      p->cast_into_unsharded();
+      arriving_.push_back(p);
+    }
+  }
+  std::vector<FSDPParam*> todo;
+  for (FSDPParam* p : sharded_) {
+    if (p->data() != FSDPParam::Data::kUnsharded) todo.push_back(p);
+  }
+  arriving_.insert(arriving_.end(), todo.begin(), todo.end());
+  if (todo.empty()) return;
+  const bool regather = !todo[0]->regather_piece().defined() ? false : true;
+  dist::Group& group = regather ? *regather_group : *mesh_.shard_group;
+  auto input_of = [regather](FSDPParam* p) {
+    return regather ? p->regather_piece() : p->shard_gather_input();
+  };
+  if (!options_.fused) {
+    for (FSDPParam* p : todo) works_.push_back(p->gather(group, input_of(p)));
+    return;
+  }
+  // One collective for the unit. Fused groups always gather all their
+  // parameters together: they are unsharded and resharded as one.
+  ensure_flat_unsharded();
+  at::Tensor input;
+  if (!regather && flat_shards_.defined()) {
+    input = flat_cast_.defined() ? flat_cast_.copy_(flat_shards_) : flat_shards_;
+  } else {
+    int64_t total = 0;
+    for (FSDPParam* p : sharded_) total += input_of(p).numel();
+    input = at::empty({total}, flat_unsharded_.options());
+    int64_t offset = 0;
+    for (FSDPParam* p : sharded_) {
+      at::Tensor piece = input_of(p);
+      input.narrow(0, offset, piece.numel()).copy_(piece.view(-1));
+      offset += piece.numel();
+    }
+  }
+  const int64_t pieces = group.size();
+  at::Tensor output = at::empty({pieces * input.numel()}, input.options());
+  dist::Work work = dist::all_gather_into(group, output, input);
+  // Copy-out on the backend's thread, as soon as the data is there; the
+  // gather buffer dies with the lambda.
+  std::vector<int64_t> numels;
+  for (FSDPParam* p : sharded_) numels.push_back(input_of(p).numel());
+  work.then([this, output, numels, pieces] {
+    at::Tensor rows = output.view({pieces, -1});
+    int64_t offset = 0;
+    for (size_t i = 0; i < sharded_.size(); ++i) {
+      sharded_[i]->copy_out(rows.narrow(1, offset, numels[i]));
+      offset += numels[i];
+    }
+  });
+  works_.push_back(std::move(work));
+}
+
+void ParamGroup::finish_unshard() {
+  if (!in_flight_) return;
+  for (auto& work : works_) work.wait();
+  works_.clear();
+  for (FSDPParam* p : arriving_) {
+    p->drop_regather_piece();
+    p->use_unsharded();
+  }
+  arriving_.clear();
+  in_flight_ = false;
+}
+
+void ParamGroup::free_unsharded() {
+  for (FSDPParam* p : params_) p->free_unsharded();
+  if (options_.fused) release_flat_unsharded();
+}
+
+void ParamGroup::keep_for_regather(int64_t pieces, int64_t index) {
+  for (FSDPParam* p : sharded_) {
+    if (p->data() == FSDPParam::Data::kUnsharded) p->keep_regather_piece(pieces, index);
+  }
+  free_unsharded();
+}
+
+void ParamGroup::reshard() {
+  finish_unshard();
+  for (FSDPParam* p : params_) {
+    p->reshard();
+    p->drop_regather_piece();
+  }
+  if (options_.fused) release_flat_unsharded();
+}
+
+at::Tensor ParamGroup::reshard_lending_flat_buffer() {
+  if (!options_.fused || sharded_.empty() || !storage_is_allocated(flat_unsharded_)) {
+    reshard();
+    return at::Tensor();
+  }
+  for (FSDPParam* p : params_) {
+    p->reshard();  // external buffers: the flat memory stays
+    p->drop_regather_piece();
+  }
+  lent_ = true;
+  return flat_unsharded_;
+}
+
+}  // namespace hp::fsdp

@@ -1,0 +1,83 @@
+// The gathering side of a unit: how its parameters' shards become unsharded
+// buffers (SPEC F4, F12).
+//
+// Without comm_fusion each sharded parameter is gathered by a collective of
+// its own, straight into its unsharded buffer. With comm_fusion the unit
+// issues one all-gather: the shards are packed into one flat input (with
+// zero-copy they already live there, as views the optimizer updates in
+// place, so nothing is copied in; mixed precision casts that flat buffer in
+// one operation), and on completion the backend's thread copies the result
+// out into the parameters' unsharded buffers, which are views of one flat
+// buffer per unit. After reshard_after_forward = N, the parameters hold
+// pieces for a group of N ranks instead, and the next gather runs there.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "hp/dist/work.h"
+#include "hp/fsdp/fsdp_param.h"
+#include "hp/fsdp/mesh_info.h"
+
+namespace hp::fsdp {
+
+class ParamGroup {
+ public:
+  struct Options {
+    bool fused = false;
+    bool zero_copy = false;
+  };
+  // `params`: the unit's parameters that need unsharding (sharded or cast).
+  ParamGroup(std::vector<FSDPParam*> params, const MeshInfo& mesh, Options options);
+  // Waits for gathers in flight: their completion writes into this group.
+  ~ParamGroup();
+
+  bool empty() const { return params_.empty(); }
+  bool fused() const { return options_.fused; }
+
+  // Issues the gathers (from the shards, or from the regather pieces over
+  // `regather_group` when the parameters hold them); idempotent while in flight.
+  void begin_unshard(dist::Group* regather_group);
+  bool unshard_in_flight() const { return in_flight_; }
+  // Waits, then points the parameters at their unsharded buffers.
+  void finish_unshard();
+
+  // After forward: release the unsharded memory, keeping shapes.
+  void free_unsharded();
+  // reshard_after_forward = N: keep pieces for a group of N ranks, release
+  // the rest.
+  void keep_for_regather(int64_t pieces, int64_t index);
+  // Parameters back to their shards, memory released.
+  void reshard();
+  // For a fused reduce-scatter: reshards and returns the flat unsharded
+  // buffer with its memory (undefined when not fused or not unsharded); the
+  // borrower releases it, and must be done before the next begin_unshard().
+  at::Tensor reshard_lending_flat_buffer();
+
+ private:
+  void ensure_flat_unsharded();
+  void release_flat_unsharded();
+
+  std::vector<FSDPParam*> params_;   // all that need unsharding
+  std::vector<FSDPParam*> sharded_;  // the gathered ones
+  const MeshInfo& mesh_;
+  Options options_;
+  bool in_flight_ = false;
+  bool lent_ = false;  // the flat unsharded buffer is a reduce-scatter's scratch
+  std::vector<dist::Work> works_;
+  // What the gathers in flight will fill: only these are pointed at their
+  // unsharded buffers when they land (others may be lent to a reduction).
+  std::vector<FSDPParam*> arriving_;
+
+  // Fused: one flat unsharded buffer (param-major) and, with zero-copy, one
+  // flat shard buffer the shards live in, plus its cast in compute dtype.
+  std::vector<int64_t> unsharded_offsets_;
+  int64_t unsharded_total_ = 0;
+  at::Tensor flat_unsharded_;
+  std::vector<int64_t> shard_offsets_;
+  int64_t shard_total_ = 0;
+  at::Tensor flat_shards_;
+  at::Tensor flat_cast_;
+};
+
+}  // namespace hp::fsdp

@@ -1,0 +1,117 @@
+#include "hp/util/trace.h"
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+
+namespace hp::trace {
+namespace {
+
+struct Recorder {
+  std::mutex mutex;
+  std::vector<Event> events;
+  int pid = 0;
+  std::string process_name;
+};
+
+std::atomic<bool> g_enabled{false};
+
+Recorder& recorder() {
+  static auto* r = new Recorder();  // never destroyed: spans may end during exit
+  return *r;
+}
+
+const std::chrono::steady_clock::time_point g_origin = std::chrono::steady_clock::now();
+
+}  // namespace
+
+bool enabled() { return g_enabled.load(std::memory_order_relaxed); }
+
+void enable(int pid, const std::string& process_name) {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.events.clear();
+  r.pid = pid;
+  r.process_name = process_name;
+  g_enabled.store(true);
+}
+
+void disable() { g_enabled.store(false); }
+
+int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
+                                                               g_origin)
+      .count();
+}
+
+void record(std::string name, std::string category, std::string lane, int64_t start_us,
+            int64_t end_us) {
+  if (!enabled()) return;
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.events.push_back({std::move(name), std::move(category), std::move(lane), start_us, end_us});
+}
+
+Span::Span(const char* name, const char* category, const char* lane)
+    : active_(enabled()), category_(category), lane_(lane), start_(0) {
+  if (active_) {
+    name_ = name;
+    start_ = now_us();
+  }
+}
+
+Span::Span(std::string name, const char* category, const char* lane)
+    : active_(enabled()), category_(category), lane_(lane), start_(0) {
+  if (active_) {
+    name_ = std::move(name);
+    start_ = now_us();
+  }
+}
+
+Span::~Span() {
+  if (active_) record(std::move(name_), category_, lane_, start_, now_us());
+}
+
+std::vector<Event> events() {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.events;
+}
+
+void write(const std::string& path) {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  // Lanes become threads of this process, numbered in order of appearance
+  // with the compute lane first.
+  std::map<std::string, int> lanes{{"compute", 0}};
+  nlohmann::json out = nlohmann::json::array();
+  for (const Event& e : r.events) {
+    auto it = lanes.find(e.lane);
+    if (it == lanes.end()) it = lanes.emplace(e.lane, static_cast<int>(lanes.size())).first;
+    out.push_back({{"name", e.name},
+                   {"cat", e.category},
+                   {"ph", "X"},
+                   {"ts", e.start_us},
+                   {"dur", std::max<int64_t>(0, e.end_us - e.start_us)},
+                   {"pid", r.pid},
+                   {"tid", it->second}});
+  }
+  out.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", r.pid},
+                 {"args", {{"name", r.process_name}}}});
+  for (const auto& [lane, tid] : lanes) {
+    out.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", r.pid}, {"tid", tid},
+                   {"args", {{"name", lane}}}});
+    out.push_back({{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", r.pid}, {"tid", tid},
+                   {"args", {{"sort_index", tid}}}});
+  }
+  std::ofstream file(path);
+  if (!file) throw std::runtime_error("trace: cannot open '" + path + "' for writing");
+  file << nlohmann::json{{"traceEvents", out}, {"displayTimeUnit", "ms"}}.dump() << "\n";
+  if (!file) throw std::runtime_error("trace: writing '" + path + "' failed");
+}
+
+}  // namespace hp::trace

@@ -1,0 +1,58 @@
+// A process-wide timeline in Chrome's trace-event format (SPEC A3).
+//
+// When enabled, the layers record spans: each unit's forward and backward
+// compute, each collective from issue to completion, and the time spent
+// blocked waiting for one. write() produces JSON that Perfetto
+// (ui.perfetto.dev) and chrome://tracing open; one file per rank, with the
+// rank as the process id. Disabled (the default), recording costs one
+// relaxed atomic load.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hp::trace {
+
+struct Event {
+  std::string name;
+  std::string category;  // "compute", "comm", "wait", "step"
+  std::string lane;      // one row in the viewer, e.g. "compute", "all_gather"
+  int64_t start_us;
+  int64_t end_us;
+};
+
+bool enabled();
+// Starts recording (clears earlier events); `pid` labels this process.
+void enable(int pid, const std::string& process_name);
+void disable();
+
+// Microseconds since an arbitrary, process-wide origin.
+int64_t now_us();
+
+void record(std::string name, std::string category, std::string lane, int64_t start_us,
+            int64_t end_us);
+
+// Records [construction, destruction) when tracing is enabled.
+class Span {
+ public:
+  Span(const char* name, const char* category, const char* lane);
+  Span(std::string name, const char* category, const char* lane);
+  ~Span();
+  Span(const Span&) = delete;
+  Span& operator=(const Span&) = delete;
+
+ private:
+  bool active_;
+  std::string name_;
+  const char* category_;
+  const char* lane_;
+  int64_t start_;
+};
+
+std::vector<Event> events();
+// Writes the recorded events as Chrome trace JSON; raises on I/O errors.
+void write(const std::string& path);
+
+}  // namespace hp::trace
