@@ -319,6 +319,58 @@ Work all_gather_into(Group& group, const at::Tensor& output, const at::Tensor& i
   }, nullptr);
 }
 
+Work all_gather_coalesced(Group& group, const std::vector<std::vector<at::Tensor>>& outputs,
+                          const std::vector<at::Tensor>& inputs) {
+  constexpr const char* op = "all_gather_coalesced";
+  check_member(group, op);
+  HP_CHECK_ARG(!inputs.empty(), op, ": inputs must not be empty");
+  HP_CHECK_ARG(static_cast<int>(outputs.size()) == group.size(), op, ": outputs has ",
+               outputs.size(), " lists but the group has ", group.size(), " ranks");
+  const at::ScalarType dtype = inputs[0].scalar_type();
+  int64_t numel = 0;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_defined(inputs[i], op, "input");
+    HP_CHECK_ARG(inputs[i].scalar_type() == dtype, op, ": input ", i, " is ",
+                 inputs[i].scalar_type(), " but input 0 is ", dtype, "; expected one dtype");
+    numel += inputs[i].numel();
+  }
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    HP_CHECK_ARG(outputs[r].size() == inputs.size(), op, ": outputs[", r, "] has ",
+                 outputs[r].size(), " tensors for ", inputs.size(), " inputs");
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      check_defined(outputs[r][i], op, "output");
+      HP_CHECK_ARG(outputs[r][i].numel() == inputs[i].numel() &&
+                       outputs[r][i].scalar_type() == dtype,
+                   op, ": outputs[", r, "][", i, "] ", describe_tensor(outputs[r][i]),
+                   " does not match input ", i, " ", describe_tensor(inputs[i]));
+    }
+  }
+  std::string sizes = cat(inputs.size(), " inputs of ", numel, " elements in all, ", dtype);
+  CallFingerprint fp{CallKind::kAllGather, 0, numel, numel * group.size(), int(dtype)};
+  const int me = group.rank();
+  if (group.size() == 1 || numel == 0) {
+    return launch(group, op, std::move(sizes), fp, nullptr, [outputs, inputs, me] {
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        if (!outputs[me][i].is_same(inputs[i])) outputs[me][i].view_as(inputs[i]).copy_(inputs[i]);
+      }
+    });
+  }
+  return launch(group, op, std::move(sizes), fp, [&group, outputs, inputs] {
+    // The backend flattens the inputs, gathers once and copies each piece
+    // into outputs[r][i] (as copy_, so strided views work); shapes must
+    // match the inputs exactly.
+    std::vector<std::vector<at::Tensor>> out(outputs.size());
+    for (size_t r = 0; r < outputs.size(); ++r) {
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        out[r].push_back(wire_view(outputs[r][i]).view_as(wire_view(inputs[i])));
+      }
+    }
+    std::vector<at::Tensor> in;
+    for (const auto& t : inputs) in.push_back(wire_view(t));
+    return group.backend().allgather_coalesced(out, in);
+  }, nullptr);
+}
+
 Work reduce_scatter(Group& group, const at::Tensor& output, const at::Tensor& input,
                     ReduceOp op_kind, const at::Tensor& scratch) {
   constexpr const char* op = "reduce_scatter";

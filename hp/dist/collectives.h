@@ -28,6 +28,13 @@ namespace hp::dist {
 // the group ranks' pieces land in views of it (no reshaping copy after).
 Work all_gather_into(Group& group, const at::Tensor& output, const at::Tensor& input);
 
+// One all-gather of several tensors: outputs[r][i] receives inputs[i] of
+// group rank r. Every rank passes the same shapes; one dtype throughout.
+// The outputs may be any views (strided too: the backend copies into them),
+// so a caller can gather straight into where the data is used.
+Work all_gather_coalesced(Group& group, const std::vector<std::vector<at::Tensor>>& outputs,
+                          const std::vector<at::Tensor>& inputs);
+
 // output = op over ranks of input[r*n:(r+1)*n] where r is this rank's group
 // rank and n = output.numel(). Implemented as one all-to-all plus a local
 // reduction (the same bytes on the wire as a ring reduce-scatter; Gloo 1.13

@@ -145,6 +145,13 @@ void FSDPParam::copy_out(const at::Tensor& pieces) {
   at::cat_out(unsharded_, parts, shard_dim_);
 }
 
+at::Tensor FSDPParam::unsharded_piece(int64_t pieces, int64_t index) const {
+  if (shard_dim_ != 0) return unsharded_.chunk(pieces, shard_dim_)[index];
+  std::vector<int64_t> shape = unsharded_.sizes().vec();
+  shape[0] /= pieces;
+  return unsharded_.view({pieces, -1})[index].view(shape);
+}
+
 void FSDPParam::cast_into_unsharded() { ensure_unsharded().copy_(padded_shard_); }
 
 at::Tensor FSDPParam::unsharded_view() const {

@@ -87,6 +87,10 @@ class FSDPParam {
   // Copies gathered pieces [G, n] (row g: group rank g's piece) into the
   // unsharded buffer.
   void copy_out(const at::Tensor& pieces);
+  // Where group rank `index` of a gather over `pieces` ranks lands in the
+  // unsharded buffer (a view, strided for dims other than 0), shaped like
+  // that rank's input.
+  at::Tensor unsharded_piece(int64_t pieces, int64_t index) const;
   // Unsharded but cast for compute: fills the buffer from the parameter's data.
   void cast_into_unsharded();
 

@@ -88,38 +88,26 @@ void ParamGroup::begin_unshard(dist::Group* regather_group) {
     return;
   }
   // One collective for the unit. Fused groups always gather all their
-  // parameters together: they are unsharded and resharded as one.
+  // parameters together: they are unsharded and resharded as one. The
+  // backend copies each rank's piece straight into the parameters'
+  // unsharded buffers (views of the flat buffer): no separate output.
   ensure_flat_unsharded();
-  at::Tensor input;
+  std::vector<at::Tensor> inputs;
   if (!regather && flat_shards_.defined()) {
-    input = flat_cast_.defined() ? flat_cast_.copy_(flat_shards_) : flat_shards_;
-  } else {
-    int64_t total = 0;
-    for (FSDPParam* p : sharded_) total += input_of(p).numel();
-    input = at::empty({total}, flat_unsharded_.options());
-    int64_t offset = 0;
-    for (FSDPParam* p : sharded_) {
-      at::Tensor piece = input_of(p);
-      input.narrow(0, offset, piece.numel()).copy_(piece.view(-1));
-      offset += piece.numel();
+    at::Tensor flat = flat_cast_.defined() ? flat_cast_.copy_(flat_shards_) : flat_shards_;
+    for (size_t i = 0; i < sharded_.size(); ++i) {
+      const at::Tensor& shard = sharded_[i]->padded_shard();
+      inputs.push_back(flat.narrow(0, shard_offsets_[i], shard.numel()).view(shard.sizes()));
     }
+  } else {
+    for (FSDPParam* p : sharded_) inputs.push_back(input_of(p));
   }
   const int64_t pieces = group.size();
-  at::Tensor output = at::empty({pieces * input.numel()}, input.options());
-  dist::Work work = dist::all_gather_into(group, output, input);
-  // Copy-out on the backend's thread, as soon as the data is there; the
-  // gather buffer dies with the lambda.
-  std::vector<int64_t> numels;
-  for (FSDPParam* p : sharded_) numels.push_back(input_of(p).numel());
-  work.then([this, output, numels, pieces] {
-    at::Tensor rows = output.view({pieces, -1});
-    int64_t offset = 0;
-    for (size_t i = 0; i < sharded_.size(); ++i) {
-      sharded_[i]->copy_out(rows.narrow(1, offset, numels[i]));
-      offset += numels[i];
-    }
-  });
-  works_.push_back(std::move(work));
+  std::vector<std::vector<at::Tensor>> outputs(pieces);
+  for (int64_t r = 0; r < pieces; ++r) {
+    for (FSDPParam* p : sharded_) outputs[r].push_back(p->unsharded_piece(pieces, r));
+  }
+  works_.push_back(dist::all_gather_coalesced(group, outputs, inputs));
 }
 
 void ParamGroup::finish_unshard() {

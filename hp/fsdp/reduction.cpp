@@ -5,6 +5,8 @@
 #include "hp/dist/collectives.h"
 #include "hp/fsdp/storage.h"
 
+#include <algorithm>
+
 namespace hp::fsdp {
 namespace {
 
@@ -18,54 +20,78 @@ at::Tensor alias_of(const at::Tensor& view) {
 
 }  // namespace
 
-GradReduction::GradReduction(std::vector<FSDPParam*> params, std::vector<at::Tensor> grads,
-                             at::Tensor scratch, const MeshInfo& mesh, ReduceSettings settings,
-                             int64_t wave, std::shared_ptr<void> keep_alive)
-    : params_(std::move(params)),
+PackedGrads::PackedGrads(std::vector<FSDPParam*> params) : params_(std::move(params)) {
+  sharded_ = params_[0]->sharded();
+  for (FSDPParam* p : params_) {
+    offsets_.push_back(total_);
+    total_ += sharded_ ? p->reduce_numel() : p->unsharded_numel();
+  }
+  arrived_.assign(params_.size(), false);
+}
+
+PackedGrads PackedGrads::of(FSDPParam& param, at::Tensor full_grad) {
+  PackedGrads packed({&param});
+  packed.arrived_[0] = true;
+  const int64_t ranks = param.shard_size();
+  if (!packed.sharded_) {
+    packed.data_ = full_grad.contiguous().view(-1);
+  } else if (param.shard_dim() == 0 && full_grad.size(0) == ranks * param.padded_shard().size(0)) {
+    packed.data_ = full_grad.contiguous().view({ranks, packed.total_});
+  } else {
+    packed.allocate();
+    param.pack_for_reduce_scatter(full_grad, packed.data_);
+  }
+  return packed;
+}
+
+void PackedGrads::allocate() {
+  const FSDPParam& first = *params_[0];
+  auto options = first.padded_shard().options().dtype(first.reduce_dtype());
+  data_ = sharded_ ? at::zeros({first.shard_size(), total_}, options) : at::zeros({total_}, options);
+}
+
+bool PackedGrads::contains(const FSDPParam& param) const {
+  return std::find(params_.begin(), params_.end(), &param) != params_.end();
+}
+
+void PackedGrads::add(FSDPParam& param, const at::Tensor& full_grad) {
+  if (!data_.defined()) allocate();
+  const size_t i = std::find(params_.begin(), params_.end(), &param) - params_.begin();
+  arrived_[i] = true;
+  if (sharded_) {
+    param.pack_for_reduce_scatter(full_grad, data_.narrow(1, offsets_[i], param.reduce_numel()));
+  } else {
+    data_.narrow(0, offsets_[i], full_grad.numel()).copy_(full_grad.reshape(-1));
+  }
+}
+
+GradReduction::GradReduction(PackedGrads grads, at::Tensor scratch, const MeshInfo& mesh,
+                             ReduceSettings settings, int64_t wave,
+                             std::shared_ptr<void> keep_alive)
+    : params_(std::move(grads.params_)),
+      offsets_(std::move(grads.offsets_)),
+      arrived_(std::move(grads.arrived_)),
       mesh_(mesh),
       settings_(settings),
       wave_(wave),
       keep_alive_(std::move(keep_alive)) {
-  const bool sharded = params_[0]->sharded();
-  int64_t total = 0;
-  for (FSDPParam* p : params_) {
-    offsets_.push_back(total);
-    total += sharded ? p->reduce_numel() : p->unsharded_numel();
-  }
-  const at::TensorOptions options = grads[0].options();
-  if (sharded) {
-    const int64_t ranks = mesh_.shard_size;
-    const FSDPParam& first = *params_[0];
-    if (params_.size() == 1 && first.shard_dim() == 0 &&
-        grads[0].size(0) == ranks * first.padded_shard().size(0)) {
-      input_ = grads[0].contiguous().view({ranks, total});  // no packing needed
-    } else {
-      input_ = at::empty({ranks, total}, options);
-      for (size_t i = 0; i < params_.size(); ++i) {
-        params_[i]->pack_for_reduce_scatter(
-            grads[i], input_.narrow(1, offsets_[i], params_[i]->reduce_numel()));
-      }
-    }
-    grads.clear();  // the packed input is all that stays alive
-    output_ = at::empty({total}, options);
-    const bool lend = scratch.defined() && scratch.scalar_type() == input_.scalar_type() &&
-                      scratch.numel() >= input_.numel();
-    work_ = dist::reduce_scatter(*mesh_.reduce_group, output_, input_.view(-1),
+  if (!grads.data_.defined()) grads.allocate();  // nothing arrived here: zeros
+  if (grads.sharded_) {
+    // The input is held by the collective only, so it is released the moment
+    // the reduce-scatter completes (on the backend's thread), not when this
+    // reduction is next advanced.
+    at::Tensor input = std::move(grads.data_);
+    output_ = at::empty({grads.total_}, input.options());
+    const bool lend = scratch.defined() && scratch.scalar_type() == input.scalar_type() &&
+                      scratch.numel() >= input.numel();
+    work_ = dist::reduce_scatter(*mesh_.reduce_group, output_, input.view(-1),
                                  dist::ReduceOp::kSum, lend ? scratch.view(-1) : at::Tensor());
     if (scratch.defined()) work_.then([scratch] { free_storage(scratch); });
     stage_ = Stage::kReduceScatter;
     return;
   }
   if (scratch.defined()) free_storage(scratch);
-  if (params_.size() == 1) {
-    output_ = grads[0].contiguous().view(-1);
-  } else {
-    output_ = at::empty({total}, options);
-    for (size_t i = 0; i < params_.size(); ++i) {
-      output_.narrow(0, offsets_[i], grads[i].numel()).copy_(grads[i].reshape(-1));
-    }
-  }
-  grads.clear();
+  output_ = std::move(grads.data_);
   if (params_[0]->replicated() && mesh_.shard_size > 1) {
     // Replicated parameters differ per shard rank's data: reduce over them too.
     work_ = dist::all_reduce(*mesh_.reduce_group, output_, dist::ReduceOp::kSum);
@@ -84,6 +110,7 @@ void GradReduction::start_replica_stage() {
     // Accumulate locally; a later backward with all-reduce adds it in.
     for (size_t i = 0; i < params_.size(); ++i) {
       FSDPParam& p = *params_[i];
+      if (!arrived_[i]) continue;
       at::Tensor slice = output_.narrow(0, offsets_[i], p.sharded() ? p.reduce_numel()
                                                                      : p.unsharded_numel());
       at::Tensor& partial = p.partial_reduce();
@@ -112,7 +139,6 @@ bool GradReduction::advance() {
     case Stage::kReduceScatter:
     case Stage::kShardAllReduce:
       work_.wait();
-      input_ = at::Tensor();
       if (settings_.average && mesh_.shard_size > 1) output_.div_(mesh_.shard_size);
       start_replica_stage();
       break;
@@ -135,11 +161,15 @@ void GradReduction::complete() {
 void GradReduction::assign() {
   for (size_t i = 0; i < params_.size(); ++i) {
     FSDPParam& p = *params_[i];
+    // The optimizer steps the shard: the parameter must hold it.
+    p.reshard();
+    if (!arrived_[i]) {
+      p.restore_stash();
+      continue;
+    }
     at::Tensor grad =
         p.sharded() ? p.unpack_reduced(output_.narrow(0, offsets_[i], p.reduce_numel()))
                     : output_.narrow(0, offsets_[i], p.unsharded_numel()).view(p.full_shape());
-    // The optimizer steps the shard: the parameter must hold it.
-    p.reshard();
     p.assign_grad(alias_of(grad));
   }
   output_ = at::Tensor();

@@ -34,16 +34,44 @@ struct ReduceSettings {
   bool all_reduce = true;  // HSDP/DDP: all-reduce over replicas now
 };
 
+// Gradients laid out for one reduction. Sharded: `data` is [shard_size,
+// total] with params[i]'s rows (what each rank keeps) in a column block, as a
+// reduce-scatter wants them; whole: `data` is [total], params[i]'s gradient
+// at its offset. Gradients arrive one at a time (add() copies each in, so its
+// full tensor can go at once); blocks of parameters that got none stay zero
+// and their .grad untouched.
+class PackedGrads {
+ public:
+  PackedGrads() = default;
+  // params: all sharded or all whole; one reduce dtype.
+  explicit PackedGrads(std::vector<FSDPParam*> params);
+  // One parameter's gradient as it is (no copy when no padding is needed).
+  static PackedGrads of(FSDPParam& param, at::Tensor full_grad);
+
+  bool empty() const { return params_.empty(); }
+  bool sharded() const { return sharded_; }
+  bool contains(const FSDPParam& param) const;
+  void add(FSDPParam& param, const at::Tensor& full_grad);
+
+ private:
+  friend class GradReduction;
+  void allocate();
+
+  std::vector<FSDPParam*> params_;
+  std::vector<int64_t> offsets_;
+  std::vector<bool> arrived_;
+  int64_t total_ = 0;
+  bool sharded_ = false;
+  at::Tensor data_;
+};
+
 class GradReduction {
  public:
-  // Issues the first collective. params are all sharded or all unsharded;
-  // grads[i] is params[i]'s full gradient in the reduce dtype. `scratch`
-  // (may be undefined) is memory the reduce-scatter may receive into; it is
-  // released when that completes. `keep_alive` holds the owner of params and
-  // mesh until the reduction is done.
-  GradReduction(std::vector<FSDPParam*> params, std::vector<at::Tensor> grads, at::Tensor scratch,
-                const MeshInfo& mesh, ReduceSettings settings, int64_t wave,
-                std::shared_ptr<void> keep_alive);
+  // Issues the first collective. `scratch` (may be undefined) is memory the
+  // reduce-scatter may receive into; it is released when that completes.
+  // `keep_alive` holds the owner of the params and mesh until done.
+  GradReduction(PackedGrads grads, at::Tensor scratch, const MeshInfo& mesh,
+                ReduceSettings settings, int64_t wave, std::shared_ptr<void> keep_alive);
 
   // Waits for the current stage and issues the next; true once the reduced
   // gradients are assigned.
@@ -60,13 +88,13 @@ class GradReduction {
 
   std::vector<FSDPParam*> params_;
   std::vector<int64_t> offsets_;
+  std::vector<bool> arrived_;
   const MeshInfo& mesh_;
   ReduceSettings settings_;
   int64_t wave_;
   std::shared_ptr<void> keep_alive_;
   Stage stage_ = Stage::kDone;
   dist::Work work_;
-  at::Tensor input_;   // kept until the reduce-scatter completes
   at::Tensor output_;  // the reduced values, flat
 };
 

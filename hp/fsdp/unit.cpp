@@ -45,7 +45,8 @@ Unit* RootContext::neighbour(const Unit* unit, int offset) const {
 Unit::Unit(std::vector<std::shared_ptr<nn::Module>> modules, MeshInfo mesh,
            std::vector<std::unique_ptr<FSDPParam>> params, UnitFlags flags,
            MixedPrecisionPolicy mp, ParamGroup::Options group_options)
-    : modules_(std::move(modules)),
+    : modules_(modules.begin(), modules.end()),
+      name_(modules.empty() ? "?" : modules[0]->name()),
       mesh_(std::move(mesh)),
       params_(std::move(params)),
       flags_(flags),
@@ -66,7 +67,15 @@ Unit::~Unit() {
   for (auto& handle : hook_handles_) handle.remove();
 }
 
-std::string Unit::name() const { return modules_.empty() ? "?" : modules_[0]->name(); }
+std::string Unit::name() const { return name_; }
+
+std::vector<std::shared_ptr<nn::Module>> Unit::modules() const {
+  std::vector<std::shared_ptr<nn::Module>> alive;
+  for (const auto& weak : modules_) {
+    if (auto module = weak.lock()) alive.push_back(std::move(module));
+  }
+  return alive;
+}
 
 void Unit::set_reshard_after_forward(int64_t ranks) {
   const int64_t shard_size = mesh_.shard_size;
@@ -96,7 +105,7 @@ void Unit::set_backward_prefetch(std::vector<std::weak_ptr<Unit>> units) {
 
 void Unit::install_hooks() {
   std::weak_ptr<Unit> weak = weak_from_this();
-  for (auto& module : modules_) {
+  for (auto& module : modules()) {
     hook_handles_.push_back(module->register_forward_pre_hook(
         [weak](nn::Module&, const nn::TensorList& inputs) -> std::optional<nn::TensorList> {
           auto unit = weak.lock();
@@ -122,7 +131,7 @@ void Unit::become_root() {
   context->root = this;
   context->units.push_back(weak_from_this());
   context_ = context;
-  for (auto& module : modules_) {
+  for (auto& module : modules()) {
     for (auto& sub : module->modules(/*include_self=*/false)) {
       auto hookable = std::dynamic_pointer_cast<nn::Module>(sub);
       if (!hookable) continue;
@@ -276,9 +285,10 @@ void Unit::pre_backward() {
   for (auto& p : params_) p->stash_grad();
   state_ = State::kPreBackward;
   wave_ = -1;
-  arrived_.clear();
+  grads_arrived_ = 0;
   grads_expected_ = 0;
   for (auto& p : params_) grads_expected_ += p->requires_grad() ? 1 : 0;
+  if (group_.fused() && flags_.requires_gradient_sync) start_packing();
 }
 
 void Unit::post_accumulate(FSDPParam& param) {
@@ -287,6 +297,7 @@ void Unit::post_accumulate(FSDPParam& param) {
     // Without fusion, memory first: the previous unit's reductions land now.
     if (!group_.fused()) context_->reductions.complete_before(wave_);
   }
+  ++grads_arrived_;
   at::Tensor grad = param.take_grad();
   if (!flags_.requires_gradient_sync) {
     // No-sync micro-batch: keep the full gradient, reduce it with the next
@@ -294,10 +305,8 @@ void Unit::post_accumulate(FSDPParam& param) {
     param.keep_for_later(std::move(grad));
     param.restore_stash();
     if (!group_.fused() && flags_.reshard_after_backward) param.reshard();
-    arrived_.emplace_back(&param, at::Tensor());
-    if (group_.fused() && static_cast<int64_t>(arrived_.size()) == grads_expected_) {
-      if (flags_.reshard_after_backward) group_.reshard();
-      arrived_.clear();
+    if (group_.fused() && grads_arrived_ == grads_expected_ && flags_.reshard_after_backward) {
+      group_.reshard();
     }
     return;
   }
@@ -307,12 +316,23 @@ void Unit::post_accumulate(FSDPParam& param) {
     // a resharded parameter; its unsharded buffer receives the reduce-scatter.
     at::Tensor scratch = param.reshard_lending_buffer();
     context_->reductions.push(std::make_unique<GradReduction>(
-        std::vector<FSDPParam*>{&param}, std::vector<at::Tensor>{std::move(grad)},
-        std::move(scratch), mesh_, settings, wave_, shared_from_this()));
+        PackedGrads::of(param, std::move(grad)), std::move(scratch), mesh_, settings, wave_,
+        shared_from_this()));
     return;
   }
-  arrived_.emplace_back(&param, std::move(grad));
-  if (static_cast<int64_t>(arrived_.size()) == grads_expected_) reduce_fused();
+  // Fused: pack it now (its full tensor goes at once), reduce with the last.
+  (param.sharded() ? packed_sharded_ : packed_whole_).add(param, grad);
+  grad = at::Tensor();
+  if (grads_arrived_ == grads_expected_) reduce_fused();
+}
+
+void Unit::start_packing() {
+  std::vector<FSDPParam*> sharded, whole;
+  for (auto& p : params_) {
+    if (p->requires_grad()) (p->sharded() ? sharded : whole).push_back(p.get());
+  }
+  packed_sharded_ = sharded.empty() ? PackedGrads() : PackedGrads(std::move(sharded));
+  packed_whole_ = whole.empty() ? PackedGrads() : PackedGrads(std::move(whole));
 }
 
 void Unit::reduce_fused() {
@@ -320,32 +340,29 @@ void Unit::reduce_fused() {
   // all-reduce issued; all-reduce done -> gradients assigned).
   context_->reductions.advance_before(wave_);
   at::Tensor scratch = group_.reshard_lending_flat_buffer();
-  std::vector<FSDPParam*> sharded, whole;
-  std::vector<at::Tensor> sharded_grads, whole_grads;
-  for (auto& [param, grad] : arrived_) {
-    if (!grad.defined()) continue;
-    (param->sharded() ? sharded : whole).push_back(param);
-    (param->sharded() ? sharded_grads : whole_grads).push_back(std::move(grad));
-  }
-  arrived_.clear();
   ReduceSettings settings{flags_.average, flags_.requires_all_reduce};
-  if (!sharded.empty()) {
+  if (!packed_sharded_.empty()) {
     context_->reductions.push(std::make_unique<GradReduction>(
-        std::move(sharded), std::move(sharded_grads), std::move(scratch), mesh_, settings, wave_,
+        std::move(packed_sharded_), std::move(scratch), mesh_, settings, wave_,
         shared_from_this()));
   } else if (scratch.defined()) {
     group_.reshard();
   }
-  if (!whole.empty()) {
+  if (!packed_whole_.empty()) {
     context_->reductions.push(std::make_unique<GradReduction>(
-        std::move(whole), std::move(whole_grads), at::Tensor(), mesh_, settings, wave_,
-        shared_from_this()));
+        std::move(packed_whole_), at::Tensor(), mesh_, settings, wave_, shared_from_this()));
   }
+  packed_sharded_ = PackedGrads();
+  packed_whole_ = PackedGrads();
 }
 
 void Unit::finish_backward() {
-  if (group_.fused() && flags_.requires_gradient_sync && !arrived_.empty()) reduce_fused();
-  arrived_.clear();
+  // Some parameters got no gradient: reduce what did arrive.
+  if (group_.fused() && flags_.requires_gradient_sync && grads_arrived_ > 0 &&
+      grads_arrived_ < grads_expected_) {
+    reduce_fused();
+  }
+  grads_arrived_ = 0;
   if (flags_.reshard_after_backward || flags_.requires_gradient_sync) {
     group_.finish_unshard();
     for (auto& p : params_) {

@@ -78,7 +78,9 @@ class Unit : public std::enable_shared_from_this<Unit> {
   // on the parameters. Called once, right after construction.
   void install_hooks();
 
-  const std::vector<std::shared_ptr<nn::Module>>& modules() const { return modules_; }
+  // The unit's modules that are still alive (they own the unit, so the unit
+  // refers to them weakly: no cycle keeps a model alive).
+  std::vector<std::shared_ptr<nn::Module>> modules() const;
   const std::vector<std::unique_ptr<FSDPParam>>& params() const { return params_; }
   const MeshInfo& mesh() const { return mesh_; }
   const UnitFlags& flags() const { return flags_; }
@@ -107,6 +109,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
   std::optional<nn::TensorList> post_forward(const nn::TensorList& outputs);
   void pre_backward();
   void post_accumulate(FSDPParam& param);
+  void start_packing();
   void reduce_fused();
   void finish_backward();
   void become_root();
@@ -116,7 +119,8 @@ class Unit : public std::enable_shared_from_this<Unit> {
 
   enum class State { kIdle, kForward, kAfterForward, kPreBackward };
 
-  std::vector<std::shared_ptr<nn::Module>> modules_;
+  std::vector<std::weak_ptr<nn::Module>> modules_;
+  std::string name_;
   MeshInfo mesh_;
   std::vector<std::unique_ptr<FSDPParam>> params_;
   UnitFlags flags_;
@@ -132,7 +136,10 @@ class Unit : public std::enable_shared_from_this<Unit> {
   int forward_depth_ = 0;  // list units: modules inside forward
   int64_t wave_ = -1;      // post-backward order in this backward
   int64_t grads_expected_ = 0;
-  std::vector<std::pair<FSDPParam*, at::Tensor>> arrived_;  // fused: gradients so far
+  int64_t grads_arrived_ = 0;
+  // Fused: this backward's gradients, packed as they arrive.
+  PackedGrads packed_sharded_;
+  PackedGrads packed_whole_;
 
   friend struct RootContext;
 };

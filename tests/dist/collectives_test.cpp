@@ -11,6 +11,7 @@
 
 #include "hp/dist/collectives.h"
 #include "hp/dist/world.h"
+#include "hp/util/error.h"
 #include "tests/support/tensor_checks.h"
 
 namespace hp::dist {
@@ -232,6 +233,38 @@ TEST(CollectivesSequence, EveryCollectiveAdvancesTheSequenceNumber) {
   barrier(g).wait();
   broadcast(g, t, 0).wait();
   EXPECT_EQ(g.sequence_number(), before + 3);
+}
+
+}  // namespace
+}  // namespace hp::dist
+
+namespace hp::dist {
+namespace {
+
+TEST(CollectivesCoalesced, GathersSeveralTensorsIntoStridedViews) {
+  Group& g = *world_group();
+  const int n = g.size();
+  // Two inputs per rank; outputs are column blocks of [n*2, 3] and rows of
+  // another buffer: strided and contiguous views.
+  at::Tensor a = input_of(g.rank(), {2, 3}, at::kFloat, 21);
+  at::Tensor b = input_of(g.rank(), {5}, at::kFloat, 22);
+  at::Tensor wide = at::zeros({2, 3 * n});
+  at::Tensor rows = at::zeros({n, 5});
+  std::vector<std::vector<at::Tensor>> outputs(n);
+  for (int r = 0; r < n; ++r) outputs[r] = {wide.narrow(1, 3 * r, 3), rows[r]};
+  Work w = all_gather_coalesced(g, outputs, {a, b});
+  bool continued = false;
+  w.then([&] { continued = true; });
+  w.wait();
+  EXPECT_TRUE(continued);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_TRUE(tensors_equal(wide.narrow(1, 3 * r, 3), input_of(r, {2, 3}, at::kFloat, 21)));
+    EXPECT_TRUE(tensors_equal(rows[r], input_of(r, {5}, at::kFloat, 22)));
+  }
+  std::string m = test::message_of<ArgumentError>([&] {
+    all_gather_coalesced(g, outputs, {a, b.to(at::kDouble)});
+  });
+  EXPECT_NE(m.find("input 1 is Double but input 0 is Float"), std::string::npos) << m;
 }
 
 }  // namespace

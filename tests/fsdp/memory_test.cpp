@@ -29,7 +29,15 @@ int64_t bytes_of(nn::Module& module) {
   return bytes;
 }
 
-TEST(FullyShardMemory, PeakOfAStepIsAShardPlusTwoUnits) {
+// Peak bytes of a steady-state step of an 8-block GPT, and the sizes the
+// bounds are made of.
+struct StepMemory {
+  MemoryStats stats;
+  int64_t param_bytes;
+  int64_t unit_bytes;
+};
+
+StepMemory measure_step(const FullyShardOptions& options, bool prefetch, const char* label) {
   enable_memory_tracking();
   const int64_t world = dist::get_world_size(), rank = dist::get_rank();
   nn::GPTConfig config;
@@ -43,7 +51,8 @@ TEST(FullyShardMemory, PeakOfAStepIsAShardPlusTwoUnits) {
   const int64_t param_bytes = bytes_of(*model);
   nn::Block first = model->blocks()[0];
   const int64_t unit_bytes = bytes_of(*first);
-  test::shard_gpt(model, {});
+  FSDPModule root = test::shard_gpt(model, options);
+  root.set_implicit_prefetch(prefetch);
   auto opt = test::make_adamw(*model);
   const int64_t batch = 4;  // one sequence of 8 tokens per rank on 4 ranks
   auto step = [&](int s) {
@@ -60,13 +69,20 @@ TEST(FullyShardMemory, PeakOfAStepIsAShardPlusTwoUnits) {
   reset_peak_memory();
   step(1);
   const MemoryStats stats = memory_stats();
-  const double bound = 1.1 * (4.0 * param_bytes / world + 2.0 * 2.0 * unit_bytes);
-  std::printf(
-      "memory rank %lld/%lld: peak %.2f MB, steady %.2f MB; unsharded params+grads+adam %.2f MB, "
-      "one unit %.2f MB, bound %.2f MB\n",
-      static_cast<long long>(rank), static_cast<long long>(world), stats.peak_bytes / 1e6,
-      stats.current_bytes / 1e6, 4.0 * param_bytes / 1e6, unit_bytes / 1e6, bound / 1e6);
-  EXPECT_LE(stats.peak_bytes, bound);
+  std::printf("memory %s rank %lld/%lld: peak %.2f MB, steady %.2f MB; unsharded "
+              "params+grads+adam %.2f MB, one unit %.2f MB\n",
+              label, static_cast<long long>(rank), static_cast<long long>(world),
+              stats.peak_bytes / 1e6, stats.current_bytes / 1e6, 4.0 * param_bytes / 1e6,
+              unit_bytes / 1e6);
+  return {stats, param_bytes, unit_bytes};
+}
+
+TEST(FullyShardMemory, PeakOfAStepIsAShardPlusTwoUnits) {
+  // The core lifecycle; prefetch (issue 4) deliberately holds one more unit.
+  const StepMemory m = measure_step({}, /*prefetch=*/false, "core");
+  const double world = dist::get_world_size();
+  const double bound = 1.1 * (4.0 * m.param_bytes / world + 2.0 * 2.0 * m.unit_bytes);
+  EXPECT_LE(m.stats.peak_bytes, bound) << "bound " << bound / 1e6 << " MB";
 }
 
 }  // namespace

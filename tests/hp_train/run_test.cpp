@@ -1,0 +1,248 @@
+// hp-train end to end: the real binary, one process or real ranks under
+// hprun, on a tiny GPT (2 layers, d 32, seq 16, global batch 4).
+//
+// Parity tolerance: fp32 everywhere, per-step losses within rtol 1e-5 across
+// modes (the ranks' gradients are summed in another order than one big
+// batch; a few ulps that Adam carries on). The same flags twice give the
+// same losses bit for bit.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "hp/checkpoint/safetensors.h"
+#include "hp/nn/gpt.h"
+#include "hp/nn/loss.h"
+#include "tests/launcher/process_runner.h"
+#include "tools/hp_train/batches.h"
+#include "tools/hp_train/corpus.h"
+
+namespace hp::train {
+namespace {
+
+using launcher::testing::ProcessResult;
+using launcher::testing::run_process;
+using launcher::testing::TempDir;
+using Args = std::vector<std::string>;
+
+const Args kTiny = {"--layers", "2",  "--d",     "32", "--heads",         "2",
+                    "--ctx",    "16", "--seq",   "16", "--batch",         "4",
+                    "--steps",  "5",  "--lr",    "1e-2", "--sample-tokens", "16",
+                    "--log-every", "1"};
+
+Args concat(Args a, const Args& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// hp-train with `args` on `ranks` ranks under hprun, or alone when ranks is 0.
+ProcessResult hp_train(int ranks, const Args& args) {
+  Args argv = ranks == 0 ? Args{HP_TRAIN_PATH}
+                         : Args{HPRUN_PATH, "-n", std::to_string(ranks), HP_TRAIN_PATH};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_process(argv, {"OMP_NUM_THREADS=1"}, /*limit_s=*/120);
+}
+
+std::string describe(const ProcessResult& r) {
+  std::ostringstream text;
+  text << "exit " << r.exit_code << (r.timed_out ? " (timed out)" : "") << " after " << r.seconds
+       << " s\n--- stdout ---\n" << r.out << "--- stderr ---\n" << r.err;
+  return text.str();
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+struct Step {
+  int64_t step;
+  double loss;
+};
+
+// Reads --log-json's lines, checking each has every field.
+std::vector<Step> read_log(const std::string& path) {
+  std::vector<Step> steps;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    for (const char* field : {"step", "loss", "step_time_s", "tokens_per_s", "peak_bytes"}) {
+      EXPECT_TRUE(j.contains(field)) << field << " missing in " << line;
+    }
+    EXPECT_GT(j.value("step_time_s", 0.0), 0) << line;
+    EXPECT_GT(j.value("tokens_per_s", 0.0), 0) << line;
+    EXPECT_GT(j.value("peak_bytes", int64_t{0}), 0) << line;
+    steps.push_back({j.at("step").get<int64_t>(), j.at("loss").get<double>()});
+  }
+  return steps;
+}
+
+// Runs and returns the per-step losses (failing the test when the run does).
+std::vector<double> losses(int ranks, const Args& args, const TempDir& dir,
+                           const std::string& name) {
+  const std::string log = dir.file(name + ".jsonl");
+  ProcessResult r = hp_train(ranks, concat(args, {"--log-json", log}));
+  EXPECT_TRUE(r.exited && r.exit_code == 0) << name << ": " << describe(r);
+  std::vector<double> out;
+  for (const Step& s : read_log(log)) out.push_back(s.loss);
+  return out;
+}
+
+void expect_close(const std::vector<double>& actual, const std::vector<double>& expected,
+                  const std::string& what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    EXPECT_NEAR(actual[i], expected[i], 1e-5 * std::abs(expected[i])) << what << " step " << i;
+  }
+}
+
+TEST(HpTrain, TinyRunOnTwoRanksLogsEveryStep) {
+  TempDir dir;
+  const std::string log = dir.file("tiny.jsonl");
+  ProcessResult r = hp_train(2, concat(kTiny, {"--log-json", log}));
+  ASSERT_TRUE(r.exited && r.exit_code == 0) << describe(r);
+
+  std::vector<Step> steps = read_log(log);
+  ASSERT_EQ(steps.size(), 5u) << describe(r);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i].step, static_cast<int64_t>(i));
+    EXPECT_TRUE(std::isfinite(steps[i].loss));
+  }
+  // Bytes start near uniform (ln 256 = 5.55) and a few steps at lr 1e-2 lower it.
+  EXPECT_NEAR(steps[0].loss, std::log(256.0), 0.3);
+  EXPECT_LT(steps[4].loss, steps[0].loss - 0.5);
+
+  // What rank 0 shows: header, progress, memory of both ranks, sample, summary.
+  for (const char* part :
+       {"[rank 0] hp-train: GPT 2 layers, d 32, 2 heads, ctx 16, vocab 256",
+        "fsdp on mesh [2] ['shard']", "[rank 0] step 1/5 | loss ", "[rank 0] step 5/5 | loss ",
+        " tok/s | ", " s/step | ETA ", "[rank 0]   rank 0: ", "[rank 0]   rank 1: ",
+        "[rank 0] sample (16 tokens", "(first -> last of 5 steps)"}) {
+    EXPECT_TRUE(contains(r.out, part)) << part << "\n" << describe(r);
+  }
+  EXPECT_FALSE(contains(r.out, "[rank 1] step")) << "only rank 0 reports";
+}
+
+TEST(HpTrain, ModesAgreeAndSeedsRepeat) {
+  TempDir dir;
+  const std::vector<double> single = losses(0, concat(kTiny, {"--mode", "none"}), dir, "none");
+  ASSERT_EQ(single.size(), 5u);
+  expect_close(losses(2, concat(kTiny, {"--mode", "fsdp"}), dir, "fsdp"), single, "fsdp on 2");
+  expect_close(losses(2, concat(kTiny, {"--mode", "ddp"}), dir, "ddp"), single, "ddp on 2");
+  expect_close(losses(4, concat(kTiny, {"--mode", "hsdp", "--mesh", "2x2"}), dir, "hsdp"), single,
+               "hsdp on 2x2");
+
+  // Same flags, same bits; another seed, other weights.
+  EXPECT_EQ(losses(0, concat(kTiny, {"--mode", "none"}), dir, "none_again"), single);
+  const std::vector<double> fsdp = losses(2, kTiny, dir, "fsdp_a");
+  EXPECT_EQ(losses(2, kTiny, dir, "fsdp_b"), fsdp);
+  EXPECT_NE(losses(0, concat(kTiny, {"--seed", "7"}), dir, "seed7").at(0), single.at(0));
+}
+
+// The tiny model's weights from seed 99, as a file.
+std::string write_weights(const TempDir& dir, nn::GPT& model) {
+  const std::string path = dir.file("init.safetensors");
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& p : model->named_parameters()) tensors.emplace_back(p.key(), p.value());
+  checkpoint::write_safetensors(path, tensors);
+  return path;
+}
+
+nn::GPT tiny_model(uint64_t seed) {
+  nn::GPTConfig config;
+  config.vocab_size = 256;
+  config.context = 16;
+  config.n_layer = 2;
+  config.n_head = 2;
+  config.n_embd = 32;
+  torch::manual_seed(seed);
+  return nn::GPT(config);
+}
+
+TEST(HpTrain, InitFromGivesTheFilesModelInEveryMode) {
+  TempDir dir;
+  nn::GPT model = tiny_model(99);
+  const std::string weights = write_weights(dir, model);
+  const Args args = concat(kTiny, {"--init-from", weights, "--steps", "1"});
+
+  // The first step's loss is the file's model on batch 0.
+  Batch batch = batch_for_step(load_fortunes().tokens, 0, 4, 16, 0, 1);
+  const double expected = nn::cross_entropy(model(batch.inputs), batch.targets).item<double>();
+
+  const std::vector<double> single = losses(0, concat(args, {"--mode", "none"}), dir, "none");
+  expect_close(single, {expected}, "--mode none from the file");
+  expect_close(losses(2, concat(args, {"--mode", "fsdp"}), dir, "fsdp"), {expected},
+               "--mode fsdp on 2 from the file");
+}
+
+TEST(HpTrain, InitFromMismatchFailsEveryRankWithTheName) {
+  TempDir dir;
+  nn::GPT model = tiny_model(99);
+  const std::string weights = write_weights(dir, model);
+  // The file holds a 2-layer model; ask for 3.
+  ProcessResult r = hp_train(2, concat(kTiny, {"--init-from", weights, "--layers", "3"}));
+  ASSERT_TRUE(r.exited) << describe(r);
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, "--init-from '" + weights + "' does not match the model"))
+      << describe(r);
+  EXPECT_TRUE(contains(r.err, "missing tensor 'h.2.ln_1.weight' (expected shape [32])"))
+      << describe(r);
+}
+
+TEST(HpTrain, DataFileOfUint16Tokens) {
+  TempDir dir;
+  // A learnable stream over vocab 50: 2000 tokens that use only 10 ids
+  // (multiples of 5), in a fixed order.
+  const std::string path = dir.file("tokens.bin");
+  {
+    std::string bytes;
+    for (int64_t i = 0; i < 2000; ++i) {
+      const int64_t t = (i * i * 7 + 3) % 10 * 5;
+      bytes.push_back(static_cast<char>(t & 0xff));
+      bytes.push_back(static_cast<char>(t >> 8));
+    }
+    std::ofstream(path, std::ios::binary) << bytes;
+  }
+  const std::string log = dir.file("data.jsonl");
+  ProcessResult r = hp_train(2, concat(kTiny, {"--data-file", path, "--vocab", "50", "--steps",
+                                               "8", "--log-json", log}));
+  ASSERT_TRUE(r.exited && r.exit_code == 0) << describe(r);
+  std::vector<Step> steps = read_log(log);
+  ASSERT_EQ(steps.size(), 8u);
+  EXPECT_NEAR(steps[0].loss, std::log(50.0), 0.3);
+  EXPECT_LT(steps[7].loss, steps[0].loss - 0.5);
+  EXPECT_TRUE(contains(r.out, "tokens.bin: 2000 uint16 tokens, vocab 50")) << describe(r);
+
+  // Ids at or above --vocab are refused, naming the first one.
+  r = hp_train(2, concat(kTiny, {"--data-file", path, "--vocab", "10"}));
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, "not below --vocab 10")) << describe(r);
+}
+
+TEST(HpTrain, BadFlagsEndEveryRankBeforeAnyCollective) {
+  // Every rank rejects the flag on its own: no rank waits for a peer.
+  ProcessResult r = hp_train(2, concat(kTiny, {"--batch", "3"}));
+  ASSERT_TRUE(r.exited && !r.timed_out) << describe(r);
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, "hp-train: error: --batch 3 (the global batch) must be divisible "
+                              "by the data-parallel size 2"))
+      << describe(r);
+  EXPECT_LT(r.seconds, 30);
+
+  r = hp_train(0, {"--mode", "fsdp"});
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_TRUE(contains(r.err, "--mode fsdp needs one process per rank started by a launcher"))
+      << describe(r);
+
+  r = hp_train(0, {"--help"});
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_TRUE(contains(r.out, "--init-from")) << describe(r);
+}
+
+}  // namespace
+}  // namespace hp::train
