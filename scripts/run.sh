@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Quick start, command 1: installs what is missing, builds, and runs the main
-# job on its embedded default: 4 local ranks on loopback.
+# job: hp-train, a GPT trained on Debian's fortunes with FSDP on 2 local
+# ranks (a few minutes). Extra arguments go to hp-train (hp-train --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 bash scripts/build.sh
-exec build/tools/hprun/hprun -n 4 build/examples/dtensor_demo "$@"
+exec build/tools/hprun/hprun -n 2 build/tools/hp_train/hp-train "$@"

@@ -10,7 +10,8 @@
 //
 // Tolerances (fp32): losses and gradients rtol 1e-5, atol 1e-7 (3 and 4
 // ranks sum contributions in another order and divide by 3 or twice by 2).
-// Parameters after 3 AdamW steps: atol 5e-6. Adam's update
+// Parameters after 3 AdamW steps: atol 2e-5 (seen: up to 7e-6, depending on
+// OpenBLAS threading). Adam's update
 // lr * m / (sqrt(v) + eps) is steep in g where |g| ~ eps, so ulp-level
 // gradient differences on such entries move them by ~1e-6. The key bias
 // (the middle third of c_attn.bias) has an exactly zero gradient (softmax
@@ -32,7 +33,7 @@ namespace {
 using test::tensors_close;
 
 constexpr int64_t kBatch = 12;
-constexpr double kAdamParamTolerance = 5e-6;
+constexpr double kAdamParamTolerance = 2e-5;
 constexpr double kKeyBiasTolerance = 1e-4;
 
 // This rank's rows of the global batch (every rank is a data-parallel rank).

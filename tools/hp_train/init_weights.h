@@ -1,0 +1,27 @@
+// --init-from: start training from given weights instead of the seed's.
+//
+// The file holds the whole model, as one process would save it (e.g. a
+// PyTorch GPT-2 state dict written with safetensors). It is loaded into the
+// model before fully_shard, so each rank then keeps only its shard of it,
+// and every problem surfaces before any collective.
+#pragma once
+
+#include <string>
+
+namespace torch::nn {
+class Module;
+}
+
+namespace hp::train {
+
+// Copies every tensor of the safetensors file `path` into the parameter of
+// `model` with the same name, converting a floating dtype to the parameter's.
+// The file must hold exactly the model's parameters with their shapes:
+// otherwise throws hp::ArgumentError naming the file and every offending
+// tensor (missing, unexpected, wrong shape or non-floating dtype) with what
+// was expected and what the file has. An unreadable or malformed file
+// raises hp::ArgumentError with the reader's message (which names the file).
+// Nothing is copied unless everything matches.
+void load_initial_weights(torch::nn::Module& model, const std::string& path);
+
+}  // namespace hp::train

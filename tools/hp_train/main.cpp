@@ -1,0 +1,176 @@
+// hp-train, the main job (SPEC A1): a GPT trained with AdamW on a real
+// corpus, in one process or on the ranks of a launcher with FSDP, HSDP or
+// DDP, with a progress display, per-step JSON metrics, per-rank peak memory
+// and a text sample from the trained model.
+//
+//   hprun -n 2 build/tools/hp_train/hp-train            # FSDP on 2 ranks
+//   hp-train --help                                      # every flag
+//
+// Order matters: every flag, the corpus and --init-from are checked before
+// the process group is joined, so a bad input ends every rank with the same
+// message (exit status 2) instead of leaving peers waiting in a collective.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hp/dist/collectives.h"
+#include "hp/dist/launch_env.h"
+#include "hp/dist/world.h"
+#include "hp/nn/gpt.h"
+#include "hp/util/error.h"
+#include "hp/util/memory_stats.h"
+#include "tools/hp_train/corpus.h"
+#include "tools/hp_train/init_weights.h"
+#include "tools/hp_train/parallelize.h"
+#include "tools/hp_train/progress.h"
+#include "tools/hp_train/report.h"
+#include "tools/hp_train/step_log.h"
+#include "tools/hp_train/train_options.h"
+#include "tools/hp_train/trainer.h"
+
+namespace {
+
+using namespace hp::train;
+
+constexpr int kExitUsage = 2;
+
+// A launcher (hprun, torchrun, mpirun) sets these; a process started on its
+// own sees none of them and is a world of one.
+World read_world() {
+  World world;
+  for (const char* name : {"RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}) {
+    if (hp::dist::process_env(name)) world.launched = true;
+  }
+  if (!world.launched) return world;
+  const hp::dist::LaunchEnv env = hp::dist::read_launch_env();
+  world.rank = env.rank;
+  world.size = env.world_size;
+  return world;
+}
+
+int64_t parameter_count(hp::nn::GPT& model) {
+  int64_t count = 0;
+  for (const auto& p : model->parameters()) count += p.numel();
+  return count;
+}
+
+void say(bool root, const std::string& text) {
+  if (root) std::cout << text << std::endl;
+}
+
+int run(const TrainOptions& options) {
+  at::set_num_threads(options.threads);
+
+  // --- everything that can be wrong with the input, before any collective ---
+  const World world = read_world();
+  const Parallelism parallelism = resolve_parallelism(options, world);
+  validate_options(options, parallelism);
+  // Loaded before memory tracking starts: the token stream is the same on
+  // every rank in every mode (fortunes: 2.6M int64 tokens, 20 MiB) and would
+  // bury what the modes differ in, the model's share of each rank.
+  const Corpus corpus = options.data_file.empty()
+                            ? load_fortunes()
+                            : load_token_file(options.data_file, options.vocab);
+  validate_corpus(options, corpus);
+  // From here on every libtorch allocation is counted: weights, their
+  // shards, gradients, AdamW state, activations, communication buffers.
+  // Each training step resets the peak (Trainer::step).
+  hp::enable_memory_tracking();
+
+  hp::nn::GPTConfig config;
+  config.vocab_size = corpus.vocab_size;
+  config.context = options.ctx;
+  config.n_layer = options.layers;
+  config.n_head = options.heads;
+  config.n_embd = options.d;
+  // The same seed on every rank: identical weights before sharding.
+  torch::manual_seed(options.seed);
+  hp::nn::GPT model(config);
+  if (!options.init_from.empty()) load_initial_weights(*model, options.init_from);
+  const int64_t parameters = parameter_count(model);
+
+  const bool root = world.rank == 0;
+  std::unique_ptr<StepLog> step_log;
+  if (root && !options.log_json.empty()) step_log = std::make_unique<StepLog>(options.log_json);
+
+  // --- communication starts here ---
+  const bool distributed = parallelism.mode != Mode::kNone;
+  if (distributed) hp::dist::init_process_group();
+  std::optional<hp::FSDPModule> fsdp = parallelize(model, parallelism);
+  Trainer trainer(model, fsdp, distributed ? hp::dist::world_group() : nullptr, corpus.tokens,
+                  options);
+
+  say(root, header_text(options, parallelism, corpus, parameters));
+  ProgressMeter meter(options.steps, options.batch * options.seq);
+  std::vector<int64_t> rank_peaks(world.size, 0);
+  double first_loss = 0, last_loss = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t s = 0; s < options.steps; ++s) {
+    const StepRecord record = trainer.step(s);
+    for (size_t r = 0; r < rank_peaks.size(); ++r) {
+      rank_peaks[r] = std::max(rank_peaks[r], record.rank_peak_bytes.at(r));
+    }
+    if (s == 0) first_loss = record.loss;
+    last_loss = record.loss;
+    meter.record(record.step_time_s);
+    if (step_log) step_log->write(record);
+    const bool due = s == 0 || (s + 1) % options.log_every == 0 || s + 1 == options.steps;
+    if (due) say(root, meter.line(record.loss));
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  say(root, memory_table(rank_peaks, parameters));
+  if (options.sample_tokens > 0) {
+    // Every rank generates: a sharded root gathers its parameters in each
+    // forward, collectively. Same generator seed and same logits on every
+    // rank, so the ranks draw the same tokens.
+    model->eval();
+    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
+    at::Tensor prompt = corpus.tokens.narrow(0, 0, 1).view({1, 1});
+    at::Tensor sample = model->generate(prompt, options.sample_tokens, options.temperature,
+                                        options.top_k, generator);
+    say(root, hp::cat("sample (", options.sample_tokens,
+                      " tokens after the corpus's first token, temperature ",
+                      options.temperature, ", top-k ", options.top_k, "):\n",
+                      render_tokens(sample[0], corpus.vocab_size)));
+  }
+  say(root, summary_line(first_loss, last_loss, options.steps, seconds,
+                         static_cast<double>(options.batch * options.seq * options.steps) /
+                             std::max(seconds, 1e-9)));
+  if (distributed) {
+    // Rank 0 hosts the rendezvous store: nobody leaves before all are done.
+    hp::dist::barrier(*hp::dist::world_group()).wait();
+    hp::dist::destroy_process_group();
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const CommandLine command_line =
+        parse_command_line(std::vector<std::string>(argv + 1, argv + argc));
+    if (command_line.help_requested) {
+      std::fputs(command_line.help_text.c_str(), stdout);
+      return 0;
+    }
+    return run(command_line.options);
+  } catch (const hp::ArgumentError& e) {
+    std::fprintf(stderr, "hp-train: error: %s\n", e.what());
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hp-train: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,20 @@
+// Applies hp-train's --mode to a freshly built GPT.
+#pragma once
+
+#include <optional>
+
+#include "hp/fsdp/fully_shard.h"
+#include "hp/nn/gpt.h"
+#include "tools/hp_train/train_options.h"
+
+namespace hp::train {
+
+// Collective (needs the process group) except for Mode::kNone, which leaves
+// the model alone and returns nullopt. Otherwise builds the mesh and makes
+// every block a fully_shard unit, then the root (embeddings, final norm,
+// head), inner-first as fully_shard requires; returns the root's handle.
+// The mesh decides the mode: 1-D shards (FSDP), (replicate, shard) is HSDP,
+// a shard dim of one is DDP.
+std::optional<FSDPModule> parallelize(nn::GPT& model, const Parallelism& parallelism);
+
+}  // namespace hp::train

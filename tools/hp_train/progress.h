@@ -1,0 +1,42 @@
+// hp-train's progress display: one whole line every --log-every steps.
+//
+// Under hprun stdout is a pipe that the launcher splits into prefixed lines,
+// so progress is printed as complete lines, never redrawn with '\r':
+//   step  120/300 | loss 2.3412 | 15.2k tok/s | 0.21 s/step | ETA 0:45
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+
+namespace hp::train {
+
+// Speed is measured over the most recent steps (a window), so the display
+// follows the current pace rather than the slow first step (lazy init).
+class ProgressMeter {
+ public:
+  ProgressMeter(int64_t total_steps, int64_t tokens_per_step, int64_t window = 20);
+
+  // Records the step just finished (steps are recorded in order from 0).
+  void record(double step_time_s);
+
+  // The line for the state after the last record(); loss is that step's.
+  std::string line(double loss) const;
+
+ private:
+  int64_t total_;
+  int64_t tokens_per_step_;
+  size_t window_;
+  int64_t done_ = 0;
+  std::deque<double> recent_;
+  double recent_sum_ = 0;
+};
+
+// 950 -> "950", 15234 -> "15.2k", 2.5e6 -> "2.50M".
+std::string human_count(double value);
+// 2048 -> "2.0 KiB", 13002342 -> "12.4 MiB".
+std::string human_bytes(int64_t bytes);
+// 45 -> "0:45", 754 -> "12:34", 3723 -> "1:02:03" (rounded to seconds).
+std::string clock_time(double seconds);
+
+}  // namespace hp::train

@@ -1,0 +1,34 @@
+// What hp-train prints around the progress lines (rank 0): the header that
+// says what is being trained where, and the end-of-run summary.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tools/hp_train/corpus.h"
+#include "tools/hp_train/train_options.h"
+
+namespace hp::train {
+
+// Several lines: model shape and parameter count, mode and mesh, corpus,
+// batch split and optimizer settings.
+std::string header_text(const TrainOptions& options, const Parallelism& parallelism,
+                        const Corpus& corpus, int64_t parameter_count);
+
+// One line per rank: its peak libtorch CPU memory during training, next to
+// the unsharded model's fp32 weights for scale.
+std::string memory_table(const std::vector<int64_t>& rank_peak_bytes, int64_t parameter_count);
+
+// Token ids [N] as text: with a byte vocabulary (256) the bytes themselves,
+// control characters other than newline and tab shown as '?'; otherwise the
+// ids separated by spaces.
+std::string render_tokens(const at::Tensor& ids, int64_t vocab_size);
+
+// "loss 5.5451 -> 2.3012 (first -> last of 300 steps) in 2:31, 2.0k tok/s".
+std::string summary_line(double first_loss, double last_loss, int64_t steps, double seconds,
+                         double tokens_per_s);
+
+}  // namespace hp::train

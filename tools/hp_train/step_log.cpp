@@ -1,0 +1,25 @@
+#include "tools/hp_train/step_log.h"
+
+#include <nlohmann/json.hpp>
+
+#include <stdexcept>
+
+#include "hp/util/error.h"
+
+namespace hp::train {
+
+StepLog::StepLog(const std::string& path) : path_(path), out_(path, std::ios::trunc) {
+  HP_CHECK_ARG(out_.is_open(), "--log-json '", path, "' cannot be opened for writing");
+}
+
+void StepLog::write(const StepRecord& record) {
+  nlohmann::ordered_json line = {{"step", record.step},
+                                 {"loss", record.loss},
+                                 {"step_time_s", record.step_time_s},
+                                 {"tokens_per_s", record.tokens_per_s},
+                                 {"peak_bytes", record.peak_bytes}};
+  out_ << line.dump() << '\n' << std::flush;
+  if (!out_) throw std::runtime_error(cat("--log-json '", path_, "': write failed"));
+}
+
+}  // namespace hp::train

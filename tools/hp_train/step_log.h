@@ -1,0 +1,32 @@
+// --log-json: one JSON object per line per step, for tools that compare
+// runs (parity checks, plots):
+//   {"step": 0, "loss": 5.55, "step_time_s": 0.21, "tokens_per_s": 4876.2,
+//    "peak_bytes": 12345678}
+// step is the 0-based s of the batch rule; loss is the global-batch mean
+// written with full double precision (round-trip exact), so runs can be
+// compared bit for bit.
+#pragma once
+
+#include <fstream>
+#include <string>
+
+#include "tools/hp_train/trainer.h"
+
+namespace hp::train {
+
+class StepLog {
+ public:
+  // Creates (truncates) the file; throws hp::ArgumentError naming --log-json
+  // and the path when it cannot be opened for writing.
+  explicit StepLog(const std::string& path);
+
+  // Appends the record's line and flushes it, so a run that dies keeps the
+  // steps it finished.
+  void write(const StepRecord& record);
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+}  // namespace hp::train

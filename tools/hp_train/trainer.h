@@ -1,0 +1,61 @@
+// hp-train's step: this rank's slice of the global batch through forward,
+// cross-entropy, backward, gradient clipping and AdamW, plus the step's
+// metrics agreed by all ranks.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "hp/dist/group.h"
+#include "hp/fsdp/fully_shard.h"
+#include "hp/nn/gpt.h"
+#include "tools/hp_train/train_options.h"
+
+namespace torch::optim {
+class AdamW;
+}
+
+namespace hp::train {
+
+struct StepRecord {
+  int64_t step = 0;        // the s of the batch rule (0-based)
+  double loss = 0;         // global-batch mean: mean over ranks of their local mean losses
+  double step_time_s = 0;  // this rank's wall time, through the metrics' gather
+  double tokens_per_s = 0; // global tokens (batch * seq) / step_time_s
+  int64_t peak_bytes = 0;  // the highest of rank_peak_bytes
+  std::vector<int64_t> rank_peak_bytes;  // per rank: peak libtorch CPU memory in this step
+};
+
+class Trainer {
+ public:
+  // `model` is already sharded when `root` is set (its fully_shard handle);
+  // `group` holds every data-parallel rank (the world), null in one process.
+  // The optimizer is built here from model->parameters(), after sharding, so
+  // it steps the local shards: AdamW, constant options.lr, betas (0.9, 0.95),
+  // eps 1e-8, options.weight_decay on every parameter. Needs
+  // hp::enable_memory_tracking() to have been called.
+  Trainer(nn::GPT model, std::optional<FSDPModule> root, dist::GroupPtr group, at::Tensor tokens,
+          const TrainOptions& options);
+  ~Trainer();
+
+  // Runs step `step` (collective in a distributed run; every rank calls it
+  // with the same step) and returns its metrics, the same on every rank but
+  // for step_time_s and tokens_per_s.
+  StepRecord step(int64_t step);
+
+ private:
+  nn::GPT model_;
+  std::optional<FSDPModule> root_;
+  dist::GroupPtr group_;
+  at::Tensor tokens_;
+  TrainOptions options_;
+  int64_t dp_rank_ = 0;
+  int64_t dp_size_ = 1;
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+};
+
+}  // namespace hp::train
