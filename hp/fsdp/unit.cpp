@@ -223,18 +223,23 @@ std::optional<nn::TensorList> Unit::pre_forward(const nn::TensorList& inputs) {
     if (std::find(order.begin(), order.end(), this) == order.end()) order.push_back(this);
   }
   {
-    trace::Span span("unshard " + name(), "fsdp", "compute");
+    const int64_t start = trace::enabled() ? trace::now_us() : 0;
     begin_unshard();
     prefetch(forward_prefetch_, +1);
     wait_unshard();
+    if (trace::enabled()) trace::record("unshard " + name_, "fsdp", "compute", start, trace::now_us());
   }
   state_ = State::kForward;
+  compute_start_us_ = trace::enabled() ? trace::now_us() : 0;
   if (mp_.param_dtype && mp_.cast_forward_inputs) return cast_floating(inputs, *mp_.param_dtype);
   return std::nullopt;
 }
 
 std::optional<nn::TensorList> Unit::post_forward(const nn::TensorList& outputs) {
   if (--forward_depth_ > 0) return std::nullopt;
+  if (trace::enabled()) {
+    trace::record("forward " + name_, "compute", "compute", compute_start_us_, trace::now_us());
+  }
   std::optional<nn::TensorList> replaced;
   if (mp_.output_dtype) replaced = cast_floating(outputs, *mp_.output_dtype);
   const nn::TensorList& result = replaced ? *replaced : outputs;
@@ -277,12 +282,14 @@ void Unit::pre_backward() {
         [context] { context->finish_backward(); });
   }
   {
-    trace::Span span("unshard " + name(), "fsdp", "compute");
+    const int64_t start = trace::enabled() ? trace::now_us() : 0;
     begin_unshard();
     prefetch(backward_prefetch_, -1);
     wait_unshard();
+    if (trace::enabled()) trace::record("unshard " + name_, "fsdp", "compute", start, trace::now_us());
   }
   for (auto& p : params_) p->stash_grad();
+  compute_start_us_ = trace::enabled() ? trace::now_us() : 0;
   state_ = State::kPreBackward;
   wave_ = -1;
   grads_arrived_ = 0;
@@ -298,6 +305,9 @@ void Unit::post_accumulate(FSDPParam& param) {
     if (!group_.fused()) context_->reductions.complete_before(wave_);
   }
   ++grads_arrived_;
+  if (grads_arrived_ == grads_expected_ && trace::enabled()) {
+    trace::record("backward " + name_, "compute", "compute", compute_start_us_, trace::now_us());
+  }
   at::Tensor grad = param.take_grad();
   if (!flags_.requires_gradient_sync) {
     // No-sync micro-batch: keep the full gradient, reduce it with the next

@@ -137,6 +137,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
   int64_t wave_ = -1;      // post-backward order in this backward
   int64_t grads_expected_ = 0;
   int64_t grads_arrived_ = 0;
+  int64_t compute_start_us_ = 0;  // trace: start of this unit's forward / backward compute
   // Fused: this backward's gradients, packed as they arrive.
   PackedGrads packed_sharded_;
   PackedGrads packed_whole_;

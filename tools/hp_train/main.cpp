@@ -28,6 +28,7 @@
 #include "hp/nn/gpt.h"
 #include "hp/util/error.h"
 #include "hp/util/memory_stats.h"
+#include "hp/util/trace.h"
 #include "tools/hp_train/corpus.h"
 #include "tools/hp_train/init_weights.h"
 #include "tools/hp_train/parallelize.h"
@@ -61,6 +62,16 @@ int64_t parameter_count(hp::nn::GPT& model) {
   int64_t count = 0;
   for (const auto& p : model->parameters()) count += p.numel();
   return count;
+}
+
+// "out/trace.json" -> "out/trace.rank1.json": one file per rank.
+std::string trace_path(const std::string& path, int rank) {
+  const auto slash = path.find_last_of('/');
+  const auto dot = path.find_last_of('.');
+  const bool has_extension = dot != std::string::npos && (slash == std::string::npos || dot > slash);
+  const std::string stem = has_extension ? path.substr(0, dot) : path;
+  const std::string extension = has_extension ? path.substr(dot) : ".json";
+  return hp::cat(stem, ".rank", rank, extension);
 }
 
 void say(bool root, const std::string& text) {
@@ -105,7 +116,8 @@ int run(const TrainOptions& options) {
   // --- communication starts here ---
   const bool distributed = parallelism.mode != Mode::kNone;
   if (distributed) hp::dist::init_process_group();
-  std::optional<hp::FSDPModule> fsdp = parallelize(model, parallelism);
+  std::optional<hp::FSDPModule> fsdp = parallelize(model, parallelism, options);
+  if (!options.trace.empty()) hp::trace::enable(world.rank, hp::cat("rank ", world.rank));
   Trainer trainer(model, fsdp, distributed ? hp::dist::world_group() : nullptr, corpus.tokens,
                   options);
 
@@ -115,7 +127,11 @@ int run(const TrainOptions& options) {
   double first_loss = 0, last_loss = 0;
   const auto start = std::chrono::steady_clock::now();
   for (int64_t s = 0; s < options.steps; ++s) {
-    const StepRecord record = trainer.step(s);
+    StepRecord record;
+    {
+      hp::trace::Span span(hp::cat("step ", s), "step", "step");
+      record = trainer.step(s);
+    }
     for (size_t r = 0; r < rank_peaks.size(); ++r) {
       rank_peaks[r] = std::max(rank_peaks[r], record.rank_peak_bytes.at(r));
     }
@@ -129,6 +145,12 @@ int run(const TrainOptions& options) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
+  if (!options.trace.empty()) {
+    hp::trace::disable();
+    const std::string path = trace_path(options.trace, world.rank);
+    hp::trace::write(path);
+    std::cout << "trace of rank " << world.rank << " written to " << path << std::endl;
+  }
   say(root, memory_table(rank_peaks, parameters));
   if (options.sample_tokens > 0) {
     // Every rank generates: a sharded root gathers its parameters in each

@@ -6,12 +6,33 @@
 
 namespace hp::train {
 
-std::optional<FSDPModule> parallelize(nn::GPT& model, const Parallelism& parallelism) {
+at::ScalarType dtype_of(const std::string& name) {
+  if (name == "bf16") return at::kBFloat16;
+  if (name == "fp16") return at::kHalf;
+  return at::kFloat;
+}
+
+std::optional<FSDPModule> parallelize(nn::GPT& model, const Parallelism& parallelism,
+                                      const TrainOptions& train) {
   if (parallelism.mode == Mode::kNone) return std::nullopt;
   FullyShardOptions options;
   options.mesh = init_device_mesh("cpu", parallelism.mesh_shape, parallelism.mesh_names);
+  options.comm_fusion = train.comm_fusion;
+  if (train.reshard_after_forward == 0) {
+    options.reshard_after_forward = false;
+  } else if (train.reshard_after_forward > 0) {
+    options.reshard_after_forward = train.reshard_after_forward;
+  }
+  const at::ScalarType param = dtype_of(train.param_dtype);
+  if (param != at::kFloat) options.mp_policy.param_dtype = param;
+  if (!train.reduce_dtype.empty()) options.mp_policy.reduce_dtype = dtype_of(train.reduce_dtype);
   for (const nn::Block& block : model->blocks()) fully_shard(block.ptr(), options);
-  return fully_shard(model.ptr(), options);
+  // The loss is computed on the root's output: fp32 logits whatever the
+  // compute dtype (blocks pass activations to each other in it).
+  if (param != at::kFloat) options.mp_policy.output_dtype = at::kFloat;
+  FSDPModule root = fully_shard(model.ptr(), options);
+  root.set_implicit_prefetch(train.prefetch);
+  return root;
 }
 
 }  // namespace hp::train

@@ -15,6 +15,13 @@ namespace hp::train {
 // head), inner-first as fully_shard requires; returns the root's handle.
 // The mesh decides the mode: 1-D shards (FSDP), (replicate, shard) is HSDP,
 // a shard dim of one is DDP.
-std::optional<FSDPModule> parallelize(nn::GPT& model, const Parallelism& parallelism);
+// The performance flags (--comm-fusion, --no-prefetch,
+// --reshard-after-forward, --param-dtype, --reduce-dtype) set every unit's
+// options; with a low-precision param dtype the root returns fp32 logits.
+std::optional<FSDPModule> parallelize(nn::GPT& model, const Parallelism& parallelism,
+                                      const TrainOptions& options);
+
+// "bf16" -> kBFloat16, "fp16" -> kHalf, "fp32" -> kFloat.
+at::ScalarType dtype_of(const std::string& name);
 
 }  // namespace hp::train

@@ -22,6 +22,15 @@ std::string header_text(const TrainOptions& o, const Parallelism& parallelism,
       " parameters (", parameter_count, ")",
       o.init_from.empty() ? cat(", seed ", o.seed) : cat(", weights from ", o.init_from), "\n",
       "  mode:   ", parallelism.describe(), "\n",
+      parallelism.mode == Mode::kNone
+          ? std::string()
+          : cat("  fsdp:   comm fusion ", o.comm_fusion ? "on" : "off", ", prefetch ",
+                o.prefetch ? "on" : "off", ", reshard after forward ",
+                o.reshard_after_forward < 0   ? std::string("true")
+                : o.reshard_after_forward == 0 ? std::string("false")
+                                               : cat("to groups of ", o.reshard_after_forward),
+                ", param dtype ", o.param_dtype, ", reduce dtype ",
+                o.reduce_dtype.empty() ? o.param_dtype : o.reduce_dtype, "\n"),
       "  corpus: ", corpus.description, "\n",
       "  batch:  ", o.batch, " x ", o.seq, " tokens per step (", per_rank, " samples per rank), ",
       o.steps, " steps\n",

@@ -147,6 +147,12 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
       {"--temperature", "X", cat("sampling temperature (default ", defaults.temperature, ")")},
       {"--top-k", "K", cat("sample among the K likeliest tokens; 0 = all (default ",
                            defaults.top_k, ")")},
+      {"--reshard-after-forward", "true|false|N",
+       "after forward, free gathered parameters (true, default), keep them (false), or keep "
+       "them gathered within groups of N ranks"},
+      {"--param-dtype", "bf16|fp16|fp32", "compute and all-gather dtype (default fp32)"},
+      {"--reduce-dtype", "bf16|fp16|fp32", "gradient reduction dtype (default: --param-dtype)"},
+      {"--trace", "FILE", "Chrome trace JSON per rank: FILE with .rank<r> before the extension"},
   };
   for (const auto& [name, type, help] : flags) {
     // A repeated flag takes its last value, so a script can append overrides.
@@ -154,6 +160,12 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
         ->type_name(type)
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   }
+
+  bool comm_fusion = false, no_prefetch = false;
+  app.add_flag("--comm-fusion", comm_fusion,
+               "one all-gather and one reduce-scatter per unit (zero-copy flat buffers)");
+  app.add_flag("--no-prefetch", no_prefetch,
+               "do not gather the next unit while this one computes");
 
   CommandLine result;
   std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11's convention
@@ -218,9 +230,31 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
     parse_mesh(values["--mesh"]);  // the form is checked now, the fit in resolve_parallelism
     o.mesh = values["--mesh"];
   }
+  o.comm_fusion = comm_fusion;
+  o.prefetch = !no_prefetch;
+  if (given("--reshard-after-forward")) {
+    const std::string& v = values["--reshard-after-forward"];
+    if (v == "true") {
+      o.reshard_after_forward = -1;
+    } else if (v == "false") {
+      o.reshard_after_forward = 0;
+    } else {
+      o.reshard_after_forward = parse_int("--reshard-after-forward", v, 1,
+                                          "true, false or a positive number of ranks");
+    }
+  }
+  for (const auto& [name, field] : {std::make_pair("--param-dtype", &o.param_dtype),
+                                    std::make_pair("--reduce-dtype", &o.reduce_dtype)}) {
+    if (!given(name)) continue;
+    const std::string& v = values[name];
+    HP_CHECK_ARG(v == "bf16" || v == "fp16" || v == "fp32", name,
+                 " must be one of bf16, fp16, fp32, got '", v, "'");
+    *field = v;
+  }
   for (const auto& [name, field] : {std::make_pair("--data-file", &o.data_file),
                                     std::make_pair("--init-from", &o.init_from),
-                                    std::make_pair("--log-json", &o.log_json)}) {
+                                    std::make_pair("--log-json", &o.log_json),
+                                    std::make_pair("--trace", &o.trace)}) {
     if (!given(name)) continue;
     HP_CHECK_ARG(!values[name].empty(), name, " must name a file, got ''");
     *field = values[name];
@@ -311,6 +345,15 @@ void validate_options(const TrainOptions& o, const Parallelism& parallelism) {
                " (the global batch) must be divisible by the data-parallel size ",
                parallelism.dp_size, " (", mode_name(parallelism.mode), " on ",
                parallelism.dp_size, " ranks)");
+  if (o.reshard_after_forward > 0 && parallelism.mode != Mode::kNone) {
+    const int64_t shard_size =
+        parallelism.mode == Mode::kDDP ? 1 : parallelism.mesh_shape.back();
+    HP_CHECK_ARG(shard_size % o.reshard_after_forward == 0 &&
+                     o.reshard_after_forward <= shard_size,
+                 "--reshard-after-forward ", o.reshard_after_forward,
+                 " must divide the shard group size ", shard_size, " of ",
+                 mode_name(parallelism.mode), " on mesh ", to_string(parallelism.mesh_shape));
+  }
   if (o.data_file.empty()) {
     HP_CHECK_ARG(o.vocab == 0 || o.vocab == 256, "--vocab ", o.vocab,
                  " does not fit the default corpus (fortunes as bytes: vocab 256); give "

@@ -55,6 +55,14 @@ struct TrainOptions {
   std::string init_from;  // a .safetensors file of the full initial weights
   std::string log_json;   // rank 0 appends one JSON object per step
 
+  // fully_shard's performance options (ignored by --mode none).
+  bool comm_fusion = false;          // --comm-fusion
+  bool prefetch = true;              // --no-prefetch clears it
+  int64_t reshard_after_forward = -1;  // -1: true; 0: false; N: groups of N ranks
+  std::string param_dtype = "fp32";  // --param-dtype bf16|fp16|fp32
+  std::string reduce_dtype;          // --reduce-dtype (default: the param dtype)
+  std::string trace;                 // --trace FILE: Chrome trace per rank
+
   int threads = 1;
   int64_t log_every = 20;
   int64_t sample_tokens = 200;  // 0: no sample
