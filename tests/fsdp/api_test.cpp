@@ -285,3 +285,78 @@ TEST(FullyShardErrors, LazyInitRefusesMetaParameters) {
 
 }  // namespace
 }  // namespace hp
+
+namespace hp {
+namespace {
+
+// Gradients of the sharded model against the reference, shard by shard.
+void expect_grads_match_reference(nn::GPT& model, nn::GPT& reference) {
+  auto ref = reference->named_parameters();
+  auto mine = model->named_parameters();
+  for (auto& [name, value] : FSDPModule(model.ptr()).state_dict()) {
+    const DTensor& d = std::get<DTensor>(value);
+    at::Tensor expected = distribute_tensor(ref[name].grad(), d.layout()).local();
+    ASSERT_TRUE(mine[name].grad().defined()) << name;
+    EXPECT_TRUE(test::tensors_close(mine[name].grad(), expected, 1e-5, 1e-7)) << name;
+  }
+}
+
+const int64_t kRows = 12;
+int64_t first_row() { return dist::get_rank() * (kRows / dist::get_world_size()); }
+int64_t rows() { return kRows / dist::get_world_size(); }
+
+TEST(FullyShardSetters, RequiresAllReduceFalseAccumulatesUntilTheLastMicroBatch) {
+  for (const auto& mesh : test::mesh_configs()) {
+    if (mesh.name == "fsdp") continue;  // no replicas: nothing to skip
+    SCOPED_TRACE(mesh.name);
+    auto reference = test::make_gpt();
+    auto model = test::make_gpt();
+    FullyShardOptions options;
+    options.mesh = test::make_mesh(mesh);
+    FSDPModule root = test::shard_gpt(model, options);
+    for (int micro = 0; micro < 2; ++micro) {
+      at::Tensor tokens = test::token_batch(micro);
+      test::reference_backward(reference, tokens, dist::get_world_size());
+      root.set_requires_all_reduce(micro == 1);
+      test::gpt_loss(model, tokens, first_row(), rows()).backward();
+    }
+    expect_grads_match_reference(model, reference);
+  }
+}
+
+TEST(FullyShardSetters, IsLastBackwardFalseLandsAtTheNextForward) {
+  auto reference = test::make_gpt();
+  auto model = test::make_gpt();
+  FSDPModule root = test::shard_gpt(model, {});
+  // First micro-batch: its reductions may still be in flight afterwards.
+  root.set_is_last_backward(false);
+  test::reference_backward(reference, test::token_batch(0), dist::get_world_size());
+  test::gpt_loss(model, test::token_batch(0), first_row(), rows()).backward();
+  // The next forward lands them; its backward adds to them.
+  root.set_is_last_backward(true);
+  test::reference_backward(reference, test::token_batch(1), dist::get_world_size());
+  test::gpt_loss(model, test::token_batch(1), first_row(), rows()).backward();
+  expect_grads_match_reference(model, reference);
+}
+
+TEST(FullyShardSetters, ReshardAfterBackwardFalseKeepsNoSyncMicroBatchesGathered) {
+  if (dist::get_world_size() < 2) GTEST_SKIP();
+  auto reference = test::make_gpt();
+  auto model = test::make_gpt();
+  FSDPModule root = test::shard_gpt(model, {});
+  const at::Tensor& w = model->blocks()[0]->mlp->c_fc->weight;
+  for (int micro = 0; micro < 3; ++micro) {
+    const bool last = micro == 2;
+    root.set_requires_gradient_sync(last);
+    root.set_reshard_after_backward(last);
+    at::Tensor tokens = test::token_batch(micro);
+    test::reference_backward(reference, tokens, dist::get_world_size());
+    test::gpt_loss(model, tokens, first_row(), rows()).backward();
+    // Kept gathered between no-sync micro-batches; sharded after the last.
+    EXPECT_EQ(w.size(0) == 256, !last) << "micro-batch " << micro;
+  }
+  expect_grads_match_reference(model, reference);
+}
+
+}  // namespace
+}  // namespace hp

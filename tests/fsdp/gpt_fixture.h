@@ -51,6 +51,13 @@ inline at::Tensor gpt_loss(nn::GPT& model, const at::Tensor& tokens, int64_t fir
 }
 
 inline at::Tensor reference_backward(nn::GPT& model, const at::Tensor& tokens, int64_t parts) {
+  // Gradients from earlier calls are set aside and added back at the end,
+  // as a second backward adds to .grad.
+  std::vector<at::Tensor> earlier;
+  for (auto& param : model->parameters()) {
+    earlier.push_back(param.grad());
+    param.mutable_grad() = at::Tensor();
+  }
   const int64_t rows = tokens.size(0) / parts;
   at::Tensor total = at::zeros({});
   for (int64_t p = 0; p < parts; ++p) {
@@ -59,8 +66,12 @@ inline at::Tensor reference_backward(nn::GPT& model, const at::Tensor& tokens, i
     total += loss.detach();
   }
   at::NoGradGuard no_grad;
+  size_t i = 0;
   for (auto& param : model->parameters()) {
-    if (param.grad().defined()) param.mutable_grad().div_(parts);
+    at::Tensor& grad = param.mutable_grad();
+    if (grad.defined()) grad.div_(parts);
+    if (earlier[i].defined()) grad = grad.defined() ? grad + earlier[i] : earlier[i];
+    ++i;
   }
   return total / parts;
 }
