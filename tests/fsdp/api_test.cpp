@@ -360,3 +360,32 @@ TEST(FullyShardSetters, ReshardAfterBackwardFalseKeepsNoSyncMicroBatchesGathered
 
 }  // namespace
 }  // namespace hp
+
+namespace hp {
+namespace {
+
+TEST(FullyShardErrors, MeshWithoutThisRankAndDTensorShapes) {
+  if (dist::get_world_size() < 2) GTEST_SKIP();
+  // A mesh of rank 0 alone: the other ranks are refused before anything else.
+  auto solo = DeviceMesh::create("cpu", {1}, {0}, {"solo"});
+  if (dist::get_rank() != 0) {
+    FullyShardOptions options;
+    options.mesh = solo;
+    std::string m = error_of([&] { fully_shard(test::make_gpt().ptr(), options); });
+    EXPECT_TRUE(contains(m, "fully_shard: rank " + std::to_string(dist::get_rank()) +
+                                " is not part of DeviceMesh('cpu', shape [1], ranks [0]"))
+        << m;
+  }
+  // A DTensor value whose global shape differs from the parameter's.
+  auto model = test::make_gpt();
+  FSDPModule root = test::shard_gpt(model, {});
+  auto mesh = init_device_mesh("cpu", {dist::get_world_size()}, {"shard"});
+  StateDict wrong = {{"wpe.weight", distribute_tensor(at::zeros({8, 64}), mesh, {Shard(0)})}};
+  std::string m = error_of([&] { root.load_state_dict(wrong, /*strict=*/false); });
+  EXPECT_TRUE(contains(m, "load 'wpe.weight': DTensor of global shape [8, 64] does not match the "
+                          "parameter's global shape [16, 64]"))
+      << m;
+}
+
+}  // namespace
+}  // namespace hp
