@@ -58,15 +58,23 @@ def main(argv):
             y = (len(ranks) - 1 - r) * (len(lanes) + 1) + (len(lanes) - li)
             yticks.append(y)
             ylabels.append(f"rank {r} {lane}")
+            # Longest first, so a unit's span (the root's covers its blocks)
+            # is drawn under the ones nested in it; nested units alternate shade.
+            lane_events = []
             for e in events:
                 kind = e["lane"]
                 if kind.startswith("all_gather"):
                     kind = "all_gather"
-                if kind != lane or e["ts"] + e["dur"] < t0 or e["ts"] > t1:
-                    continue
+                if kind == lane and e["ts"] + e["dur"] >= t0 and e["ts"] <= t1:
+                    lane_events.append(e)
+            lane_events.sort(key=lambda e: -e["dur"])
+            for i, e in enumerate(lane_events):
                 key = e["name"].split(" ")[0] if lane == "compute" else lane
+                nested = lane == "compute" and i > 0 and key != "unshard"
                 ax.broken_barh([((e["ts"] - t0) / 1000.0, max(e["dur"], 1) / 1000.0)],
-                               (y - 0.4, 0.8), facecolors=COLORS.get(key, "#999999"))
+                               (y - 0.4, 0.8), facecolors=COLORS.get(key, "#999999"),
+                               edgecolor="white" if nested else None, linewidth=0.6,
+                               alpha=0.55 if (lane == "compute" and i == 0) else 1.0)
     ax.set_yticks(yticks)
     ax.set_yticklabels(ylabels, fontsize=8)
     ax.set_xlabel("ms since the step began")
