@@ -53,19 +53,7 @@ void expect_gradients_match(nn::GPT& model, nn::GPT& reference, double scale = 1
 }
 
 void expect_parameters_match(nn::GPT& model, nn::GPT& reference) {
-  auto gathered = test::full_parameters(*model);
-  const int64_t d = reference->config().n_embd;
-  for (auto& item : reference->named_parameters()) {
-    at::Tensor actual = gathered.at(item.key()), expected = item.value();
-    if (item.key().size() > 16 && item.key().substr(item.key().size() - 16) == "attn.c_attn.bias") {
-      EXPECT_TRUE(tensors_close(actual.narrow(0, d, d), expected.narrow(0, d, d), 0,
-                                kKeyBiasTolerance))
-          << item.key() << " (key bias)";
-      actual = at::cat({actual.narrow(0, 0, d), actual.narrow(0, 2 * d, d)});
-      expected = at::cat({expected.narrow(0, 0, d), expected.narrow(0, 2 * d, d)});
-    }
-    EXPECT_TRUE(tensors_close(actual, expected, 0, kAdamParamTolerance)) << item.key();
-  }
+  test::expect_parameters_match(*model, reference, kAdamParamTolerance, kKeyBiasTolerance);
 }
 
 TEST(GPTFullyShard, ThreeAdamWStepsMatchPlainLibtorch) {
