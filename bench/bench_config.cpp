@@ -1,0 +1,41 @@
+#include "bench/bench_config.h"
+
+#include <sstream>
+
+namespace hp::bench {
+
+namespace {
+
+std::string str(double v) {
+  std::ostringstream out;
+  out.precision(17);
+  out << v;
+  return out.str();
+}
+
+}  // namespace
+
+std::vector<std::string> BenchConfig::worker_args() const {
+  return {"--vocab",        std::to_string(vocab),
+          "--seq",          std::to_string(seq),
+          "--d",            std::to_string(d),
+          "--heads",        std::to_string(heads),
+          "--layers",       std::to_string(layers),
+          "--ctx",          std::to_string(ctx),
+          "--batch",        std::to_string(batch),
+          "--lr",           str(lr),
+          "--beta1",        str(beta1),
+          "--beta2",        str(beta2),
+          "--eps",          str(eps),
+          "--weight-decay", str(weight_decay),
+          "--seed",         std::to_string(seed),
+          "--worker-steps", std::to_string(steps),
+          "--warmup",       std::to_string(warmup),
+          "--tokens",       tokens_path,
+          "--hook-units",   std::to_string(hook_units),
+          "--hook-width",   std::to_string(hook_width),
+          "--hook-batch",   std::to_string(hook_batch),
+          "--hook-steps",   std::to_string(hook_steps)};
+}
+
+}  // namespace hp::bench

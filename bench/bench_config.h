@@ -1,0 +1,72 @@
+// hp-bench's configuration (SPEC A2): what every row of one run shares, and
+// how the driver hands it to the worker processes it launches.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hp::bench {
+
+// Rows in the order of the table. Each runs in its own process(es).
+inline const std::vector<std::string>& row_names() {
+  static const std::vector<std::string> names = {
+      "single", "ddp", "fsdp", "fsdp_fused", "fsdp_fused_prefetch", "hsdp_fused_prefetch",
+      "torch_ddp"};
+  return names;
+}
+
+// Rows --rows accepts beyond the default set, for investigation:
+// ddp_fused = ddp with comm_fusion on (replicate buckets for the all-reduce),
+// fsdp_prefetch = fsdp with prefetch on (separates prefetch from fusion).
+inline const std::vector<std::string>& extra_row_names() {
+  static const std::vector<std::string> names = {"ddp_fused", "fsdp_prefetch"};
+  return names;
+}
+
+// Workers print exactly one line starting with this (on rank 0), followed by
+// a JSON object; the driver finds it among hprun's "[rank r] " prefixed lines.
+constexpr const char* kResultMarker = "HPBENCH_RESULT ";
+
+struct BenchConfig {
+  // Model (GPT-2 shape) and data.
+  int64_t vocab = 512;
+  int64_t seq = 128;
+  int64_t d = 256;
+  int64_t heads = 4;
+  int64_t layers = 4;
+  int64_t ctx = 128;
+  int64_t batch = 8;  // per rank
+  // AdamW.
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  uint64_t seed = 1337;
+  // Timing. steps / warmup are per worker process (one round of one row).
+  int64_t steps = 10;
+  int64_t warmup = 3;
+  // Processes.
+  int ranks = 2;
+  int hsdp_ranks = 2;
+  // Raw little-endian uint16 token file, written by the driver.
+  std::string tokens_path;
+  // Hook overhead.
+  int64_t hook_units = 64;
+  int64_t hook_width = 16;
+  int64_t hook_batch = 8;
+  int64_t hook_steps = 400;
+
+  // Flags that reproduce this configuration on a worker's command line.
+  std::vector<std::string> worker_args() const;
+};
+
+// The 2-D mesh of the hsdp row for a world of `ranks` (2 or 4): [ranks/2, 2].
+inline std::vector<int64_t> hsdp_mesh(int ranks) { return {ranks / 2, 2}; }
+
+// Unsharded bytes of one transformer block's fp32 parameters
+// (ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj).
+inline int64_t block_param_bytes(int64_t d) { return (12 * d * d + 13 * d) * 4; }
+
+}  // namespace hp::bench

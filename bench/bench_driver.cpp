@@ -1,0 +1,603 @@
+#include "bench/bench_driver.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <stdexcept>
+#include <thread>
+#include <torch/version.h>
+
+#include "bench/child_process.h"
+
+#ifndef HP_BENCH_SOURCE_DIR
+#define HP_BENCH_SOURCE_DIR "bench"
+#endif
+
+namespace hp::bench {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string self_path() {
+  std::error_code ec;
+  const fs::path p = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) throw std::runtime_error("cannot read /proc/self/exe: " + ec.message());
+  return p.string();
+}
+
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
+}
+
+json number_or_null(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+int row_ranks(const std::string& row, const BenchConfig& c) {
+  if (row == "single") return 1;
+  if (row == "hsdp_fused_prefetch") return c.hsdp_ranks;
+  return c.ranks;
+}
+
+std::string hsdp_note(const BenchConfig& c) {
+  if (c.hsdp_ranks == 2) {
+    return "degenerate HSDP: 2 ranks give the mesh [1, 2] (replicate 1 x shard 2), so the "
+           "replicate all-reduce has a group of one and moves nothing; the row measures the "
+           "2-D HSDP code path at the same per-rank work as fsdp_fused_prefetch, not "
+           "cross-replica traffic. Run with --hsdp-ranks 4 for a real [2, 2] mesh.";
+  }
+  return "HSDP on [" + std::to_string(c.hsdp_ranks / 2) + ", 2] with " +
+         std::to_string(c.hsdp_ranks) +
+         " ranks: more processes than this machine may have cores, so its step time is "
+         "oversubscribed and does not compare with the 2-rank rows; tokens_per_s counts all " +
+         std::to_string(c.hsdp_ranks) + " ranks' tokens.";
+}
+
+// Tokens every row trains on: uniform ids from a fixed seed (the content does
+// not matter to a step's cost; that every row sees the same does).
+void write_tokens(const std::string& path, const BenchConfig& c, int max_ranks) {
+  const int64_t needed = (c.warmup + c.steps) * c.batch * max_ranks * c.seq + c.seq + 2;
+  const int64_t count = std::max<int64_t>(needed, 1 << 17);
+  std::mt19937_64 rng(c.seed);
+  std::uniform_int_distribution<int64_t> dist(0, c.vocab - 1);
+  std::string bytes(static_cast<size_t>(count) * 2, '\0');
+  for (int64_t i = 0; i < count; ++i) {
+    const auto t = static_cast<uint16_t>(dist(rng));
+    bytes[2 * i] = static_cast<char>(t & 0xff);
+    bytes[2 * i + 1] = static_cast<char>(t >> 8);
+  }
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  if (!out) throw std::runtime_error("cannot write the token file " + path);
+}
+
+struct RunOutcome {
+  bool ok = false;
+  json result;
+  std::string error;
+  double wall_s = 0;
+};
+
+RunOutcome launch(const std::string& label, const std::vector<std::string>& argv, bool verbose) {
+  RunOutcome outcome;
+  std::cerr << "[hp-bench] " << label << ": " << shell_words(argv) << std::endl;
+  const auto t0 = Clock::now();
+  ChildResult child;
+  try {
+    child = run_child(argv, [&](const std::string& line) {
+      if (verbose) std::cerr << "  | " << line << "\n";
+    });
+  } catch (const std::exception& e) {
+    outcome.error = e.what();
+    return outcome;
+  }
+  outcome.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  const std::string marker = kResultMarker;
+  for (auto it = child.lines.rbegin(); it != child.lines.rend(); ++it) {
+    const size_t pos = it->find(marker);
+    if (pos == std::string::npos) continue;
+    try {
+      outcome.result = json::parse(it->substr(pos + marker.size()));
+    } catch (const std::exception& e) {
+      outcome.error = std::string("unreadable result line: ") + e.what();
+    }
+    break;
+  }
+  if (child.exit_status != 0 || outcome.result.is_null()) {
+    std::string tail;
+    const size_t from = child.lines.size() > 15 ? child.lines.size() - 15 : 0;
+    for (size_t i = from; i < child.lines.size(); ++i) tail += child.lines[i] + "\n";
+    outcome.error = (child.exit_status != 0 ? child.how : std::string("no result line")) +
+                    (outcome.error.empty() ? "" : "; " + outcome.error) + "; last output:\n" +
+                    tail;
+    outcome.result = json();
+    std::cerr << "[hp-bench] " << label << " FAILED (" << child.how << ")\n" << tail;
+    return outcome;
+  }
+  outcome.ok = true;
+  return outcome;
+}
+
+// Pools the rounds of one row into the row of the report.
+json summarize(const std::string& name, const std::vector<json>& runs, const BenchConfig& c,
+               int ranks) {
+  json row;
+  row["name"] = name;
+  row["ranks"] = ranks;
+  std::vector<double> times;
+  for (const auto& r : runs) {
+    for (double t : r["step_times_s"]) times.push_back(t);
+  }
+  const double med = median(times);
+  row["step_time_s_median"] = number_or_null(med);
+  row["step_time_s_p10"] = number_or_null(quantile(times, 0.1));
+  row["step_time_s_p90"] = number_or_null(quantile(times, 0.9));
+  row["steps_timed"] = times.size();
+  row["rounds"] = runs.size();
+  row["tokens_per_s"] =
+      number_or_null(static_cast<double>(ranks * c.batch * c.seq) / med);
+  const json& last = runs.back();
+  row["first_loss"] = last.value("first_loss", json(nullptr));
+  row["last_loss"] = last["losses"].empty() ? json(nullptr) : last["losses"].back();
+
+  const bool torch_row = name == "torch_ddp";
+  // Memory: the highest rank over every round.
+  auto max_over = [&](const char* key) {
+    std::vector<int64_t> each;
+    for (const auto& r : runs) {
+      const auto v = r[key].get<std::vector<int64_t>>();
+      if (each.size() < v.size()) each.resize(v.size(), 0);
+      for (size_t i = 0; i < v.size(); ++i) each[i] = std::max(each[i], v[i]);
+    }
+    return each;
+  };
+  const std::vector<int64_t> rss = max_over("peak_rss_delta_bytes_per_rank");
+  row["peak_rss_delta_bytes_per_rank"] = *std::max_element(rss.begin(), rss.end());
+  if (torch_row) {
+    row["peak_bytes_per_rank"] = row["peak_rss_delta_bytes_per_rank"];
+    row["peak_bytes_method"] =
+        "rss_delta: getrusage ru_maxrss after the timed steps minus VmRSS before the model was "
+        "built (whole process, includes allocator caching and fragmentation; PyTorch 1.13 has no "
+        "counting CPU allocator)";
+    row["peak_bytes_each_rank"] = rss;
+  } else {
+    const std::vector<int64_t> peaks = max_over("peak_bytes_per_rank");
+    row["peak_bytes_per_rank"] = *std::max_element(peaks.begin(), peaks.end());
+    row["peak_bytes_method"] =
+        "hp::memory_stats: peak live bytes of libtorch's CPU allocator over the timed steps "
+        "(tracking enabled before the model was built; excludes Gloo's own buffers)";
+    row["peak_bytes_each_rank"] = peaks;
+  }
+  row["peak_rss_delta_method"] =
+      "getrusage ru_maxrss at the end minus VmRSS before the model was built, max over ranks";
+
+  const double steps = static_cast<double>(times.size());
+  if (torch_row) {
+    const json& coll = last["collectives"];
+    const json per_step = coll["all_reduce_per_step"];
+    row["collectives_per_step"] = {{"total", per_step},
+                                   {"all_gather", 0},
+                                   {"reduce_scatter", 0},
+                                   {"all_reduce", per_step},
+                                   {"other", 0}};
+    row["collectives_method"] = coll["method"];
+    row["exposed_comm_fraction"] = nullptr;
+    row["exposed_comm_method"] = "not measured: c10d exposes no wait time per collective";
+    row["torch_version"] = last.value("torch_version", json(nullptr));
+    row["ddp"] = last.value("ddp", json(nullptr));
+  } else {
+    std::map<std::string, double> sum;
+    double comm = 0, wait = 0;
+    for (const auto& r : runs) {
+      // Counts are per rank; every rank issues the same collectives. Rank 0's.
+      for (const auto& [kind, v] : r["collective_counts_per_rank"][0].items()) {
+        sum[kind] += v.get<double>();
+      }
+      for (double v : r["comm_seconds_per_rank"]) comm += v;
+      for (double v : r["wait_seconds_per_rank"]) wait += v;
+    }
+    const double other = sum["broadcast"] + sum["all_to_all"] + sum["barrier"];
+    row["collectives_per_step"] = {
+        {"total", (sum["all_gather"] + sum["reduce_scatter"] + sum["all_reduce"] + other) / steps},
+        {"all_gather", sum["all_gather"] / steps},
+        {"reduce_scatter", sum["reduce_scatter"] / steps},
+        {"all_reduce", sum["all_reduce"] / steps},
+        {"other", other / steps}};
+    row["collectives_method"] =
+        "hp::dist::comm_stats() delta over the timed steps, rank 0 (the benchmark's own "
+        "gather of results happens after)";
+    const double ranks_d = static_cast<double>(ranks);
+    row["comm_seconds_per_step"] = comm / steps / ranks_d;  // mean over ranks
+    row["wait_seconds_per_step"] = wait / steps / ranks_d;
+    if (name == "single" || comm <= 0) {
+      row["exposed_comm_fraction"] = nullptr;
+    } else {
+      row["exposed_comm_fraction"] = wait / comm;
+    }
+    row["exposed_comm_method"] =
+        "sum over ranks of wait_seconds (blocked in Work::wait) / sum of comm_seconds (issue to "
+        "completion) over the timed steps";
+    row["mesh"] = last["mesh"];
+    row["mesh_names"] = last["mesh_names"];
+    row["comm_fusion"] = last["comm_fusion"];
+    row["prefetch"] = last["prefetch"];
+    row["parameters"] = last["parameters"];
+    row["block_param_bytes"] = last["block_param_bytes"];
+    row["end_bytes_per_rank"] = last["end_bytes_per_rank"];
+  }
+  if (name == "hsdp_fused_prefetch") row["note"] = hsdp_note(c);
+  row["round_medians_s"] = json::array();
+  for (const auto& r : runs) {
+    row["round_medians_s"].push_back(median(r["step_times_s"].get<std::vector<double>>()));
+  }
+  return row;
+}
+
+const json* find_row(const json& rows, const std::string& name) {
+  for (const auto& r : rows) {
+    if (r["name"] == name && r.contains("step_time_s_median") && !r["step_time_s_median"].is_null()) {
+      return &r;
+    }
+  }
+  return nullptr;
+}
+
+json ratio_target(const json& rows, const std::string& a, const std::string& b, double limit,
+                  const std::string& what) {
+  const json* ra = find_row(rows, a);
+  const json* rb = find_row(rows, b);
+  json t = {{"what", what}, {"limit", limit}};
+  if (!ra || !rb) {
+    t["value"] = nullptr;
+    t["pass"] = nullptr;
+    t["missing"] = !ra ? a : b;
+    return t;
+  }
+  const double v =
+      (*ra)["step_time_s_median"].get<double>() / (*rb)["step_time_s_median"].get<double>();
+  t["value"] = v;
+  t["pass"] = v <= limit;
+  return t;
+}
+
+json compute_targets(const json& rows, const BenchConfig& c) {
+  json targets = json::object();
+  targets["fsdp_fused_prefetch_over_ddp"] =
+      ratio_target(rows, "fsdp_fused_prefetch", "ddp", 1.15,
+                   "median step time of fsdp_fused_prefetch / ddp (ours) <= 1.15");
+  targets["fsdp_fused_prefetch_over_torch_ddp"] =
+      ratio_target(rows, "fsdp_fused_prefetch", "torch_ddp", 1.0,
+                   "median step time of fsdp_fused_prefetch / PyTorch DDP <= 1.0");
+  targets["ddp_over_torch_ddp"] = ratio_target(
+      rows, "ddp", "torch_ddp", 0.9, "median step time of ddp (ours) / PyTorch DDP <= 0.9");
+
+  const int64_t units = c.layers + 1;
+  for (const std::string name : {"fsdp_fused", "fsdp_fused_prefetch", "hsdp_fused_prefetch"}) {
+    const json* r = find_row(rows, name);
+    const bool hsdp = name == "hsdp_fused_prefetch";
+    json t = {{"what", "with comm_fusion, per step: all_gather <= 2 x units, reduce_scatter <= "
+                       "units" + std::string(hsdp ? ", all_reduce <= units" : "") +
+                       " (units = layers + 1 = " + std::to_string(units) + ")"},
+              {"units", units},
+              {"limit", {{"all_gather", 2 * units}, {"reduce_scatter", units}}}};
+    if (hsdp) t["limit"]["all_reduce"] = units;
+    if (!r) {
+      t["value"] = nullptr;
+      t["pass"] = nullptr;
+    } else {
+      const json& cps = (*r)["collectives_per_step"];
+      t["value"] = cps;
+      bool pass = cps["all_gather"].get<double>() <= 2.0 * units &&
+                  cps["reduce_scatter"].get<double>() <= units;
+      if (hsdp) pass = pass && cps["all_reduce"].get<double>() <= units;
+      t["pass"] = pass;
+    }
+    targets["collectives_" + name] = t;
+  }
+
+  for (const std::string name : {"fsdp_fused_prefetch", "ddp", "hsdp_fused_prefetch"}) {
+    const json* r = find_row(rows, name);
+    json t = {{"what", "exposed communication (wait / comm seconds) of " + name +
+                           " (prefetch on) <= 0.25"},
+              {"limit", 0.25}};
+    if (!r || (*r)["exposed_comm_fraction"].is_null()) {
+      t["value"] = nullptr;
+      t["pass"] = nullptr;
+    } else {
+      const double v = (*r)["exposed_comm_fraction"].get<double>();
+      t["value"] = v;
+      t["pass"] = v <= 0.25;
+    }
+    targets["exposed_comm_" + name] = t;
+  }
+
+  {
+    const json* a = find_row(rows, "fsdp_fused_prefetch");
+    const json* b = find_row(rows, "fsdp");
+    const int64_t unit_bytes = block_param_bytes(c.d);
+    json t = {{"what", "peak bytes per rank of fsdp_fused_prefetch <= fsdp's + one block's "
+                       "unsharded parameter bytes"},
+              {"block_param_bytes", unit_bytes}};
+    if (!a || !b) {
+      t["value"] = nullptr;
+      t["limit"] = nullptr;
+      t["pass"] = nullptr;
+    } else {
+      const int64_t v = (*a)["peak_bytes_per_rank"].get<int64_t>();
+      const int64_t limit = (*b)["peak_bytes_per_rank"].get<int64_t>() + unit_bytes;
+      t["value"] = v;
+      t["limit"] = limit;
+      t["excess_over_fsdp_bytes"] = v - (*b)["peak_bytes_per_rank"].get<int64_t>();
+      t["pass"] = v <= limit;
+    }
+    targets["peak_memory_fsdp_fused_prefetch"] = t;
+  }
+  return targets;
+}
+
+std::string fmt(const char* format, double v) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, format, v);
+  return buffer;
+}
+
+void print_table(const json& report) {
+  std::printf("\n%-20s %5s %10s %9s %10s %10s %6s %6s %6s %8s %8s\n", "row", "ranks",
+              "step_s", "tok/s", "peak_MiB", "coll/step", "AG", "RS", "AR", "exposed", "loss");
+  for (const auto& r : report["rows"]) {
+    const std::string name = r["name"];
+    if (r.contains("error")) {
+      const std::string error = r["error"];
+      std::printf("%-20s %5d  FAILED: %s\n", name.c_str(), r["ranks"].get<int>(),
+                  error.substr(0, std::min(error.find('\n'), size_t{70})).c_str());
+      continue;
+    }
+    const json& c = r["collectives_per_step"];
+    const std::string exposed = r["exposed_comm_fraction"].is_null()
+                                    ? "-"
+                                    : fmt("%.1f%%", 100 * r["exposed_comm_fraction"].get<double>());
+    const std::string loss = r["last_loss"].is_null() ? "-" : fmt("%.4f", r["last_loss"].get<double>());
+    std::printf("%-20s %5d %10.4f %9.0f %10.1f %10.1f %6.1f %6.1f %6.1f %8s %8s%s\n",
+                name.c_str(), r["ranks"].get<int>(), r["step_time_s_median"].get<double>(),
+                r["tokens_per_s"].get<double>(),
+                r["peak_bytes_per_rank"].get<double>() / (1 << 20),
+                c["total"].get<double>(), c["all_gather"].get<double>(),
+                c["reduce_scatter"].get<double>(), c["all_reduce"].get<double>(),
+                exposed.c_str(), loss.c_str(),
+                (std::string(name == "torch_ddp" ? "  (peak: RSS delta)" : "") +
+                 (r.contains("failed_rounds") ? "  [a round failed]" : ""))
+                    .c_str());
+  }
+  std::printf("\ntargets:\n");
+  for (const auto& [name, t] : report["targets"].items()) {
+    const std::string verdict =
+        t["pass"].is_null() ? "n/a " : (t["pass"].get<bool>() ? "PASS" : "FAIL");
+    std::string value;
+    if (t["value"].is_number()) {
+      value = fmt("%.4g", t["value"].get<double>());
+    } else if (t["value"].is_object()) {
+      value = fmt("AG %.1f", t["value"]["all_gather"].get<double>()) +
+              fmt(" RS %.1f", t["value"]["reduce_scatter"].get<double>()) +
+              fmt(" AR %.1f", t["value"]["all_reduce"].get<double>());
+    } else {
+      value = "-";
+    }
+    std::printf("  %s  %-36s %-26s limit %s\n", verdict.c_str(), name.c_str(), value.c_str(),
+                t["limit"].dump().c_str());
+  }
+  const json& h = report["hook_overhead"];
+  if (h.contains("variants")) {
+    std::printf("\nhook overhead (world of 1, %lld tiny units): plain %.1f us/step\n",
+                static_cast<long long>(h["units"].get<int64_t>()),
+                h["plain_step_us"].get<double>());
+    for (const auto& [name, v] : h["variants"].items()) {
+      std::printf("  %-26s %9.1f us/step  %+8.2f us per unit per step\n", name.c_str(),
+                  v["step_us"].get<double>(), v["overhead_us_per_unit_per_step"].get<double>());
+    }
+  } else if (h.contains("error")) {
+    std::printf("\nhook overhead FAILED\n");
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int run_driver(DriverOptions o) {
+  BenchConfig& c = o.config;
+  if (o.rows.empty()) o.rows = row_names();
+  const std::string self = self_path();
+  const fs::path build_dir = fs::path(self).parent_path().parent_path();
+  if (o.hprun.empty()) o.hprun = (build_dir / "tools" / "hprun" / "hprun").string();
+  if (o.torch_script.empty()) o.torch_script = std::string(HP_BENCH_SOURCE_DIR) + "/torch_ddp_baseline.py";
+  if (o.plot_script.empty()) o.plot_script = std::string(HP_BENCH_SOURCE_DIR) + "/plot_bench.py";
+  if (!fs::exists(o.hprun)) {
+    throw std::runtime_error("hprun not found at " + o.hprun +
+                             " (build it: ninja hprun, or pass --hprun PATH)");
+  }
+  c.steps = (o.total_steps + o.rounds - 1) / o.rounds;
+
+  // Fair threading on both sides: one intra-op thread per rank.
+  for (const char* name : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"}) {
+    setenv(name, "1", 1);
+  }
+
+  char tmpl[] = "/tmp/hp-bench.XXXXXX";
+  if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
+  const fs::path tmp = tmpl;
+  c.tokens_path = (tmp / "tokens.u16").string();
+  write_tokens(c.tokens_path, c, std::max(c.ranks, c.hsdp_ranks));
+
+  json config = {
+      {"model", {{"kind", "GPT-2 (hp::nn::GPT / tests/nn/gpt_reference.py)"},
+                 {"vocab", c.vocab}, {"seq", c.seq}, {"d", c.d}, {"heads", c.heads},
+                 {"layers", c.layers}, {"ctx", c.ctx}, {"dtype", "float32"},
+                 {"block_param_bytes", block_param_bytes(c.d)}}},
+      {"batch_per_rank", c.batch},
+      {"optimizer", {{"kind", "AdamW"}, {"lr", c.lr}, {"betas", {c.beta1, c.beta2}},
+                     {"eps", c.eps}, {"weight_decay", c.weight_decay}}},
+      {"data", "uniform random token ids (std::mt19937_64 seed " + std::to_string(c.seed) +
+                   "), one file read by every row; hp-train's batch rule (batch_for_step)"},
+      {"seed", c.seed},
+      {"ranks", c.ranks},
+      {"hsdp_ranks", c.hsdp_ranks},
+      {"hsdp_mesh", hsdp_mesh(c.hsdp_ranks)},
+      {"threads_per_rank", 1},
+      {"thread_env", "OMP_NUM_THREADS=OPENBLAS_NUM_THREADS=MKL_NUM_THREADS=1 for every child; "
+                     "at::set_num_threads(1) / torch.set_num_threads(1)"},
+      {"warmup_steps_per_process", c.warmup},
+      {"timed_steps_per_process", c.steps},
+      {"rounds", o.rounds},
+      {"timing", "per step: zero_grad + batch slice + forward + loss + backward + AdamW step, "
+                 "no barrier; each step's time is the max over ranks (gathered after the timed "
+                 "steps); the figure is the median over all timed steps of all rounds. Rounds "
+                 "run every row once, in forward order then reversed, never two rows at once."},
+      {"libtorch", TORCH_VERSION},
+      {"machine", {{"cores", std::thread::hardware_concurrency()},
+                   {"load_average_at_start", load_average()}}},
+      {"note", hsdp_note(c)}};
+
+  std::map<std::string, std::vector<json>> results;
+  std::map<std::string, std::string> errors;
+  for (int round = 0; round < o.rounds; ++round) {
+    std::vector<std::string> order = o.rows;
+    if (round % 2 == 1) std::reverse(order.begin(), order.end());
+    for (const auto& row : order) {
+      const int n = row_ranks(row, c);
+      std::vector<std::string> argv = {o.hprun, "-n", std::to_string(n), "--timeout",
+                                       std::to_string(static_cast<int>(o.row_timeout_s))};
+      if (row == "torch_ddp") {
+        argv.push_back(o.python);
+        argv.push_back(o.torch_script);
+      } else {
+        argv.push_back(self);
+        argv.push_back("--worker");
+        argv.push_back(row);
+      }
+      for (const auto& a : c.worker_args()) argv.push_back(a);
+      const std::string label =
+          row + " (round " + std::to_string(round + 1) + "/" + std::to_string(o.rounds) + ")";
+      RunOutcome out = launch(label, argv, o.verbose);
+      if (!out.ok) {
+        // Reported (and the exit status says so), but later rounds still try:
+        // a row that failed once may still give numbers.
+        errors[row] += "round " + std::to_string(round + 1) + ": " + out.error;
+        continue;
+      }
+      results[row].push_back(out.result);
+      std::cerr << "[hp-bench] " << label << ": median "
+                << fmt("%.4f", median(out.result["step_times_s"].get<std::vector<double>>()))
+                << " s/step (" << fmt("%.1f", out.wall_s) << " s wall)" << std::endl;
+    }
+  }
+
+  json rows = json::array();
+  for (const auto& row : o.rows) {
+    if (results[row].empty()) {
+      json r = {{"name", row}, {"ranks", row_ranks(row, c)}, {"error", errors[row]},
+                {"step_time_s_median", nullptr}, {"tokens_per_s", nullptr},
+                {"peak_bytes_per_rank", nullptr}, {"collectives_per_step", nullptr},
+                {"exposed_comm_fraction", nullptr}};
+      if (row == "hsdp_fused_prefetch") r["note"] = hsdp_note(c);
+      rows.push_back(r);
+      continue;
+    }
+    json r = summarize(row, results[row], c, row_ranks(row, c));
+    if (errors.count(row)) r["failed_rounds"] = errors[row];
+    rows.push_back(r);
+  }
+
+  json hook = json::object();
+  bool hook_failed = false;
+  if (o.hook_overhead) {
+    std::vector<std::string> argv = {o.hprun, "-n", "1", "--timeout",
+                                     std::to_string(static_cast<int>(o.row_timeout_s)), self,
+                                     "--worker", "hook_overhead"};
+    for (const auto& a : c.worker_args()) argv.push_back(a);
+    RunOutcome out = launch("hook_overhead", argv, o.verbose);
+    if (out.ok) {
+      hook = out.result;
+      const json& fs_variant = hook["variants"]["fully_shard"];
+      hook["overhead_us_per_unit_per_step"] = fs_variant["overhead_us_per_unit_per_step"];
+      hook["target_us_per_unit_per_step"] = 20.0;
+      hook["pass"] = fs_variant["overhead_us_per_unit_per_step"].get<double>() <= 20.0;
+    } else {
+      hook = {{"error", out.error}, {"pass", nullptr}};
+      hook_failed = true;
+    }
+  }
+
+  config["machine"]["load_average_at_end"] = load_average();
+  json report = {{"config", config},
+                 {"rows", rows},
+                 {"targets", compute_targets(rows, c)},
+                 {"hook_overhead", hook}};
+  print_table(report);
+
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  const fs::path json_path = o.json_path;
+  if (json_path.has_parent_path()) fs::create_directories(json_path.parent_path(), ec);
+  {
+    std::ofstream out(o.json_path);
+    out << report.dump(2) << "\n";
+    if (!out) throw std::runtime_error("cannot write " + o.json_path);
+  }
+  std::cout << "\nwrote " << o.json_path << std::endl;
+
+  bool plot_failed = false;
+  if (!o.png_path.empty()) {
+    const fs::path png = o.png_path;
+    if (png.has_parent_path()) fs::create_directories(png.parent_path(), ec);
+    ChildResult plot = run_child({o.python, o.plot_script, o.json_path, o.png_path},
+                                 [](const std::string& line) { std::cerr << line << "\n"; });
+    if (plot.exit_status != 0) {
+      std::cerr << "[hp-bench] plot failed (" << plot.how << ")" << std::endl;
+      plot_failed = true;
+    } else {
+      std::cout << "wrote " << o.png_path << std::endl;
+    }
+  }
+
+  if (!errors.empty() || hook_failed || plot_failed) {
+    std::cerr << "[hp-bench] failed:";
+    for (const auto& [row, e] : errors) std::cerr << " " << row;
+    if (hook_failed) std::cerr << " hook_overhead";
+    if (plot_failed) std::cerr << " plot";
+    std::cerr << std::endl;
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace hp::bench

@@ -1,0 +1,240 @@
+// One GPT row of hp-bench, in its own process(es).
+//
+// Per step (timed, no barrier): drop the gradients, slice this rank's batch,
+// forward, cross-entropy, backward, AdamW. Everything the benchmark itself
+// communicates (the per-step times, losses, peaks) is gathered once after the
+// timed steps, after the communication counters have been read, so neither
+// the times nor the counters include it.
+#include "bench/bench_worker.h"
+
+#include <ATen/Parallel.h>
+#include <sys/resource.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+
+#include "hp/dist/collectives.h"
+#include "hp/dist/comm_stats.h"
+#include "hp/dist/world.h"
+#include "hp/fsdp/fully_shard.h"
+#include "hp/mesh/device_mesh.h"
+#include "hp/nn/gpt.h"
+#include "hp/nn/loss.h"
+#include "hp/util/error.h"
+#include "hp/util/memory_stats.h"
+#include "tools/hp_train/batches.h"
+#include "tools/hp_train/corpus.h"
+
+namespace hp::bench {
+
+int64_t current_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) {
+      std::istringstream in(line.substr(6));
+      int64_t kib = 0;
+      in >> kib;
+      return kib * 1024;
+    }
+  }
+  return 0;
+}
+
+int64_t peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // KiB on Linux
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct RowSpec {
+  std::vector<int64_t> shape;
+  std::vector<std::string> names;
+  bool fusion = false;
+  bool prefetch = true;
+};
+
+RowSpec row_spec(const std::string& row, int world) {
+  if (row == "ddp") return {{world, 1}, {"replicate", "shard"}, false, true};
+  if (row == "ddp_fused") return {{world, 1}, {"replicate", "shard"}, true, true};
+  if (row == "fsdp") return {{world}, {"shard"}, false, false};
+  if (row == "fsdp_prefetch") return {{world}, {"shard"}, false, true};
+  if (row == "fsdp_fused") return {{world}, {"shard"}, true, false};
+  if (row == "fsdp_fused_prefetch") return {{world}, {"shard"}, true, true};
+  if (row == "hsdp_fused_prefetch") {
+    HP_CHECK_ARG(world % 2 == 0, "--worker hsdp_fused_prefetch needs an even world size, got ",
+                 world);
+    return {{world / 2, 2}, {"replicate", "shard"}, true, true};
+  }
+  throw ArgumentError(cat("--worker ", row, " is not a GPT row of ours; expected one of single, "
+                          "ddp, ddp_fused, fsdp, fsdp_prefetch, fsdp_fused, fsdp_fused_prefetch, hsdp_fused_prefetch"));
+}
+
+}  // namespace
+
+int run_gpt_worker(const std::string& row, const BenchConfig& c) {
+  at::set_num_threads(1);
+  const bool distributed = row != "single";
+  RowSpec spec;
+  // Loaded before memory tracking: the token stream is the same everywhere.
+  const train::Corpus corpus = train::load_token_file(c.tokens_path, c.vocab);
+  if (distributed) dist::init_process_group();
+  const int rank = distributed ? dist::get_rank() : 0;
+  const int world = distributed ? dist::get_world_size() : 1;
+  if (distributed) spec = row_spec(row, world);
+
+  enable_memory_tracking();
+  const int64_t rss_before_model = current_rss_bytes();
+  nn::GPTConfig config;
+  config.vocab_size = c.vocab;
+  config.context = c.ctx;
+  config.n_layer = c.layers;
+  config.n_head = c.heads;
+  config.n_embd = c.d;
+  torch::manual_seed(c.seed);
+  nn::GPT model(config);
+  int64_t parameters = 0, block_bytes = 0;
+  for (const auto& p : model->parameters()) parameters += p.numel();
+  for (const auto& p : model->blocks().at(0)->parameters()) block_bytes += p.nbytes();
+
+  std::optional<FSDPModule> root;
+  if (distributed) {
+    FullyShardOptions options;
+    options.mesh = init_device_mesh("cpu", spec.shape, spec.names);
+    options.comm_fusion = spec.fusion;
+    for (const nn::Block& block : model->blocks()) fully_shard(block.ptr(), options);
+    root = fully_shard(model.ptr(), options);
+    root->set_implicit_prefetch(spec.prefetch);
+  }
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(c.lr)
+                                                         .betas({c.beta1, c.beta2})
+                                                         .eps(c.eps)
+                                                         .weight_decay(c.weight_decay));
+  const int64_t global_batch = c.batch * world;
+
+  auto step = [&](int64_t s) {
+    if (root) {
+      root->zero_grad();
+    } else {
+      model->zero_grad(/*set_to_none=*/true);
+    }
+    train::Batch batch = train::batch_for_step(corpus.tokens, s, global_batch, c.seq, rank, world);
+    at::Tensor loss = nn::cross_entropy(model(batch.inputs), batch.targets);
+    loss.backward();
+    optimizer.step();
+    return loss.detach();
+  };
+
+  double first_loss = std::numeric_limits<double>::quiet_NaN();
+  for (int64_t s = 0; s < c.warmup; ++s) {
+    at::Tensor loss = step(s);
+    if (s == 0) first_loss = loss.item<double>();
+  }
+
+  // --- the measured region: nothing but training steps ---
+  dist::reset_comm_stats();
+  reset_peak_memory();
+  std::vector<double> times, losses;
+  for (int64_t i = 0; i < c.steps; ++i) {
+    const auto t0 = Clock::now();
+    at::Tensor loss = step(c.warmup + i);
+    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    losses.push_back(loss.item<double>());
+    if (c.warmup == 0 && i == 0) first_loss = losses.back();
+  }
+  const dist::CommStats stats = dist::comm_stats();
+  const MemoryStats memory = memory_stats();
+  const int64_t rss_delta = peak_rss_bytes() - rss_before_model;
+  // --- end of the measured region ---
+
+  std::vector<double> mine = times;
+  mine.insert(mine.end(), losses.begin(), losses.end());
+  for (double v : {static_cast<double>(memory.peak_bytes), static_cast<double>(rss_delta),
+                   static_cast<double>(memory.current_bytes),
+                   static_cast<double>(stats.all_gather), static_cast<double>(stats.reduce_scatter),
+                   static_cast<double>(stats.all_reduce), static_cast<double>(stats.broadcast),
+                   static_cast<double>(stats.all_to_all), static_cast<double>(stats.barrier),
+                   stats.comm_seconds, stats.wait_seconds, first_loss}) {
+    mine.push_back(v);
+  }
+  const int64_t width = static_cast<int64_t>(mine.size());
+  at::Tensor local = torch::tensor(mine, torch::kDouble);
+  at::Tensor all = local.view({1, width});
+  if (distributed) {
+    all = torch::empty({world * width}, torch::kDouble);
+    dist::all_gather_into(*dist::world_group(), all, local).wait();
+    all = all.view({world, width});
+  }
+
+  if (rank == 0) {
+    const int64_t n = c.steps;
+    auto at_rank = [&](int r, int64_t i) { return all[r][i].item<double>(); };
+    nlohmann::json out;
+    out["row"] = row;
+    out["ranks"] = world;
+    out["mesh"] = distributed ? nlohmann::json(spec.shape) : nlohmann::json(nullptr);
+    out["mesh_names"] = distributed ? nlohmann::json(spec.names) : nlohmann::json(nullptr);
+    out["comm_fusion"] = spec.fusion && distributed;
+    out["prefetch"] = spec.prefetch && distributed;
+    out["threads"] = at::get_num_threads();
+    out["parameters"] = parameters;
+    out["block_param_bytes"] = block_bytes;
+    out["steps"] = n;
+    out["warmup"] = c.warmup;
+    std::vector<double> step_max(n, 0), loss_mean(n, 0);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int r = 0; r < world; ++r) {
+        step_max[i] = std::max(step_max[i], at_rank(r, i));
+        loss_mean[i] += at_rank(r, n + i) / world;
+      }
+    }
+    out["step_times_s"] = step_max;
+    out["losses"] = loss_mean;
+    double first = 0;
+    std::vector<int64_t> peaks, rss, current;
+    std::vector<double> comm_s, wait_s;
+    nlohmann::json counts = nlohmann::json::array();
+    for (int r = 0; r < world; ++r) {
+      const int64_t b = 2 * n;
+      peaks.push_back(static_cast<int64_t>(at_rank(r, b)));
+      rss.push_back(static_cast<int64_t>(at_rank(r, b + 1)));
+      current.push_back(static_cast<int64_t>(at_rank(r, b + 2)));
+      counts.push_back({{"all_gather", static_cast<int64_t>(at_rank(r, b + 3))},
+                        {"reduce_scatter", static_cast<int64_t>(at_rank(r, b + 4))},
+                        {"all_reduce", static_cast<int64_t>(at_rank(r, b + 5))},
+                        {"broadcast", static_cast<int64_t>(at_rank(r, b + 6))},
+                        {"all_to_all", static_cast<int64_t>(at_rank(r, b + 7))},
+                        {"barrier", static_cast<int64_t>(at_rank(r, b + 8))}});
+      comm_s.push_back(at_rank(r, b + 9));
+      wait_s.push_back(at_rank(r, b + 10));
+      first += at_rank(r, b + 11) / world;
+    }
+    out["first_loss"] = std::isnan(first) ? nlohmann::json(nullptr) : nlohmann::json(first);
+    out["peak_bytes_per_rank"] = peaks;
+    out["end_bytes_per_rank"] = current;
+    out["peak_rss_delta_bytes_per_rank"] = rss;
+    out["collective_counts_per_rank"] = counts;  // over the timed steps
+    out["comm_seconds_per_rank"] = comm_s;
+    out["wait_seconds_per_rank"] = wait_s;
+    std::cout << kResultMarker << out.dump() << std::endl;
+  }
+  if (distributed) {
+    // Rank 0 hosts the rendezvous store: nobody leaves before all are done.
+    dist::barrier(*dist::world_group()).wait();
+    dist::destroy_process_group();
+  }
+  return 0;
+}
+
+}  // namespace hp::bench

@@ -1,0 +1,24 @@
+// The worker side of hp-bench: what one row runs in its own process(es),
+// started by the driver as `hprun -n R hp-bench --worker ROW ...`.
+#pragma once
+
+#include <string>
+
+#include "bench/bench_config.h"
+
+namespace hp::bench {
+
+// One of our GPT rows (single, ddp, fsdp, fsdp_fused, fsdp_fused_prefetch,
+// hsdp_fused_prefetch): warm-up steps, then config.steps timed steps; rank 0
+// prints kResultMarker + JSON. Returns the exit status.
+int run_gpt_worker(const std::string& row, const BenchConfig& config);
+
+// The hook overhead: a stack of config.hook_units tiny hookable blocks,
+// plain vs fully_shard on a world of one, forward + backward.
+int run_hook_worker(const BenchConfig& config);
+
+// Process memory, for rows on both sides of the comparison.
+int64_t current_rss_bytes();  // VmRSS now
+int64_t peak_rss_bytes();     // getrusage's ru_maxrss (lifetime peak)
+
+}  // namespace hp::bench

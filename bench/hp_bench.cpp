@@ -1,0 +1,124 @@
+// hp-bench (SPEC A2): step time, memory and communication of a GPT trained
+// with our fully_shard in every mode, side by side with plain libtorch and
+// PyTorch's DistributedDataParallel, in one run.
+//
+//   build/bench/hp-bench --json out/bench.json --png out/bench.png
+//
+// The driver (this program without --worker) launches each row as its own
+// job, one after another: `hprun -n R hp-bench --worker ROW ...` for our rows,
+// `hprun -n R /usr/bin/python3 bench/torch_ddp_baseline.py ...` for PyTorch,
+// then `hprun -n 1 hp-bench --worker hook_overhead`. Each prints one result
+// line; the driver pools them, prints the table and writes the JSON and the
+// plot. A failing row is reported and the others still run; the exit status
+// is non-zero when anything failed.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <exception>
+#include <set>
+#include <sstream>
+
+#include "bench/bench_config.h"
+#include "bench/bench_driver.h"
+#include "bench/bench_worker.h"
+#include "hp/util/error.h"
+
+namespace {
+
+using hp::bench::BenchConfig;
+using hp::bench::DriverOptions;
+
+void validate(const DriverOptions& o) {
+  const BenchConfig& c = o.config;
+  HP_CHECK_ARG(c.vocab >= 2 && c.vocab <= 65536, "--vocab ", c.vocab, " must be in [2, 65536]");
+  HP_CHECK_ARG(c.seq >= 1 && c.seq <= c.ctx, "--seq ", c.seq, " must be in [1, --ctx ", c.ctx, "]");
+  HP_CHECK_ARG(c.d >= 1 && c.heads >= 1 && c.d % c.heads == 0, "--heads ", c.heads,
+               " must divide --d ", c.d);
+  HP_CHECK_ARG(c.layers >= 1, "--layers ", c.layers, " must be at least 1");
+  HP_CHECK_ARG(c.batch >= 1, "--batch ", c.batch, " must be at least 1");
+  HP_CHECK_ARG(o.total_steps >= 1, "--steps ", o.total_steps, " must be at least 1");
+  HP_CHECK_ARG(c.warmup >= 0, "--warmup ", c.warmup, " must be at least 0");
+  HP_CHECK_ARG(o.rounds >= 1, "--rounds ", o.rounds, " must be at least 1");
+  HP_CHECK_ARG(c.ranks >= 1, "--ranks ", c.ranks, " must be at least 1");
+  HP_CHECK_ARG(c.hsdp_ranks == 2 || c.hsdp_ranks == 4, "--hsdp-ranks ", c.hsdp_ranks,
+               " must be 2 (degenerate [1, 2] mesh) or 4 ([2, 2] mesh)");
+  HP_CHECK_ARG(c.hook_units >= 1 && c.hook_width >= 1 && c.hook_batch >= 1 && c.hook_steps >= 1,
+               "--hook-units/--hook-width/--hook-batch/--hook-steps must be at least 1");
+  const auto& names = hp::bench::row_names();
+  std::set<std::string> known(names.begin(), names.end());
+  for (const auto& extra : hp::bench::extra_row_names()) known.insert(extra);
+  for (const auto& r : o.rows) {
+    HP_CHECK_ARG(known.count(r), "--rows: unknown row '", r, "', expected some of ",
+                 hp::to_string(names), " or ", hp::to_string(hp::bench::extra_row_names()));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"hp-bench: our fully_shard modes vs plain libtorch and PyTorch DDP, one run"};
+  DriverOptions o;
+  BenchConfig& c = o.config;
+  std::string worker, rows;
+  bool no_hook = false;
+  app.add_option("--json", o.json_path, "where to write the results (out/bench.json)");
+  app.add_option("--png", o.png_path, "where to write the plot (none by default)");
+  app.add_option("--steps", o.total_steps, "timed steps per row, over all rounds (20)");
+  app.add_option("--warmup", c.warmup, "untimed steps per row and round (3)");
+  app.add_option("--rounds", o.rounds, "each row runs once per round, rows interleaved (2)");
+  app.add_option("--ranks", c.ranks, "ranks of the data-parallel rows (2)");
+  app.add_option("--hsdp-ranks", c.hsdp_ranks,
+                 "ranks of hsdp_fused_prefetch: 2 = degenerate [1,2] mesh, 4 = [2,2] (2)");
+  app.add_option("--rows", rows, "comma-separated rows to run (default: the 7 standard rows; extras: ddp_fused, fsdp_prefetch)");
+  app.add_option("--vocab", c.vocab, "vocabulary (512)");
+  app.add_option("--seq", c.seq, "tokens per sample (128)");
+  app.add_option("--d", c.d, "model width (256)");
+  app.add_option("--heads", c.heads, "attention heads (4)");
+  app.add_option("--layers", c.layers, "transformer blocks (4)");
+  app.add_option("--ctx", c.ctx, "context (128)");
+  app.add_option("--batch", c.batch, "samples per rank and step (8)");
+  app.add_option("--lr", c.lr, "AdamW learning rate (1e-3)");
+  app.add_option("--beta1", c.beta1, "AdamW beta1 (0.9)");
+  app.add_option("--beta2", c.beta2, "AdamW beta2 (0.95)");
+  app.add_option("--eps", c.eps, "AdamW eps (1e-8)");
+  app.add_option("--weight-decay", c.weight_decay, "AdamW weight decay (0.1)");
+  app.add_option("--seed", c.seed, "weights and data (1337)");
+  app.add_flag("--no-hook-overhead", no_hook, "skip the hook overhead measurement");
+  app.add_option("--hook-units", c.hook_units, "tiny blocks in the hook-overhead model (64)");
+  app.add_option("--hook-width", c.hook_width, "their Linear width (16)");
+  app.add_option("--hook-batch", c.hook_batch, "their batch (8)");
+  app.add_option("--hook-steps", c.hook_steps, "timed forward+backward steps per variant (400)");
+  app.add_option("--hprun", o.hprun, "the launcher (default: tools/hprun/hprun of this build)");
+  app.add_option("--python", o.python, "Python with PyTorch 1.13 (/usr/bin/python3)");
+  app.add_option("--torch-script", o.torch_script, "the PyTorch DDP baseline script");
+  app.add_option("--plot-script", o.plot_script, "the plotting script");
+  app.add_option("--row-timeout", o.row_timeout_s, "seconds one row's job may take (180)");
+  app.add_flag("--verbose", o.verbose, "echo the rows' output");
+  // Internal: what the driver passes to the processes it launches.
+  app.add_option("--worker", worker, "(internal) run one row's worker")->group("");
+  app.add_option("--tokens", c.tokens_path, "(internal) token file")->group("");
+  app.add_option("--worker-steps", c.steps, "(internal) timed steps of this worker")->group("");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    o.hook_overhead = !no_hook;
+    std::stringstream list(rows);
+    for (std::string r; std::getline(list, r, ',');) {
+      if (!r.empty()) o.rows.push_back(r);
+    }
+    validate(o);
+    if (worker == "hook_overhead") return hp::bench::run_hook_worker(c);
+    if (!worker.empty()) {
+      HP_CHECK_ARG(!c.tokens_path.empty(), "--worker needs --tokens FILE");
+      HP_CHECK_ARG(c.steps >= 1, "--worker-steps ", c.steps, " must be at least 1");
+      return hp::bench::run_gpt_worker(worker, c);
+    }
+    return hp::bench::run_driver(o);
+  } catch (const hp::ArgumentError& e) {
+    std::fprintf(stderr, "hp-bench: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hp-bench: %s\n", e.what());
+    return 1;
+  }
+}
