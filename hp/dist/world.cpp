@@ -1,5 +1,6 @@
 #include "hp/dist/world.h"
 
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -82,9 +83,18 @@ GroupPtr make_group(World& w, const std::vector<int>& ranks, const std::string& 
   options->threads = w.threads;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
   try {
-    auto store = c10::make_intrusive<c10d::PrefixStore>("hp/" + name, w.store);
+    // A group of one has no peer to meet: it rendezvouses in a local store,
+    // so it never depends on rank 0's TCPStore still being there.
+    c10::intrusive_ptr<c10d::Store> base = w.store;
+    if (ranks.size() == 1) base = c10::make_intrusive<c10d::HashStore>();
+    auto store = c10::make_intrusive<c10d::PrefixStore>("hp/" + name, base);
     pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, group_rank,
                                                      static_cast<int>(ranks.size()), options);
+    // Members leave only once all of them are connected (torch.distributed
+    // does the same with a store barrier): a rank that finished early must
+    // not exit and take the store (hosted by rank 0) from a peer that is
+    // still looking up addresses in it.
+    if (ranks.size() > 1) pg->barrier()->wait();
   } catch (const std::exception& e) {
     throw CollectiveError(cat("creating process group '", name, "' ranks ", to_string(ranks),
                               " failed on rank ", w.env.rank, " (timeout ", timeout.count(),
