@@ -61,6 +61,7 @@ Unit::Unit(std::vector<std::shared_ptr<nn::Module>> modules, MeshInfo mesh,
           }(),
           mesh_, group_options) {
   set_reshard_after_forward(flags_.reshard_after_forward_ranks);
+  communicates_ = mesh_.shard_size > 1 || mesh_.replicate_size > 1 || !group_.empty();
 }
 
 Unit::~Unit() {
@@ -118,6 +119,7 @@ void Unit::install_hooks() {
           return unit ? unit->post_forward(outputs) : std::nullopt;
         }));
   }
+  if (!communicates_) return;  // autograd's accumulation is all there is to do
   for (auto& param : params_) {
     FSDPParam* raw = param.get();
     param->set_post_accumulate_hook([weak, raw] {
@@ -248,6 +250,10 @@ std::optional<nn::TensorList> Unit::post_forward(const nn::TensorList& outputs) 
       std::any_of(result.begin(), result.end(),
                   [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
   if (is_root()) context_->forward_order_recorded = true;
+  if (!communicates_) {
+    state_ = State::kIdle;
+    return replaced;
+  }
   const int64_t keep_over = flags_.reshard_after_forward_ranks;
   if (!backward_follows) {
     if (keep_over != 1) reshard();
@@ -288,7 +294,11 @@ void Unit::pre_backward() {
     wait_unshard();
     if (trace::enabled()) trace::record("unshard " + name_, "fsdp", "compute", start, trace::now_us());
   }
-  for (auto& p : params_) p->stash_grad();
+  // A unit that communicates reduces only this backward's gradients, so
+  // earlier ones wait aside; otherwise autograd accumulates in place.
+  if (communicates_) {
+    for (auto& p : params_) p->stash_grad();
+  }
   compute_start_us_ = trace::enabled() ? trace::now_us() : 0;
   state_ = State::kPreBackward;
   wave_ = -1;

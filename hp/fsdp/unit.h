@@ -132,6 +132,10 @@ class Unit : public std::enable_shared_from_this<Unit> {
   std::vector<std::weak_ptr<Unit>> forward_prefetch_;
   std::vector<std::weak_ptr<Unit>> backward_prefetch_;
 
+  // Nothing to gather, cast or reduce (one rank, no replicas, no mixed
+  // precision): the hooks only keep the shared bookkeeping, and gradients
+  // stay where autograd put them.
+  bool communicates_ = true;
   State state_ = State::kIdle;
   int forward_depth_ = 0;  // list units: modules inside forward
   int64_t wave_ = -1;      // post-backward order in this backward

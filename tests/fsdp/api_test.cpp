@@ -183,6 +183,36 @@ TEST(FullyShardApi, ReplicateParamsAreAllReducedIgnoredParamsAreLocal) {
                                   1e-7));
 }
 
+TEST(FullyShardApi, OneRankMeshAccumulatesLikeThePlainModel) {
+  // Each rank alone on the "solo" dim of a [world, 1] mesh: nothing to
+  // communicate, so fully_shard takes its hook fast path. Two backwards
+  // without zero_grad, then an AdamW step, must match the plain model
+  // exactly (same kernels, same order).
+  auto mesh = init_device_mesh("cpu", {dist::get_world_size(), 1}, {"rest", "solo"});
+  auto reference = test::make_toy_model();
+  auto model = test::make_toy_model();
+  FullyShardOptions options;
+  options.mesh = (*mesh)["solo"];
+  for (auto& block : model->block_list) fully_shard(block.ptr(), options);
+  FSDPModule root = fully_shard(model.ptr(), options);
+  auto ref_opt = torch::optim::AdamW(reference->parameters(), torch::optim::AdamWOptions(1e-2));
+  auto opt = torch::optim::AdamW(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  for (int64_t step = 0; step < 2; ++step) {
+    auto [x, y] = test::global_batch(step);
+    torch::mse_loss(reference(x), y).backward();
+    torch::mse_loss(model(x), y).backward();
+  }
+  auto ref_params = reference->named_parameters();
+  for (auto& item : model->named_parameters()) {
+    EXPECT_TRUE(tensors_equal(item.value().grad(), ref_params[item.key()].grad())) << item.key();
+  }
+  ref_opt.step();
+  opt.step();
+  for (auto& item : model->named_parameters()) {
+    EXPECT_TRUE(tensors_equal(item.value(), ref_params[item.key()])) << item.key();
+  }
+}
+
 TEST(FullyShardErrors, ArgumentErrorsNameTheProblem) {
   const int world = dist::get_world_size();
   std::string m = error_of([] { fully_shard(std::shared_ptr<nn::Module>()); });
