@@ -17,10 +17,10 @@ inline const std::vector<std::string>& row_names() {
 }
 
 // Rows --rows accepts beyond the default set, for investigation:
-// ddp_fused = ddp with comm_fusion on (replicate buckets for the all-reduce),
-// fsdp_prefetch = fsdp with prefetch on (separates prefetch from fusion).
+// ddp_unfused = ddp without comm_fusion (one all-reduce per parameter, where
+// ddp buckets them per unit as DDP does), fsdp_prefetch = fsdp with prefetch on (separates prefetch from fusion).
 inline const std::vector<std::string>& extra_row_names() {
-  static const std::vector<std::string> names = {"ddp_fused", "fsdp_prefetch"};
+  static const std::vector<std::string> names = {"ddp_unfused", "fsdp_prefetch"};
   return names;
 }
 

@@ -342,12 +342,15 @@ json compute_targets(const json& rows, const BenchConfig& c) {
     targets["exposed_comm_" + name] = t;
   }
 
-  {
-    const json* a = find_row(rows, "fsdp_fused_prefetch");
+  // The bound is for fusion + zero-copy (fsdp_fused); with prefetch
+  // one more unit is gathered ahead by design, so that row is reported
+  // against the same bound for comparison.
+  for (const std::string name : {"fsdp_fused", "fsdp_fused_prefetch"}) {
+    const json* a = find_row(rows, name);
     const json* b = find_row(rows, "fsdp");
     const int64_t unit_bytes = block_param_bytes(c.d);
-    json t = {{"what", "peak bytes per rank of fsdp_fused_prefetch <= fsdp's + one block's "
-                       "unsharded parameter bytes"},
+    json t = {{"what", "peak bytes per rank of " + name +
+                           " <= fsdp's + one block's unsharded parameter bytes"},
               {"block_param_bytes", unit_bytes}};
     if (!a || !b) {
       t["value"] = nullptr;
@@ -361,7 +364,7 @@ json compute_targets(const json& rows, const BenchConfig& c) {
       t["excess_over_fsdp_bytes"] = v - (*b)["peak_bytes_per_rank"].get<int64_t>();
       t["pass"] = v <= limit;
     }
-    targets["peak_memory_fsdp_fused_prefetch"] = t;
+    targets["peak_memory_" + name] = t;
   }
   return targets;
 }

@@ -66,8 +66,10 @@ struct RowSpec {
 };
 
 RowSpec row_spec(const std::string& row, int world) {
-  if (row == "ddp") return {{world, 1}, {"replicate", "shard"}, false, true};
-  if (row == "ddp_fused") return {{world, 1}, {"replicate", "shard"}, true, true};
+  // Our DDP buckets its all-reduces: with comm_fusion, one per unit (DDP's
+  // buckets); the unbucketed path is the diagnostic row ddp_unfused.
+  if (row == "ddp") return {{world, 1}, {"replicate", "shard"}, true, true};
+  if (row == "ddp_unfused") return {{world, 1}, {"replicate", "shard"}, false, true};
   if (row == "fsdp") return {{world}, {"shard"}, false, false};
   if (row == "fsdp_prefetch") return {{world}, {"shard"}, false, true};
   if (row == "fsdp_fused") return {{world}, {"shard"}, true, false};
@@ -78,7 +80,7 @@ RowSpec row_spec(const std::string& row, int world) {
     return {{world / 2, 2}, {"replicate", "shard"}, true, true};
   }
   throw ArgumentError(cat("--worker ", row, " is not a GPT row of ours; expected one of single, "
-                          "ddp, ddp_fused, fsdp, fsdp_prefetch, fsdp_fused, fsdp_fused_prefetch, hsdp_fused_prefetch"));
+                          "ddp, ddp_unfused, fsdp, fsdp_prefetch, fsdp_fused, fsdp_fused_prefetch, hsdp_fused_prefetch"));
 }
 
 }  // namespace
