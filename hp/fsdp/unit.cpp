@@ -341,8 +341,12 @@ void Unit::post_accumulate(FSDPParam& param) {
     return;
   }
   // Fused: pack it now (its full tensor goes at once), reduce with the last.
-  (param.sharded() ? packed_sharded_ : packed_whole_).add(param, grad);
-  grad = at::Tensor();
+  if (is_root() && context_->units.size() > 1) {
+    unpacked_.emplace_back(&param, std::move(grad));
+  } else {
+    (param.sharded() ? packed_sharded_ : packed_whole_).add(param, grad);
+    grad = at::Tensor();
+  }
   if (grads_arrived_ == grads_expected_) reduce_fused();
 }
 
@@ -359,6 +363,11 @@ void Unit::reduce_fused() {
   // The pipeline: older reductions move on one stage (reduce-scatter done ->
   // all-reduce issued; all-reduce done -> gradients assigned).
   context_->reductions.advance_before(wave_);
+  for (auto& [param, grad] : unpacked_) {
+    (param->sharded() ? packed_sharded_ : packed_whole_).add(*param, grad);
+    grad = at::Tensor();
+  }
+  unpacked_.clear();
   at::Tensor scratch = group_.reshard_lending_flat_buffer();
   ReduceSettings settings{flags_.average, flags_.requires_all_reduce};
   if (!packed_sharded_.empty()) {

@@ -145,6 +145,11 @@ class Unit : public std::enable_shared_from_this<Unit> {
   // Fused: this backward's gradients, packed as they arrive.
   PackedGrads packed_sharded_;
   PackedGrads packed_whole_;
+  // Fused root of other units: its gradients arrive at both ends of backward
+  // (head first, embeddings last), so they wait here as they are and are
+  // packed with the last; packing the first would hold the whole root's
+  // buffer through every other unit's backward.
+  std::vector<std::pair<FSDPParam*, at::Tensor>> unpacked_;
 
   friend struct RootContext;
 };
