@@ -101,6 +101,29 @@ TEST(Flags, ValuesAreParsed) {
   EXPECT_EQ(o.data_file, "t.bin");
   EXPECT_EQ(o.vocab, 1000);
   EXPECT_EQ(check({"--heads", "6", "--d", "48"}, launched(2)), "");
+
+  // fully_shard's flags; the defaults are reshard after forward, prefetch
+  // on, fusion off, fp32 everywhere.
+  const TrainOptions defaults = parse_command_line({}).options;
+  EXPECT_FALSE(defaults.comm_fusion);
+  EXPECT_TRUE(defaults.prefetch);
+  EXPECT_EQ(defaults.reshard_after_forward, -1);
+  EXPECT_EQ(defaults.param_dtype, "fp32");
+  EXPECT_EQ(defaults.reduce_dtype, "");
+  const TrainOptions perf =
+      parse_command_line({"--comm-fusion", "--no-prefetch", "--reshard-after-forward", "2",
+                          "--param-dtype", "bf16", "--reduce-dtype", "fp32", "--trace", "t.json"})
+          .options;
+  EXPECT_TRUE(perf.comm_fusion);
+  EXPECT_FALSE(perf.prefetch);
+  EXPECT_EQ(perf.reshard_after_forward, 2);
+  EXPECT_EQ(perf.param_dtype, "bf16");
+  EXPECT_EQ(perf.reduce_dtype, "fp32");
+  EXPECT_EQ(perf.trace, "t.json");
+  EXPECT_EQ(parse_command_line({"--reshard-after-forward", "false"}).options.reshard_after_forward,
+            0);
+  EXPECT_EQ(parse_command_line({"--reshard-after-forward", "true"}).options.reshard_after_forward,
+            -1);
   // The last of a repeated flag wins.
   EXPECT_EQ(parse_command_line({"--steps", "3", "--steps", "9"}).options.steps, 9);
 }
@@ -125,6 +148,12 @@ TEST(Flags, BadValuesNameFlagValueAndExpectation) {
       {{"--mesh", "0"}, "got '0'"},
       {{"--mesh", "2x2x1"}, "got '2x2x1'"},
       {{"--log-json", ""}, "--log-json must name a file, got ''"},
+      {{"--trace", ""}, "--trace must name a file, got ''"},
+      {{"--reshard-after-forward", "yes"},
+       "--reshard-after-forward must be true, false or a positive number of ranks, got 'yes'"},
+      {{"--reshard-after-forward", "0"}, "got '0'"},
+      {{"--param-dtype", "fp8"}, "--param-dtype must be one of bf16, fp16, fp32, got 'fp8'"},
+      {{"--reduce-dtype", "int8"}, "--reduce-dtype must be one of bf16, fp16, fp32, got 'int8'"},
       {{"--bogus"}, "--bogus"},
   };
   for (const auto& [args, expected] : cases) {
@@ -164,6 +193,21 @@ TEST(Flags, CombinationsAreCheckedAgainstTheWorld) {
                   "--mesh 2 does not apply to --mode none");
   expect_contains(check({"--mode", "fsdp"}, kAlone),
                   "--mode fsdp needs one process per rank started by a launcher");
+  // fully_shard's flags need fully_shard.
+  for (const Args& args : {Args{"--comm-fusion"}, Args{"--no-prefetch"},
+                           Args{"--reshard-after-forward", "false"},
+                           Args{"--param-dtype", "bf16"}, Args{"--reduce-dtype", "fp32"}}) {
+    expect_contains(check(args, kAlone), args[0] + " configures fully_shard and does not apply "
+                                                   "to --mode none");
+  }
+  EXPECT_EQ(check({"--param-dtype", "fp32"}, kAlone), "");
+  expect_contains(check({"--reshard-after-forward", "3"}, launched(2)),
+                  "--reshard-after-forward 3 must divide the shard group size 2 of fsdp on mesh "
+                  "[2]");
+  expect_contains(check({"--mode", "hsdp", "--mesh", "2x2", "--reshard-after-forward", "4"},
+                        launched(4)),
+                  "--reshard-after-forward 4 must divide the shard group size 2 of hsdp");
+  EXPECT_EQ(check({"--reshard-after-forward", "2"}, launched(4)), "");
 }
 
 TEST(Flags, CorpusMustHoldOneWindow) {
@@ -236,12 +280,12 @@ class InitFrom : public testing::Test {
   }
   std::string error(const std::string& path) {
     nn::GPT target = model(2);
-    auto before = weights(target);
+    const nn::GPT untouched = model(2);  // the same weights, never loaded into
     std::string message =
         test::message_of<ArgumentError>([&] { load_initial_weights(*target, path); });
-    for (size_t i = 0; i < before.size(); ++i) {  // nothing copied on failure
-      EXPECT_TRUE(test::tensors_equal(target->named_parameters()[before[i].first],
-                                      model(2)->named_parameters()[before[i].first]));
+    const auto expected = untouched->named_parameters();
+    for (const auto& p : target->named_parameters()) {  // nothing copied on failure
+      EXPECT_TRUE(test::tensors_equal(p.value(), expected[p.key()])) << p.key();
     }
     return message;
   }

@@ -144,6 +144,45 @@ TEST(HpTrain, ModesAgreeAndSeedsRepeat) {
   EXPECT_NE(losses(0, concat(kTiny, {"--seed", "7"}), dir, "seed7").at(0), single.at(0));
 }
 
+TEST(HpTrain, PerformanceFlagsTrainTheSameModel) {
+  TempDir dir;
+  const std::vector<double> single = losses(0, concat(kTiny, {"--mode", "none"}), dir, "none");
+  ASSERT_EQ(single.size(), 5u);
+
+  // Fusion, no prefetch, parameters kept after forward: the same arithmetic
+  // (fp32 parity tolerance), and one trace per rank, in a folder the run
+  // creates.
+  const std::string trace = dir.file("traces/step.json");
+  expect_close(losses(2,
+                      concat(kTiny, {"--comm-fusion", "--no-prefetch", "--reshard-after-forward",
+                                     "false", "--trace", trace}),
+                      dir, "fused"),
+               single, "fused, no prefetch, kept after forward");
+  for (int rank : {0, 1}) {
+    const std::string path = dir.file("traces/step.rank" + std::to_string(rank) + ".json");
+    std::ifstream in(path);
+    ASSERT_TRUE(in.is_open()) << path;
+    const auto events = nlohmann::json::parse(in)["traceEvents"];
+    bool forward = false, all_gather = false, reduce_scatter = false;
+    for (const auto& e : events) {
+      const std::string name = e.value("name", "");
+      forward |= name.rfind("forward ", 0) == 0;
+      all_gather |= name.rfind("all_gather", 0) == 0;
+      reduce_scatter |= name.rfind("reduce_scatter", 0) == 0;
+    }
+    EXPECT_TRUE(forward && all_gather && reduce_scatter) << path;
+  }
+
+  // bf16 parameters and compute, fp32 reduction: the fp32 curve within 2%
+  // (the bound for mixed precision; bf16 keeps 8 bits of mantissa).
+  const std::vector<double> bf16 =
+      losses(2, concat(kTiny, {"--param-dtype", "bf16", "--reduce-dtype", "fp32"}), dir, "bf16");
+  ASSERT_EQ(bf16.size(), single.size());
+  for (size_t i = 0; i < bf16.size(); ++i) {
+    EXPECT_NEAR(bf16[i], single[i], 0.02 * single[i]) << "bf16 step " << i;
+  }
+}
+
 // The tiny model's weights from seed 99, as a file.
 std::string write_weights(const TempDir& dir, nn::GPT& model) {
   const std::string path = dir.file("init.safetensors");

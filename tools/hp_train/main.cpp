@@ -31,6 +31,7 @@
 #include "hp/util/trace.h"
 #include "tools/hp_train/corpus.h"
 #include "tools/hp_train/init_weights.h"
+#include "tools/hp_train/output_file.h"
 #include "tools/hp_train/parallelize.h"
 #include "tools/hp_train/progress.h"
 #include "tools/hp_train/report.h"
@@ -112,6 +113,10 @@ int run(const TrainOptions& options) {
   const bool root = world.rank == 0;
   std::unique_ptr<StepLog> step_log;
   if (root && !options.log_json.empty()) step_log = std::make_unique<StepLog>(options.log_json);
+  // Written after the last step, so its path is tried now.
+  const std::string trace_file =
+      options.trace.empty() ? std::string() : trace_path(options.trace, world.rank);
+  if (!trace_file.empty()) open_output_file("--trace", trace_file);
 
   // --- communication starts here ---
   const bool distributed = parallelism.mode != Mode::kNone;
@@ -147,9 +152,8 @@ int run(const TrainOptions& options) {
 
   if (!options.trace.empty()) {
     hp::trace::disable();
-    const std::string path = trace_path(options.trace, world.rank);
-    hp::trace::write(path);
-    std::cout << "trace of rank " << world.rank << " written to " << path << std::endl;
+    hp::trace::write(trace_file);
+    std::cout << "trace of rank " << world.rank << " written to " << trace_file << std::endl;
   }
   say(root, memory_table(rank_peaks, parameters));
   if (options.sample_tokens > 0) {

@@ -6,11 +6,17 @@
 
 namespace hp::train {
 
+namespace {
+
+// "bf16" -> kBFloat16, "fp16" -> kHalf, "fp32" -> kFloat (validated by the
+// flag parser).
 at::ScalarType dtype_of(const std::string& name) {
   if (name == "bf16") return at::kBFloat16;
   if (name == "fp16") return at::kHalf;
   return at::kFloat;
 }
+
+}  // namespace
 
 std::optional<FSDPModule> parallelize(nn::GPT& model, const Parallelism& parallelism,
                                       const TrainOptions& train) {

@@ -21,7 +21,4 @@ namespace hp::train {
 std::optional<FSDPModule> parallelize(nn::GPT& model, const Parallelism& parallelism,
                                       const TrainOptions& options);
 
-// "bf16" -> kBFloat16, "fp16" -> kHalf, "fp32" -> kFloat.
-at::ScalarType dtype_of(const std::string& name);
-
 }  // namespace hp::train

@@ -5,12 +5,12 @@
 #include <stdexcept>
 
 #include "hp/util/error.h"
+#include "tools/hp_train/output_file.h"
 
 namespace hp::train {
 
-StepLog::StepLog(const std::string& path) : path_(path), out_(path, std::ios::trunc) {
-  HP_CHECK_ARG(out_.is_open(), "--log-json '", path, "' cannot be opened for writing");
-}
+StepLog::StepLog(const std::string& path)
+    : path_(path), out_(open_output_file("--log-json", path)) {}
 
 void StepLog::write(const StepRecord& record) {
   nlohmann::ordered_json line = {{"step", record.step},

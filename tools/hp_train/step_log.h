@@ -16,8 +16,8 @@ namespace hp::train {
 
 class StepLog {
  public:
-  // Creates (truncates) the file; throws hp::ArgumentError naming --log-json
-  // and the path when it cannot be opened for writing.
+  // Creates (truncates) the file and its folder; throws hp::ArgumentError
+  // naming --log-json and the path when it cannot be opened for writing.
   explicit StepLog(const std::string& path);
 
   // Appends the record's line and flushes it, so a run that dies keeps the

@@ -345,6 +345,19 @@ void validate_options(const TrainOptions& o, const Parallelism& parallelism) {
                " (the global batch) must be divisible by the data-parallel size ",
                parallelism.dp_size, " (", mode_name(parallelism.mode), " on ",
                parallelism.dp_size, " ranks)");
+  if (parallelism.mode == Mode::kNone) {
+    // These configure fully_shard; a single process has none, and taking
+    // them silently would train in another precision than asked for.
+    const char* flag = o.comm_fusion                   ? "--comm-fusion"
+                       : !o.prefetch                   ? "--no-prefetch"
+                       : o.reshard_after_forward != -1 ? "--reshard-after-forward"
+                       : o.param_dtype != "fp32"       ? "--param-dtype"
+                       : !o.reduce_dtype.empty()       ? "--reduce-dtype"
+                                                       : nullptr;
+    HP_CHECK_ARG(flag == nullptr, flag, " configures fully_shard and does not apply to --mode "
+                 "none (one process, plain libtorch); leave it out, or start ranks with hprun "
+                 "and --mode fsdp, hsdp or ddp");
+  }
   if (o.reshard_after_forward > 0 && parallelism.mode != Mode::kNone) {
     const int64_t shard_size =
         parallelism.mode == Mode::kDDP ? 1 : parallelism.mesh_shape.back();

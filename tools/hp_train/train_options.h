@@ -55,7 +55,7 @@ struct TrainOptions {
   std::string init_from;  // a .safetensors file of the full initial weights
   std::string log_json;   // rank 0 appends one JSON object per step
 
-  // fully_shard's performance options (ignored by --mode none).
+  // fully_shard's performance options (refused with --mode none).
   bool comm_fusion = false;          // --comm-fusion
   bool prefetch = true;              // --no-prefetch clears it
   int64_t reshard_after_forward = -1;  // -1: true; 0: false; N: groups of N ranks
