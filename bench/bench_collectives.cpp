@@ -24,6 +24,7 @@
 #include <functional>
 #include <iostream>
 
+#include "bench/median.h"
 #include "hp/dist/collectives.h"
 #include "hp/dist/world.h"
 
@@ -37,10 +38,7 @@ double slowest(double seconds) {
   return t.item<double>();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
+using hp::bench::median;
 
 }  // namespace
 

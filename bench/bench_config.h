@@ -65,8 +65,4 @@ struct BenchConfig {
 // The 2-D mesh of the hsdp row for a world of `ranks` (2 or 4): [ranks/2, 2].
 inline std::vector<int64_t> hsdp_mesh(int ranks) { return {ranks / 2, 2}; }
 
-// Unsharded bytes of one transformer block's fp32 parameters
-// (ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj).
-inline int64_t block_param_bytes(int64_t d) { return (12 * d * d + 13 * d) * 4; }
-
 }  // namespace hp::bench

@@ -18,6 +18,7 @@
 #include <torch/version.h>
 
 #include "bench/child_process.h"
+#include "bench/median.h"
 
 #ifndef HP_BENCH_SOURCE_DIR
 #define HP_BENCH_SOURCE_DIR "bench"
@@ -44,13 +45,6 @@ std::string load_average() {
   std::string a, b, c;
   in >> a >> b >> c;
   return a + " " + b + " " + c;
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return std::nan("");
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 double quantile(std::vector<double> v, double q) {
@@ -348,17 +342,18 @@ json compute_targets(const json& rows, const BenchConfig& c) {
   for (const std::string name : {"fsdp_fused", "fsdp_fused_prefetch"}) {
     const json* a = find_row(rows, name);
     const json* b = find_row(rows, "fsdp");
-    const int64_t unit_bytes = block_param_bytes(c.d);
     json t = {{"what", "peak bytes per rank of " + name +
-                           " <= fsdp's + one block's unsharded parameter bytes"},
-              {"block_param_bytes", unit_bytes}};
+                           " <= fsdp's + one block's unsharded parameter bytes"}};
     if (!a || !b) {
       t["value"] = nullptr;
       t["limit"] = nullptr;
       t["pass"] = nullptr;
     } else {
+      // The block's bytes as the worker measured them on the model.
+      const int64_t unit_bytes = (*b)["block_param_bytes"].get<int64_t>();
       const int64_t v = (*a)["peak_bytes_per_rank"].get<int64_t>();
       const int64_t limit = (*b)["peak_bytes_per_rank"].get<int64_t>() + unit_bytes;
+      t["block_param_bytes"] = unit_bytes;
       t["value"] = v;
       t["limit"] = limit;
       t["excess_over_fsdp_bytes"] = v - (*b)["peak_bytes_per_rank"].get<int64_t>();
@@ -464,8 +459,7 @@ int run_driver(DriverOptions o) {
   json config = {
       {"model", {{"kind", "GPT-2 (hp::nn::GPT / tests/nn/gpt_reference.py)"},
                  {"vocab", c.vocab}, {"seq", c.seq}, {"d", c.d}, {"heads", c.heads},
-                 {"layers", c.layers}, {"ctx", c.ctx}, {"dtype", "float32"},
-                 {"block_param_bytes", block_param_bytes(c.d)}}},
+                 {"layers", c.layers}, {"ctx", c.ctx}, {"dtype", "float32"}}},
       {"batch_per_rank", c.batch},
       {"optimizer", {{"kind", "AdamW"}, {"lr", c.lr}, {"betas", {c.beta1, c.beta2}},
                      {"eps", c.eps}, {"weight_decay", c.weight_decay}}},

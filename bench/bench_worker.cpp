@@ -31,9 +31,13 @@
 #include "hp/util/memory_stats.h"
 #include "tools/hp_train/batches.h"
 #include "tools/hp_train/corpus.h"
+#include "tools/hp_train/parallelize.h"
 
 namespace hp::bench {
 
+namespace {
+
+// Process memory, measured the same way for our rows and PyTorch's.
 int64_t current_rss_bytes() {
   std::ifstream status("/proc/self/status");
   std::string line;
@@ -53,8 +57,6 @@ int64_t peak_rss_bytes() {
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // KiB on Linux
 }
-
-namespace {
 
 using Clock = std::chrono::steady_clock;
 
@@ -77,10 +79,11 @@ RowSpec row_spec(const std::string& row, int world) {
   if (row == "hsdp_fused_prefetch") {
     HP_CHECK_ARG(world % 2 == 0, "--worker hsdp_fused_prefetch needs an even world size, got ",
                  world);
-    return {{world / 2, 2}, {"replicate", "shard"}, true, true};
+    return {hsdp_mesh(world), {"replicate", "shard"}, true, true};
   }
-  throw ArgumentError(cat("--worker ", row, " is not a GPT row of ours; expected one of single, "
-                          "ddp, ddp_unfused, fsdp, fsdp_prefetch, fsdp_fused, fsdp_fused_prefetch, hsdp_fused_prefetch"));
+  throw ArgumentError(cat("--worker ", row, " is not a GPT row of ours; expected one of ",
+                          to_string(row_names()), " (but torch_ddp) or ",
+                          to_string(extra_row_names())));
 }
 
 }  // namespace
@@ -112,12 +115,19 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
 
   std::optional<FSDPModule> root;
   if (distributed) {
-    FullyShardOptions options;
-    options.mesh = init_device_mesh("cpu", spec.shape, spec.names);
-    options.comm_fusion = spec.fusion;
-    for (const nn::Block& block : model->blocks()) fully_shard(block.ptr(), options);
-    root = fully_shard(model.ptr(), options);
-    root->set_implicit_prefetch(spec.prefetch);
+    // hp-train's own recipe (each block a unit, then the root), so the
+    // benchmark measures what the training program runs.
+    train::Parallelism parallelism;
+    parallelism.mode = spec.names.size() == 1 ? train::Mode::kFSDP
+                       : spec.shape[1] == 1   ? train::Mode::kDDP
+                                              : train::Mode::kHSDP;
+    parallelism.mesh_shape = spec.shape;
+    parallelism.mesh_names = spec.names;
+    parallelism.dp_size = world;
+    train::TrainOptions recipe;
+    recipe.comm_fusion = spec.fusion;
+    recipe.prefetch = spec.prefetch;
+    root = train::parallelize(model, parallelism, recipe);
   }
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(c.lr)
                                                          .betas({c.beta1, c.beta2})

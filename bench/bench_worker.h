@@ -17,8 +17,4 @@ int run_gpt_worker(const std::string& row, const BenchConfig& config);
 // plain vs fully_shard on a world of one, forward + backward.
 int run_hook_worker(const BenchConfig& config);
 
-// Process memory, for rows on both sides of the comparison.
-int64_t current_rss_bytes();  // VmRSS now
-int64_t peak_rss_bytes();     // getrusage's ru_maxrss (lifetime peak)
-
 }  // namespace hp::bench

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "bench/bench_worker.h"
+#include "bench/median.h"
 #include "hp/dist/comm_stats.h"
 #include "hp/dist/world.h"
 #include "hp/fsdp/fully_shard.h"
@@ -58,12 +59,6 @@ struct Variant {
   std::optional<FSDPModule> root;
   std::vector<double> times;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 }  // namespace
 

@@ -29,9 +29,11 @@ COLORS = {
 
 
 def load(path):
-    events = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X"]
+    with open(path) as f:
+        trace = json.load(f)["traceEvents"]
+    events = [e for e in trace if e.get("ph") == "X"]
     names = {}
-    for e in json.load(open(path))["traceEvents"]:
+    for e in trace:
         if e.get("ph") == "M" and e["name"] == "thread_name":
             names[e["tid"]] = e["args"]["name"]
     for e in events:
