@@ -3,10 +3,12 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <functional>
 #include <mutex>
+#include <ostream>
 
 #include "hp/dist/collective_checks.h"
 #include "hp/dist/comm_stats.h"
@@ -21,13 +23,17 @@ namespace hp::dist {
 // complete() then runs the local step and the continuations there, so that
 // buffers are released and local reductions done while the caller computes.
 // wait() only blocks until complete() has run.
+//
+// The text a failure message needs is not built on the success path: the
+// group's description is the group's own shared string, and `sizes` formats
+// the arguments only when called.
 struct Work::State {
   const char* op = "";
-  std::string group;
+  std::shared_ptr<const std::string> group;  // Group::describe()
   uint64_t sequence = 0;
   int group_rank = 0;
   std::chrono::milliseconds timeout{0};
-  std::string sizes;
+  std::function<std::string()> sizes;
   int64_t issued_us = 0;  // trace::now_us()
 
   std::mutex mutex;
@@ -47,36 +53,48 @@ struct Work::State {
 
 namespace {
 
-std::mutex g_stats_mutex;
-CommStats g_stats;
+// Every collective updates these, from any thread: relaxed atomics, so
+// that counting costs no lock. Each counter is exact; a snapshot taken while
+// collectives are in flight may mix moments (benchmarks read between steps).
+struct Stats {
+  std::atomic<int64_t> all_gather{0}, reduce_scatter{0}, all_reduce{0}, broadcast{0},
+      all_to_all{0}, barrier{0};
+  std::atomic<int64_t> comm_us{0}, wait_us{0};  // microseconds, summed exactly
+};
+Stats g_stats;
 
 void count(CallKind kind) {
-  std::lock_guard<std::mutex> lock(g_stats_mutex);
+  auto add = [](std::atomic<int64_t>& counter) { counter.fetch_add(1, std::memory_order_relaxed); };
   switch (kind) {
-    case CallKind::kAllGather: ++g_stats.all_gather; break;
-    case CallKind::kReduceScatter: ++g_stats.reduce_scatter; break;
-    case CallKind::kAllReduce: ++g_stats.all_reduce; break;
-    case CallKind::kBroadcast: ++g_stats.broadcast; break;
-    case CallKind::kAllToAll: ++g_stats.all_to_all; break;
-    case CallKind::kBarrier: ++g_stats.barrier; break;
+    case CallKind::kAllGather: add(g_stats.all_gather); break;
+    case CallKind::kReduceScatter: add(g_stats.reduce_scatter); break;
+    case CallKind::kAllReduce: add(g_stats.all_reduce); break;
+    case CallKind::kBroadcast: add(g_stats.broadcast); break;
+    case CallKind::kAllToAll: add(g_stats.all_to_all); break;
+    case CallKind::kBarrier: add(g_stats.barrier); break;
   }
 }
 
-std::string what_of(const std::exception& e) {
-  if (auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
-    return c10_error->what_without_backtrace();
-  }
-  return e.what();
+// A tensor's sizes and dtype, kept for a failure message without keeping the
+// tensor (and its memory) alive. Streams as "[2, 3] Float".
+struct TensorDesc {
+  explicit TensorDesc(const at::Tensor& t)
+      : sizes(t.sizes().begin(), t.sizes().end()), dtype(t.scalar_type()) {}
+  c10::DimVector sizes;  // inline up to 5 dims: no allocation
+  at::ScalarType dtype;
+};
+
+std::ostream& operator<<(std::ostream& out, const TensorDesc& d) {
+  return out << to_string(std::vector<int64_t>(d.sizes.begin(), d.sizes.end())) << " "
+             << d.dtype;
 }
 
-std::string describe_tensor(const at::Tensor& t) {
-  return cat(to_string(t.sizes().vec()), " ", t.scalar_type());
-}
+std::string describe_tensor(const at::Tensor& t) { return cat(TensorDesc(t)); }
 
 std::string failure_message(const Work::State& s, const std::string& cause) {
-  return cat(s.op, " failed on ", s.group, " (this rank is group rank ", s.group_rank,
+  return cat(s.op, " failed on ", *s.group, " (this rank is group rank ", s.group_rank,
              ", sequence number ", s.sequence, ", timeout ", s.timeout.count(), " ms); ",
-             s.sizes, ": ", cause);
+             s.sizes(), ": ", cause);
 }
 
 // Gloo 1.13 rejects bf16, bool and int16 ("Invalid scalar type"): move their
@@ -130,12 +148,14 @@ void check_reduce_dtype(const at::Tensor& t, ReduceOp op_kind, const char* op) {
 
 // Runs `issue` (which hands the tensors to the backend) with the sequence
 // number claimed and any backend exception turned into a CollectiveError.
-Work launch(Group& group, const char* op, std::string sizes, CallFingerprint fingerprint,
+// `sizes` formats the arguments for a failure message; it runs only then.
+Work launch(Group& group, const char* op, std::function<std::string()> sizes,
+            CallFingerprint fingerprint,
             const std::function<c10::intrusive_ptr<c10d::Work>()>& issue,
             std::function<void()> finish) {
   auto state = std::make_shared<Work::State>();
   state->op = op;
-  state->group = group.describe();
+  state->group = group.shared_description();
   state->group_rank = group.rank();
   state->timeout = group.timeout();
   state->sizes = std::move(sizes);
@@ -150,7 +170,7 @@ Work launch(Group& group, const char* op, std::string sizes, CallFingerprint fin
   } catch (const CollectiveError&) {
     throw;
   } catch (const std::exception& e) {
-    throw CollectiveError(failure_message(*state, what_of(e)));
+    throw CollectiveError(failure_message(*state, exception_message(e)));
   }
   count(fingerprint.kind);
   if (!backend_work) {
@@ -175,13 +195,25 @@ Work launch(Group& group, const char* op, std::string sizes, CallFingerprint fin
 }  // namespace
 
 CommStats comm_stats() {
-  std::lock_guard<std::mutex> lock(g_stats_mutex);
-  return g_stats;
+  constexpr auto relaxed = std::memory_order_relaxed;
+  CommStats stats;
+  stats.all_gather = g_stats.all_gather.load(relaxed);
+  stats.reduce_scatter = g_stats.reduce_scatter.load(relaxed);
+  stats.all_reduce = g_stats.all_reduce.load(relaxed);
+  stats.broadcast = g_stats.broadcast.load(relaxed);
+  stats.all_to_all = g_stats.all_to_all.load(relaxed);
+  stats.barrier = g_stats.barrier.load(relaxed);
+  stats.comm_seconds = g_stats.comm_us.load(relaxed) * 1e-6;
+  stats.wait_seconds = g_stats.wait_us.load(relaxed) * 1e-6;
+  return stats;
 }
 
 void reset_comm_stats() {
-  std::lock_guard<std::mutex> lock(g_stats_mutex);
-  g_stats = CommStats();
+  for (auto* counter : {&g_stats.all_gather, &g_stats.reduce_scatter, &g_stats.all_reduce,
+                        &g_stats.broadcast, &g_stats.all_to_all, &g_stats.barrier,
+                        &g_stats.comm_us, &g_stats.wait_us}) {
+    counter->store(0, std::memory_order_relaxed);
+  }
 }
 
 void Work::State::complete(std::exception_ptr cause) {
@@ -206,7 +238,7 @@ void Work::State::complete(std::exception_ptr cause) {
     try {
       std::rethrow_exception(e);
     } catch (const std::exception& ex) {
-      return failure_message(*this, what_of(ex));
+      return failure_message(*this, exception_message(ex));
     } catch (...) {
       return failure_message(*this, "unknown error");
     }
@@ -245,13 +277,10 @@ void Work::wait() {
     s.finished_cv.wait(lock, [&s] { return s.finished; });
     const int64_t wait_end = trace::now_us();
     s.waited = true;
-    {
-      std::lock_guard<std::mutex> stats_lock(g_stats_mutex);
-      g_stats.comm_seconds += (s.completed_us - s.issued_us) * 1e-6;
-      g_stats.wait_seconds += (wait_end - wait_start) * 1e-6;
-    }
+    g_stats.comm_us.fetch_add(s.completed_us - s.issued_us, std::memory_order_relaxed);
+    g_stats.wait_us.fetch_add(wait_end - wait_start, std::memory_order_relaxed);
     if (trace::enabled()) {
-      trace::record(cat(s.op, " ", s.group, " #", s.sequence), "comm", s.op, s.issued_us,
+      trace::record(cat(s.op, " ", *s.group, " #", s.sequence), "comm", s.op, s.issued_us,
                     s.completed_us);
       if (wait_end > wait_start) {
         trace::record(cat("wait ", s.op), "wait", "wait", wait_start, wait_end);
@@ -284,11 +313,6 @@ bool Work::is_completed() const {
   return state_->finished;
 }
 
-std::string Work::describe() const {
-  if (!state_) return "";
-  return cat(state_->op, " on ", state_->group, " (seq ", state_->sequence, ")");
-}
-
 Work all_gather_into(Group& group, const at::Tensor& output, const at::Tensor& input) {
   constexpr const char* op = "all_gather";
   check_member(group, op);
@@ -302,7 +326,9 @@ Work all_gather_into(Group& group, const at::Tensor& output, const at::Tensor& i
                " must have group size ", group.size(), " x input numel ", n, " = ",
                group.size() * n, " elements");
   at::Tensor in = input.contiguous();
-  std::string sizes = cat("input ", describe_tensor(input), ", output ", describe_tensor(output));
+  auto sizes = [i = TensorDesc(input), o = TensorDesc(output)] {
+    return cat("input ", i, ", output ", o);
+  };
   CallFingerprint fp{CallKind::kAllGather, 0, n, output.numel(), int(input.scalar_type())};
   if (group.size() == 1 || n == 0) {
     return launch(group, op, std::move(sizes), fp, nullptr, [output, in] {
@@ -345,7 +371,9 @@ Work all_gather_coalesced(Group& group, const std::vector<std::vector<at::Tensor
                    " does not match input ", i, " ", describe_tensor(inputs[i]));
     }
   }
-  std::string sizes = cat(inputs.size(), " inputs of ", numel, " elements in all, ", dtype);
+  auto sizes = [count = inputs.size(), numel, dtype] {
+    return cat(count, " inputs of ", numel, " elements in all, ", dtype);
+  };
   CallFingerprint fp{CallKind::kAllGather, 0, numel, numel * group.size(), int(dtype)};
   const int me = group.rank();
   if (group.size() == 1 || numel == 0) {
@@ -387,8 +415,9 @@ Work reduce_scatter(Group& group, const at::Tensor& output, const at::Tensor& in
                " must have group size ", size, " x output numel ", n, " = ", size * n,
                " elements");
   at::Tensor in = input.contiguous();
-  std::string sizes = cat("input ", describe_tensor(input), ", output ", describe_tensor(output),
-                          ", op ", to_string(op_kind));
+  auto sizes = [i = TensorDesc(input), o = TensorDesc(output), op_kind] {
+    return cat("input ", i, ", output ", o, ", op ", to_string(op_kind));
+  };
   CallFingerprint fp{CallKind::kReduceScatter, 0, in.numel(), n, int(input.scalar_type()),
                      int(op_kind)};
   if (size == 1 || n == 0) {
@@ -437,19 +466,24 @@ Work all_reduce(Group& group, const at::Tensor& tensor, ReduceOp op_kind) {
   check_defined(tensor, op, "tensor");
   check_contiguous(tensor, op, "tensor");
   check_reduce_dtype(tensor, op_kind, op);
-  std::string sizes = cat("tensor ", describe_tensor(tensor), ", op ", to_string(op_kind));
+  auto sizes = [t = TensorDesc(tensor), op_kind] {
+    return cat("tensor ", t, ", op ", to_string(op_kind));
+  };
   CallFingerprint fp{CallKind::kAllReduce, 0, tensor.numel(), tensor.numel(),
                      int(tensor.scalar_type()), int(op_kind)};
   const int size = group.size();
-  if (size == 1 || tensor.numel() == 0) return launch(group, op, std::move(sizes), fp, nullptr, nullptr);
-  // bf16 is summed in fp32 and copied back; bool reduces as bytes.
-  const bool bf16 = tensor.scalar_type() == at::kBFloat16;
-  at::Tensor buffer = bf16 ? tensor.to(at::kFloat) : wire_view(tensor);
+  if (size == 1 || tensor.numel() == 0) {
+    return launch(group, op, std::move(sizes), fp, nullptr, nullptr);
+  }
+  // bf16 and fp16 are reduced (and averaged) in fp32 and copied back, as in
+  // reduce_scatter; bool reduces as bytes.
+  const bool low = is_low_precision(tensor.scalar_type());
+  at::Tensor buffer = low ? tensor.to(at::kFloat) : wire_view(tensor);
   std::function<void()> finish;
-  if (bf16 || op_kind == ReduceOp::kAvg) {
-    finish = [tensor, buffer, bf16, size, op_kind] {
+  if (low || op_kind == ReduceOp::kAvg) {
+    finish = [tensor, buffer, low, size, op_kind] {
       if (op_kind == ReduceOp::kAvg) buffer.div_(size);
-      if (bf16) tensor.copy_(buffer);
+      if (low) tensor.copy_(buffer);
     };
   }
   return launch(group, op, std::move(sizes), fp, [&group, buffer, op_kind] {
@@ -468,7 +502,7 @@ Work broadcast(Group& group, const at::Tensor& tensor, int source) {
   HP_CHECK_ARG(source >= 0 && source < group.size(), op, ": source ", source,
                " is not a group rank of ", group.describe(), "; expected 0 <= source < ",
                group.size());
-  std::string sizes = cat("tensor ", describe_tensor(tensor), ", source ", source);
+  auto sizes = [t = TensorDesc(tensor), source] { return cat("tensor ", t, ", source ", source); };
   CallFingerprint fp{CallKind::kBroadcast, 0, tensor.numel(), tensor.numel(),
                      int(tensor.scalar_type()), source};
   if (group.size() == 1 || tensor.numel() == 0) {
@@ -517,14 +551,22 @@ Work all_to_all(Group& group, const at::Tensor& output, const at::Tensor& input,
   };
   check_splits(output_splits, output, "output");
   check_splits(input_splits, input, "input");
+  // Equal splits on both sides send and receive the same 1/size of every
+  // rank's rows, so the two must be the same size (a group of one would
+  // otherwise broadcast input into a larger output without complaint).
+  HP_CHECK_ARG(!output_splits.empty() || !input_splits.empty() || output.numel() == input.numel(),
+               op, ": with equal splits output ", describe_tensor(output), " (", output.numel(),
+               " elements) and input ", describe_tensor(input), " (", input.numel(),
+               " elements) must have the same number of elements; pass explicit splits");
   HP_CHECK_ARG(output.numel() / std::max<int64_t>(output.size(0), 1) ==
                    input.numel() / std::max<int64_t>(input.size(0), 1),
                op, ": a row of output ", describe_tensor(output), " and of input ",
                describe_tensor(input), " must hold the same number of elements");
   at::Tensor in = input.contiguous();
-  std::string sizes = cat("input ", describe_tensor(input), " splits ", to_string(input_splits),
-                          ", output ", describe_tensor(output), " splits ",
-                          to_string(output_splits));
+  auto sizes = [i = TensorDesc(input), o = TensorDesc(output), input_splits, output_splits] {
+    return cat("input ", i, " splits ", to_string(input_splits), ", output ", o, " splits ",
+               to_string(output_splits));
+  };
   CallFingerprint fp{CallKind::kAllToAll, 0, in.numel(), output.numel(), int(in.scalar_type())};
   if (size == 1) {
     return launch(group, op, std::move(sizes), fp, nullptr, [output, in] {
@@ -544,8 +586,9 @@ Work barrier(Group& group) {
   constexpr const char* op = "barrier";
   check_member(group, op);
   CallFingerprint fp{CallKind::kBarrier, 0, 0, 0, 0};
-  if (group.size() == 1) return launch(group, op, "no tensors", fp, nullptr, nullptr);
-  return launch(group, op, "no tensors", fp, [&group] { return group.backend().barrier(); },
+  auto sizes = [] { return std::string("no tensors"); };
+  if (group.size() == 1) return launch(group, op, std::move(sizes), fp, nullptr, nullptr);
+  return launch(group, op, std::move(sizes), fp, [&group] { return group.backend().barrier(); },
                 nullptr);
 }
 

@@ -2,24 +2,24 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-#include <algorithm>
-
 #include "hp/util/error.h"
 
 namespace hp::dist {
 
-Group::Group(std::vector<int> ranks, int global_rank, std::shared_ptr<c10d::ProcessGroup> backend,
+Group::Group(std::vector<int> ranks, int group_rank, std::shared_ptr<c10d::ProcessGroup> backend,
              std::string name, std::chrono::milliseconds timeout)
     : ranks_(std::move(ranks)),
+      rank_(group_rank),
       backend_(std::move(backend)),
       name_(std::move(name)),
       timeout_(timeout) {
-  auto it = std::find(ranks_.begin(), ranks_.end(), global_rank);
-  rank_ = it == ranks_.end() ? -1 : static_cast<int>(it - ranks_.begin());
-}
-
-std::string Group::describe() const {
-  return cat("group '", name_, "' ranks ", to_string(ranks_));
+  HP_CHECK_ARG(group_rank >= -1 && group_rank < static_cast<int>(ranks_.size()), "group '", name_,
+               "': group rank ", group_rank, " is out of range for ranks ", to_string(ranks_),
+               "; expected -1 (not a member) or an index into them");
+  HP_CHECK_ARG((group_rank >= 0) == (backend_ != nullptr), "group '", name_, "': group rank ",
+               group_rank, " needs ", group_rank >= 0 ? "a backend" : "no backend");
+  description_ = std::make_shared<const std::string>(
+      cat("group '", name_, "' ranks ", to_string(ranks_)));
 }
 
 c10d::ProcessGroup& Group::backend() const {

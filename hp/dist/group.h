@@ -24,8 +24,9 @@ namespace hp::dist {
 
 class Group {
  public:
-  // `backend` is null for a non-member.
-  Group(std::vector<int> ranks, int global_rank, std::shared_ptr<c10d::ProcessGroup> backend,
+  // `group_rank` is this process's index in `ranks`, or -1 for a
+  // non-member, whose `backend` is null.
+  Group(std::vector<int> ranks, int group_rank, std::shared_ptr<c10d::ProcessGroup> backend,
         std::string name, std::chrono::milliseconds timeout);
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
@@ -46,8 +47,11 @@ class Group {
   // Claims the next sequence number (the collectives facade calls this).
   uint64_t next_sequence_number() { return sequence_.fetch_add(1); }
 
-  // "group 'world' ranks [0, 1, 2]".
-  std::string describe() const;
+  // "group 'world' ranks [0, 1, 2]"; built once, as every collective's
+  // Work keeps it for a possible failure message.
+  const std::string& describe() const { return *description_; }
+  // The same text, shared, for a Work that may outlive the group.
+  const std::shared_ptr<const std::string>& shared_description() const { return description_; }
 
   // The c10d process group, for code that needs the raw backend (benchmarks
   // comparing against it). Raises ArgumentError on a non-member.
@@ -59,6 +63,7 @@ class Group {
   std::shared_ptr<c10d::ProcessGroup> backend_;
   std::string name_;
   std::chrono::milliseconds timeout_;
+  std::shared_ptr<const std::string> description_;
   std::atomic<uint64_t> sequence_{0};
 };
 

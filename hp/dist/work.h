@@ -14,7 +14,6 @@
 
 #include <functional>
 #include <memory>
-#include <string>
 
 namespace hp::dist {
 
@@ -37,9 +36,6 @@ class Work {
 
   // True once wait() has returned, or when the backend reports completion.
   bool is_completed() const;
-
-  // "all_gather on group 'world' ranks [0, 1] (seq 3)" or "" when trivial.
-  std::string describe() const;
 
  private:
   std::shared_ptr<State> state_;

@@ -34,13 +34,6 @@ World& the_world() {
   return *g_world;
 }
 
-std::string what_of(const std::exception& e) {
-  if (auto* c10_error = dynamic_cast<const c10::Error*>(&e)) {
-    return c10_error->what_without_backtrace();
-  }
-  return e.what();
-}
-
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
@@ -76,7 +69,7 @@ GroupPtr make_group(World& w, const std::vector<int>& ranks, const std::string& 
     if (ranks[i] == w.env.rank) group_rank = static_cast<int>(i);
   }
   if (group_rank < 0) {
-    return std::make_shared<Group>(ranks, w.env.rank, nullptr, name, timeout);
+    return std::make_shared<Group>(ranks, -1, nullptr, name, timeout);
   }
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
   options->devices.push_back(w.device);
@@ -98,17 +91,16 @@ GroupPtr make_group(World& w, const std::vector<int>& ranks, const std::string& 
   } catch (const std::exception& e) {
     throw CollectiveError(cat("creating process group '", name, "' ranks ", to_string(ranks),
                               " failed on rank ", w.env.rank, " (timeout ", timeout.count(),
-                              " ms): ", what_of(e)));
+                              " ms): ", exception_message(e)));
   }
   // c10d objects are intrusively counted; the deleter keeps one reference.
   std::shared_ptr<c10d::ProcessGroup> backend(pg.get(), [pg](c10d::ProcessGroup*) mutable {
     pg.reset();
   });
-  return std::make_shared<Group>(ranks, w.env.rank, std::move(backend), name, timeout);
+  return std::make_shared<Group>(ranks, group_rank, std::move(backend), name, timeout);
 }
 
-}  // namespace
-
+// HP_TIMEOUT_S, else 300 s.
 std::chrono::milliseconds default_timeout() {
   if (const char* value = std::getenv("HP_TIMEOUT_S")) {
     char* end = nullptr;
@@ -119,6 +111,8 @@ std::chrono::milliseconds default_timeout() {
   }
   return std::chrono::seconds(300);
 }
+
+}  // namespace
 
 void init_process_group(const InitOptions& options) {
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -150,7 +144,7 @@ void init_process_group(const InitOptions& options) {
     throw CollectiveError(cat("init_process_group: rendezvous at ", w->env.master_addr, ":",
                               w->env.master_port, " failed for rank ", w->env.rank, " of ",
                               w->env.world_size, " (timeout ", w->timeout.count(),
-                              " ms): ", what_of(e)));
+                              " ms): ", exception_message(e)));
   }
   w->device = make_device(w->env);
   std::vector<int> all(w->env.world_size);

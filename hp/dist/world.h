@@ -46,7 +46,6 @@ void destroy_process_group();
 int get_rank();
 int get_world_size();
 const LaunchEnv& launch_env();
-std::chrono::milliseconds default_timeout();
 
 GroupPtr world_group();
 GroupPtr new_group(const std::vector<int>& ranks, const GroupOptions& options = {});

@@ -173,16 +173,21 @@ dist::GroupPtr DeviceMesh::group_ptr(int64_t dim) const {
   return groups_[dim];
 }
 
-DeviceMeshPtr DeviceMesh::sub(const std::vector<std::string>& names) const {
-  HP_CHECK_ARG(!names.empty(), "sub-mesh names must not be empty; expected some of ",
-               to_string(names_));
+std::vector<int64_t> DeviceMesh::dims_of(const std::vector<std::string>& names,
+                                         const char* what) const {
+  HP_CHECK_ARG(!names.empty(), what, " must not be empty; expected some of ", to_string(names_));
   std::vector<int64_t> dims;
   for (const auto& name : names) {
     int64_t d = dim_index(name);
-    HP_CHECK_ARG(dims.empty() || d > dims.back(), "sub-mesh names ", to_string(names),
+    HP_CHECK_ARG(dims.empty() || d > dims.back(), what, " ", to_string(names),
                  " must be distinct and in the mesh's order ", to_string(names_));
     dims.push_back(d);
   }
+  return dims;
+}
+
+DeviceMeshPtr DeviceMesh::sub(const std::vector<std::string>& names) const {
+  const std::vector<int64_t> dims = dims_of(names, "sub-mesh names");
   const auto& coord = coordinate();
   std::shared_ptr<DeviceMesh> sub(new DeviceMesh());
   sub->device_type_ = device_type_;
@@ -209,15 +214,7 @@ DeviceMeshPtr DeviceMesh::sub(const std::vector<std::string>& names) const {
 
 DeviceMeshPtr DeviceMesh::flatten(const std::vector<std::string>& names,
                                   std::string new_name) const {
-  HP_CHECK_ARG(!names.empty(), "flatten: names must not be empty; expected some of ",
-               to_string(names_));
-  std::vector<int64_t> dims;
-  for (const auto& name : names) {
-    int64_t d = dim_index(name);
-    HP_CHECK_ARG(dims.empty() || d > dims.back(), "flatten: names ", to_string(names),
-                 " must be distinct and in the mesh's order ", to_string(names_));
-    dims.push_back(d);
-  }
+  const std::vector<int64_t> dims = dims_of(names, "flatten: names");
   if (new_name.empty()) {
     for (size_t i = 0; i < names.size(); ++i) new_name += (i ? "_" : "") + names[i];
   }

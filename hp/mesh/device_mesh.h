@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,8 +55,12 @@ class DeviceMesh {
   dist::Group& group(const std::string& name) const { return group(dim_index(name)); }
   dist::GroupPtr group_ptr(int64_t dim) const;
 
-  // The sub-mesh over the named dims (in mesh order) through this rank.
+  // The sub-mesh over the named dims (in mesh order) through this rank:
+  // mesh["tp"], mesh[{"dp", "tp"}] (SPEC M2). The list overload is what a
+  // braced list picks (it is preferred over building one std::string from
+  // {"dp", "tp"}, which would read the two literals as an iterator range).
   DeviceMeshPtr operator[](const std::string& name) const { return sub({name}); }
+  DeviceMeshPtr operator[](std::initializer_list<std::string> names) const { return sub(names); }
   DeviceMeshPtr sub(const std::vector<std::string>& names) const;
 
   // Collective over the world: a mesh in which `names` (in mesh order) are
@@ -72,6 +77,9 @@ class DeviceMesh {
  private:
   DeviceMesh() = default;
   int64_t checked_dim(int64_t dim) const;
+  // Indices of `names`, which must be non-empty, distinct and in mesh order;
+  // `what` starts the error messages ("sub-mesh names").
+  std::vector<int64_t> dims_of(const std::vector<std::string>& names, const char* what) const;
   // Builds one group per slice along every dim (collective) and keeps ours.
   void make_groups();
 

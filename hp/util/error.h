@@ -8,6 +8,7 @@
 // ranks, the tensor sizes and the group's sequence number.
 #pragma once
 
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -26,6 +27,10 @@ class CollectiveError : public std::runtime_error {
 };
 
 [[noreturn]] void throw_argument_error(const std::string& message);
+
+// e.what() for the messages we wrap: a c10::Error's what() ends in a C++
+// backtrace, which would bury the cause, so that part is dropped.
+std::string exception_message(const std::exception& e);
 
 }  // namespace hp
 

@@ -9,6 +9,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "hp/dist/collectives.h"
 #include "hp/dist/world.h"
 #include "hp/util/error.h"
@@ -206,12 +209,47 @@ TEST(CollectivesAsync, HandlesOverlapAndCompleteInAnyOrder) {
   wb.wait();
   wa.wait();
   wa.wait();
-  EXPECT_TRUE(wa.is_completed());
   float total = g.size() * (g.size() + 1) / 2.0f;
   EXPECT_TRUE(tensors_equal(a, at::full({1000}, total)));
   std::vector<at::Tensor> expected;
   for (int r = 0; r < g.size(); ++r) expected.push_back(at::full({3}, float(r)));
   EXPECT_TRUE(tensors_equal(b, at::cat(expected)));
+}
+
+TEST(CollectivesAsync, CompletionIsReportedWithoutWaiting) {
+  // is_completed() turns true once the backend has finished, whether or not
+  // anyone waits: a caller may poll instead of blocking.
+  Group& g = *world_group();
+  at::Tensor t = at::ones({16});
+  Work w = all_reduce(g, t);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!w.is_completed() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(w.is_completed()) << "not completed 30 s after issue, without wait()";
+  w.wait();
+  EXPECT_TRUE(tensors_equal(t, at::full({16}, float(g.size()))));
+  EXPECT_TRUE(Work().is_completed()) << "a trivial handle is complete";
+}
+
+// fp16, like bf16, is reduced in fp32 (collectives.h): the fp16 result is
+// the fp32 result rounded once. The inputs are multiples of 2^-8 below 8 in
+// magnitude: exact in fp16, and their sums are exact in fp32, whereas
+// summing in fp16 would round partial sums (visible from 3 ranks on).
+TEST(CollectivesHalf, AllReduceMatchesTheFp32Result) {
+  Group& g = *world_group();
+  auto data = [](int r) {
+    at::Generator gen = at::detail::createCPUGenerator(4242 + r);
+    return at::randint(-2047, 2048, {4096}, gen, at::kLong).to(at::kFloat) / 256;
+  };
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+    at::Tensor half = data(g.rank()).to(at::kHalf);
+    at::Tensor full = data(g.rank());
+    all_reduce(g, half, op).wait();
+    all_reduce(g, full, op).wait();
+    EXPECT_EQ(half.scalar_type(), at::kHalf);
+    EXPECT_TRUE(tensors_equal(half, full.to(at::kHalf))) << "op " << to_string(op);
+  }
 }
 
 TEST(CollectivesEmpty, ZeroElementCollectivesComplete) {

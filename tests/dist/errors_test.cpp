@@ -52,6 +52,13 @@ TEST(CollectiveErrors, LocalArgumentErrorsNameTheProblem) {
   });
   EXPECT_TRUE(contains(m, "input_splits") && contains(m, "sum to")) << m;
 
+  m = error([&] { all_to_all(g, at::empty({2 * n, 3}), at::ones({n, 3})); });
+  EXPECT_TRUE(contains(m, "all_to_all: with equal splits output [" + std::to_string(2 * n) +
+                              ", 3] Float (" + std::to_string(6 * n) + " elements) and input [" +
+                              std::to_string(n) + ", 3] Float (" + std::to_string(3 * n) +
+                              " elements) must have the same number of elements"))
+      << m;
+
   m = error([&] { all_reduce(g, at::Tensor()); });
   EXPECT_TRUE(contains(m, "tensor is an undefined tensor")) << m;
 
@@ -104,7 +111,6 @@ TEST(CollectiveErrors, TimeoutNamesOpRanksSizesAndSequence) {
   GroupPtr g = new_group(all, {"timeout-test", std::chrono::milliseconds(1500)});
   at::Tensor t = at::ones({2, 3});
   if (g->rank() == 0) {
-    at::Tensor warmup = at::ones({1});
     auto start = std::chrono::steady_clock::now();
     std::string m = test::message_of<CollectiveError>([&] { all_reduce(*g, t).wait(); });
     double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

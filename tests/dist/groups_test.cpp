@@ -84,6 +84,8 @@ TEST(Groups, TaggedGroupsAreIndependentStreams) {
   EXPECT_TRUE(tensors_equal(x, at::full({1 << 16}, float(get_world_size()))));
 }
 
+// A group of one completes every collective locally, without the backend;
+// the results must still be what the collective defines.
 TEST(Groups, SingletonGroupNeedsNoPeers) {
   GroupPtr self = nullptr;
   for (int r = 0; r < get_world_size(); ++r) {
@@ -91,9 +93,55 @@ TEST(Groups, SingletonGroupNeedsNoPeers) {
     if (r == get_rank()) self = g;
   }
   ASSERT_TRUE(self && self->is_member());
+  Group& g = *self;
+  EXPECT_EQ(g.rank(), 0);
+  const uint64_t sequence_before = g.sequence_number();
+  const at::Tensor input = at::arange(6, at::kFloat).view({2, 3}) + 10 * get_rank();
+  const at::Tensor input_before = input.clone();
+
   at::Tensor t = at::full({3}, 5.0f);
-  all_reduce(*self, t, ReduceOp::kAvg).wait();
+  all_reduce(g, t, ReduceOp::kAvg).wait();
   EXPECT_TRUE(tensors_equal(t, at::full({3}, 5.0f)));
+
+  // All-gather into a flat buffer: the input, flattened.
+  at::Tensor gathered = at::full({6}, -1.0f);
+  all_gather_into(g, gathered, input).wait();
+  EXPECT_TRUE(tensors_equal(gathered, input.reshape({-1})));
+
+  // Reduce-scatter (avg over one rank) of a non-contiguous input: the input.
+  at::Tensor scattered = at::full({3, 2}, -1.0f);
+  reduce_scatter(g, scattered, input.t(), ReduceOp::kAvg).wait();
+  EXPECT_TRUE(tensors_equal(scattered, input.t().contiguous()));
+
+  // All-to-all, equal and explicit splits: every row stays here.
+  at::Tensor exchanged = at::full({2, 3}, -1.0f);
+  all_to_all(g, exchanged, input).wait();
+  EXPECT_TRUE(tensors_equal(exchanged, input));
+  at::Tensor exchanged_split = at::full({2, 3}, -1.0f);
+  all_to_all(g, exchanged_split, input, {2}, {2}).wait();
+  EXPECT_TRUE(tensors_equal(exchanged_split, input));
+  // A larger output must be rejected, not filled by broadcasting the input.
+  std::string m = test::message_of<ArgumentError>(
+      [&] { all_to_all(g, at::empty({4, 3}), input.narrow(0, 0, 1)); });
+  EXPECT_NE(m.find("all_to_all: with equal splits output [4, 3] Float (12 elements) and input "
+                   "[1, 3] Float (3 elements) must have the same number of elements"),
+            std::string::npos)
+      << m;
+
+  // Coalesced all-gather into outputs that are not the inputs (one strided).
+  at::Tensor b = at::arange(5, at::kFloat) - get_rank();
+  at::Tensor wide = at::full({2, 6}, -1.0f);
+  at::Tensor out_b = at::full({5}, -1.0f);
+  all_gather_coalesced(g, {{wide.narrow(1, 3, 3), out_b}}, {input, b}).wait();
+  EXPECT_TRUE(tensors_equal(wide.narrow(1, 3, 3), input));
+  EXPECT_TRUE(tensors_equal(wide.narrow(1, 0, 3), at::full({2, 3}, -1.0f)))
+      << "only the output view is written";
+  EXPECT_TRUE(tensors_equal(out_b, b));
+
+  broadcast(g, t, 0).wait();
+  barrier(g).wait();
+  EXPECT_TRUE(tensors_equal(input, input_before)) << "no collective may write its input";
+  EXPECT_EQ(g.sequence_number(), sequence_before + 8) << "8 collectives; the rejected one is not";
 }
 
 TEST(Groups, BadRanksAreRejectedBeforeAnyCommunication) {

@@ -80,6 +80,35 @@ TEST(DeviceMesh, SubMeshesReuseTheParentGroups) {
   EXPECT_EQ(*both, *mesh);
 }
 
+TEST(DeviceMesh, IndexingWithAListOfNamesIsSub) {
+  // mesh[{"dp", "tp"}] (SPEC M2) must pick the list overload, not build one
+  // std::string from the two literals.
+  auto two = init_device_mesh("cpu", two_d_shape(), {"dp", "tp"});
+  auto both = (*two)[{"dp", "tp"}];
+  EXPECT_EQ(*both, *two);
+  EXPECT_EQ(&both->group("tp"), &two->group("tp"));
+  auto one = (*two)[{"tp"}];
+  EXPECT_EQ(*one, *(*two)["tp"]);
+  EXPECT_EQ(one->dim_names(), std::vector<std::string>{"tp"});
+
+  const int w = dist::get_world_size();
+  std::vector<int64_t> shape = w == 4 ? std::vector<int64_t>{2, 1, 2}
+                                      : std::vector<int64_t>{1, w, 1};
+  auto three = init_device_mesh("cpu", shape, {"pp", "dp", "tp"});
+  auto outer = (*three)[{"pp", "tp"}];
+  EXPECT_EQ(*outer, *three->sub({"pp", "tp"}));
+  EXPECT_EQ(outer->shape(), (std::vector<int64_t>{shape[0], shape[2]}));
+  EXPECT_EQ(outer->dim_names(), (std::vector<std::string>{"pp", "tp"}));
+  EXPECT_EQ(outer->coordinate(),
+            (std::vector<int64_t>{three->coordinate(0), three->coordinate(2)}));
+  EXPECT_EQ(&outer->group("pp"), &three->group("pp"));
+  EXPECT_EQ(reduced_rank_sum(outer->group("tp")), expected_sum(three->group("tp").ranks()));
+  std::string m = error_of([&] { (*three)[{"tp", "pp"}]; });
+  EXPECT_TRUE(contains(m, "sub-mesh names ['tp', 'pp'] must be distinct and in the mesh's order "
+                          "['pp', 'dp', 'tp']"))
+      << m;
+}
+
 TEST(DeviceMesh, FlattenMergesDimsIntoOneGroup) {
   auto shape = two_d_shape();
   auto mesh = init_device_mesh("cpu", shape, {"dp", "tp"});

@@ -71,7 +71,6 @@ struct Stream {
 enum class State { kRunning, kExited, kReaped };
 
 struct Rank {
-  int local_rank = 0;
   int global_rank = 0;
   pid_t pid = -1;
   State state = State::kRunning;
@@ -169,7 +168,6 @@ bool Job::start_ranks() {
   ranks_.reserve(static_cast<std::size_t>(options_.nproc_per_node));
   for (int local = 0; local < options_.nproc_per_node; ++local) {
     Rank rank;
-    rank.local_rank = local;
     rank.global_rank = options_.global_rank(local);
     std::vector<std::string> env = rank_environment(options_, port, local, environ);
     try {
