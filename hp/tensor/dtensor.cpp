@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
 #include <mutex>
 
 #include "hp/dist/collectives.h"
@@ -73,15 +74,22 @@ int64_t average_divisor(const Layout& layout) {
   return divisor;
 }
 
-void check_differentiable(const Layout& layout, const char* op) {
+// Partial(max/min) has no gradient rule in terms of placements (the gradient
+// belongs to whichever rank holds the extreme value, which no layout
+// records), and moving a gradient through such a layout would silently
+// all-reduce a max/min. So it is refused wherever it would enter a gradient's
+// path: a redistribute's source or target, or a gradient layout declared to
+// to_local(). `subject` and `context` place the layout in the message.
+void check_differentiable(const Layout& layout, const char* subject, const char* context,
+                          const char* remedy) {
   for (int64_t m = 0; m < layout.mesh()->ndim(); ++m) {
     const Placement& p = layout.placements()[m];
     HP_CHECK_ARG(!p.is_partial() || p.reduce_op() == dist::ReduceOp::kSum ||
                      p.reduce_op() == dist::ReduceOp::kAvg,
-                 op, ": a DTensor with ", p.str(), " on mesh dim '",
-                 layout.mesh()->dim_names()[m],
-                 "' that requires grad cannot be differentiated (the gradient of a max/min "
-                 "reduction is not defined by placements); detach it or reduce it first");
+                 subject, " with ", p.str(), " on mesh dim '", layout.mesh()->dim_names()[m],
+                 "' ", context,
+                 " cannot be differentiated (the gradient of a max/min reduction is not defined "
+                 "by placements); ", remedy);
   }
 }
 
@@ -143,78 +151,101 @@ std::shared_ptr<NodeT> make_node() {
 
 bool needs_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
 
-Layout prepare(const Layout& layout, int64_t ndim, const char* op) {
+void check_on_mesh(const Layout& layout, const char* op) {
   HP_CHECK_ARG(layout.defined(), op, ": the layout is undefined");
   HP_CHECK_ARG(layout.mesh()->contains_self(), op, ": rank ", dist::get_rank(),
                " is not part of ", layout.mesh()->describe());
-  return layout.normalized(ndim);
 }
 
 std::vector<int64_t> local_shape_at(const std::vector<int64_t>& shape, const Layout& layout) {
   return local_shape(shape, layout.spec(), layout.mesh()->shape(), layout.mesh()->coordinate());
 }
 
-// Every mesh rank's local shape, in row-major mesh order (collective).
-std::vector<std::vector<int64_t>> gather_local_shapes(const DeviceMesh& mesh,
-                                                     const at::Tensor& local) {
-  const int64_t ndim = local.dim();
-  at::Tensor table = at::tensor(local.sizes().vec(), at::kLong).view({1, ndim});
-  // Gathering along the last mesh dim first leaves the table in row-major order.
-  for (int64_t m = mesh.ndim() - 1; m >= 0; --m) {
+// One row of integers from every rank of the mesh, each with its sender's
+// mesh coordinate (collective; every rank must pass a row of the same length,
+// which is why ndims are agreed before shapes are gathered). Every rank gets
+// the rows in the same order, so a check that walks them raises the same
+// message on every rank.
+struct MeshRow {
+  std::vector<int64_t> coordinate;
+  std::vector<int64_t> values;
+};
+
+std::vector<MeshRow> gather_rows(const DeviceMesh& mesh, const std::vector<int64_t>& values) {
+  const int64_t n = mesh.ndim();
+  std::vector<int64_t> row = mesh.coordinate();
+  row.insert(row.end(), values.begin(), values.end());
+  const int64_t width = static_cast<int64_t>(row.size());
+  at::Tensor table = at::tensor(row, at::kLong).view({1, width});
+  for (int64_t m = n - 1; m >= 0; --m) {
     dist::Group& group = mesh.group(m);
-    at::Tensor gathered = at::empty({group.size() * table.size(0), ndim}, at::kLong);
+    at::Tensor gathered = at::empty({group.size() * table.size(0), width}, at::kLong);
     dist::all_gather_into(group, gathered, table.contiguous()).wait();
     table = gathered;
   }
-  std::vector<std::vector<int64_t>> shapes;
+  std::vector<MeshRow> rows;
+  const int64_t* data = table.data_ptr<int64_t>();
   for (int64_t i = 0; i < table.size(0); ++i) {
-    shapes.push_back(std::vector<int64_t>(table[i].data_ptr<int64_t>(),
-                                          table[i].data_ptr<int64_t>() + ndim));
+    const int64_t* r = data + i * width;
+    rows.push_back({std::vector<int64_t>(r, r + n), std::vector<int64_t>(r + n, r + width)});
   }
-  return shapes;
+  return rows;
 }
 
-std::vector<int64_t> coordinate_of_index(const DeviceMesh& mesh, int64_t index) {
-  std::vector<int64_t> coord(mesh.ndim());
-  for (int64_t m = mesh.ndim() - 1; m >= 0; --m) {
-    coord[m] = index % mesh.size(m);
-    index /= mesh.size(m);
+// run_check's first step: every rank's local tensor must have the same ndim
+// before shapes of that many entries are gathered. An undefined local tensor
+// counts as ndim -1, so its rank raises together with the others.
+void check_same_ndim(const DeviceMesh& mesh, const at::Tensor& local) {
+  const auto rows = gather_rows(mesh, {local.defined() ? local.dim() : -1});
+  const MeshRow& first = rows[0];
+  for (const MeshRow& row : rows) {
+    HP_CHECK_ARG(row.values[0] >= 0, "from_local: rank ", mesh.rank_at(row.coordinate),
+                 " (coordinate ", to_string(row.coordinate),
+                 ") passed an undefined local tensor; expected a tensor on every rank");
+    HP_CHECK_ARG(row.values[0] == first.values[0], "from_local: rank ",
+                 mesh.rank_at(row.coordinate), " (coordinate ", to_string(row.coordinate),
+                 ") holds a local tensor with ", row.values[0], " dims but rank ",
+                 mesh.rank_at(first.coordinate), " (coordinate ", to_string(first.coordinate),
+                 ") holds one with ", first.values[0],
+                 "; expected every rank's local tensor to have the global tensor's dims");
   }
-  return coord;
 }
 
-// The global shape implied by every rank's local shape.
+// Every mesh rank's local shape (collective; ndims already agreed).
+std::vector<MeshRow> gather_local_shapes(const DeviceMesh& mesh, const at::Tensor& local) {
+  return gather_rows(mesh, local.sizes().vec());
+}
+
+// The global shape implied by every rank's local shape: along tensor dim d,
+// the sum over one rank per combination of the coordinates sharding d.
 std::vector<int64_t> infer_global_shape(const Layout& layout,
-                                        const std::vector<std::vector<int64_t>>& shapes) {
+                                        const std::vector<MeshRow>& shapes) {
   const DeviceMesh& mesh = *layout.mesh();
-  const int64_t ndim = static_cast<int64_t>(shapes[0].size());
+  const int64_t ndim = static_cast<int64_t>(shapes[0].values.size());
   std::vector<int64_t> shape(ndim, 0);
   for (int64_t d = 0; d < ndim; ++d) {
     const auto sharding = layout.mesh_dims_of(d);
-    for (int64_t i = 0; i < mesh.size(); ++i) {
-      auto coord = coordinate_of_index(mesh, i);
-      bool counted = true;  // one rank per combination of the sharding coordinates
+    for (const MeshRow& row : shapes) {
+      bool counted = true;
       for (int64_t m = 0; m < mesh.ndim(); ++m) {
         bool shards_d = std::find(sharding.begin(), sharding.end(), m) != sharding.end();
-        if (!shards_d && coord[m] != 0) counted = false;
+        if (!shards_d && row.coordinate[m] != 0) counted = false;
       }
-      if (counted) shape[d] += shapes[i][d];
+      if (counted) shape[d] += row.values[d];
     }
-    if (sharding.empty()) shape[d] = shapes[0][d];
   }
   return shape;
 }
 
 void check_local_shapes(const Layout& layout, const std::vector<int64_t>& global,
-                        const std::vector<std::vector<int64_t>>& shapes) {
+                        const std::vector<MeshRow>& shapes) {
   const DeviceMesh& mesh = *layout.mesh();
-  for (int64_t i = 0; i < mesh.size(); ++i) {
-    auto coord = coordinate_of_index(mesh, i);
-    auto expected = local_shape(global, layout.spec(), mesh.shape(), coord);
-    HP_CHECK_ARG(shapes[i] == expected, "from_local: rank ", mesh.ranks()[i], " (coordinate ",
-                 to_string(coord), ") holds a local tensor of shape ", to_string(shapes[i]),
-                 " but ", to_string(layout.placements()), " of global shape ",
-                 to_string(global), " gives it ", to_string(expected));
+  for (const MeshRow& row : shapes) {
+    auto expected = local_shape(global, layout.spec(), mesh.shape(), row.coordinate);
+    HP_CHECK_ARG(row.values == expected, "from_local: rank ", mesh.rank_at(row.coordinate),
+                 " (coordinate ", to_string(row.coordinate), ") holds a local tensor of shape ",
+                 to_string(row.values), " but ", to_string(layout.placements()),
+                 " of global shape ", to_string(global), " gives it ", to_string(expected));
   }
 }
 
@@ -262,7 +293,16 @@ at::Tensor DTensor::to_local(const std::optional<Placements>& grad_placements) c
                  to_string(grad_shape), " but its local tensor under ", to_string(placements()),
                  " has shape ", to_string(local_.sizes().vec()),
                  "; expected placements that shard the same dims the same way");
-    if (grad_cell_ && needs_grad(local_)) grad_cell_->record(grad_layout, "to_local()");
+    if (grad_cell_ && needs_grad(local_)) {
+      // The DTensor's own layout passes the gradient through unchanged; any
+      // other is moved by the producer's backward, which max/min cannot be.
+      if (grad_layout != layout_) {
+        check_differentiable(grad_layout, "to_local: grad_placements",
+                             "for a DTensor that requires grad",
+                             "declare the gradient Replicate() or Partial(\"sum\") instead");
+      }
+      grad_cell_->record(grad_layout, "to_local()");
+    }
   } else if (grad_cell_ && needs_grad(local_)) {
     grad_cell_->record(layout_, "to_local()");
   }
@@ -277,12 +317,18 @@ DTensor DTensor::redistribute(const Layout& target) const {
                "; redistribute only moves data within one mesh");
   Layout dst = target.normalized(dim());
   if (dst == layout_) return *this;
-  at::Tensor out = run_plan(local_, layout_, dst, shape_);
-  if (!needs_grad(local_)) return DTensor(out, dst, shape_, nullptr);
-  check_differentiable(layout_, "redistribute");
-  if (grad_cell_) {
-    grad_cell_->record(gradient_layout_of(layout_), "redistribute()");
+  const bool grad = needs_grad(local_);
+  // Refusals come before the plan's collectives, so no rank is left waiting.
+  if (grad) {
+    check_differentiable(layout_, "redistribute: a DTensor", "that requires grad",
+                         "detach it or reduce it first");
+    check_differentiable(dst, "redistribute: a target layout",
+                         "for a DTensor that requires grad",
+                         "detach it first or redistribute to Replicate() instead");
+    if (grad_cell_) grad_cell_->record(gradient_layout_of(layout_), "redistribute()");
   }
+  at::Tensor out = run_plan(local_, layout_, dst, shape_);
+  if (!grad) return DTensor(out, dst, shape_, nullptr);
   auto cell = std::make_shared<GradLayoutCell>();
   auto node = make_node<RedistributeBackward>();
   node->source = layout_;
@@ -319,7 +365,8 @@ std::string DTensor::str() const {
 
 DTensor distribute_tensor(const at::Tensor& tensor, const Layout& layout) {
   HP_CHECK_ARG(tensor.defined(), "distribute_tensor: tensor is undefined");
-  Layout norm = prepare(layout, tensor.dim(), "distribute_tensor");
+  check_on_mesh(layout, "distribute_tensor");
+  Layout norm = layout.normalized(tensor.dim());
   const DeviceMesh& mesh = *norm.mesh();
   const auto& coord = mesh.coordinate();
   std::vector<int64_t> shape = tensor.sizes().vec();
@@ -331,7 +378,7 @@ DTensor distribute_tensor(const at::Tensor& tensor, const Layout& layout) {
   bool zero = false;
   for (int64_t m = 0; m < mesh.ndim(); ++m) {
     const Placement& p = norm.placements()[m];
-    if (p.is_partial() && p.reduce_op() == dist::ReduceOp::kSum && coord[m] != 0) zero = true;
+    if (p.is_partial() && !partition_keeps_value(p.reduce_op(), coord[m])) zero = true;
   }
   at::Tensor local = zero ? at::zeros_like(piece, at::MemoryFormat::Contiguous)
                           : piece.clone(at::MemoryFormat::Contiguous);
@@ -346,27 +393,35 @@ DTensor distribute_tensor(const at::Tensor& tensor, DeviceMeshPtr mesh,
 
 DTensor from_local(const at::Tensor& local, const Layout& layout,
                    const FromLocalOptions& options) {
+  check_on_mesh(layout, "from_local");
+  const DeviceMesh& mesh = *layout.mesh();
+  // With run_check a rank must not raise alone while the others wait in its
+  // gathers: ndims are agreed first (collectively), then checks that depend
+  // only on them and on arguments every rank shares, then the local shapes
+  // are checked over the gathered table, identically on every rank.
+  if (options.run_check) check_same_ndim(mesh, local);
   HP_CHECK_ARG(local.defined(), "from_local: local tensor is undefined");
-  Layout norm = prepare(layout, local.dim(), "from_local");
-  const DeviceMesh& mesh = *norm.mesh();
+  Layout norm = layout.normalized(local.dim());
   std::vector<int64_t> shape;
   if (options.shape) {
     shape = *options.shape;
     HP_CHECK_ARG(static_cast<int64_t>(shape.size()) == local.dim(), "from_local: shape ",
                  to_string(shape), " has ", shape.size(), " dims but the local tensor has ",
                  local.dim());
+  }
+  if (options.run_check) {
+    auto shapes = gather_local_shapes(mesh, local);
+    if (!options.shape) shape = infer_global_shape(norm, shapes);
+    check_local_shapes(norm, shape, shapes);
+  } else if (options.shape) {
+    // No collective here, so this rank's own piece is all it can check.
     auto expected = local_shape(shape, norm.spec(), mesh.shape(), mesh.coordinate());
     HP_CHECK_ARG(expected == local.sizes().vec(), "from_local: the local tensor of shape ",
                  to_string(local.sizes().vec()), " on rank ", dist::get_rank(),
                  " (coordinate ", to_string(mesh.coordinate()), ") does not fit ",
                  to_string(norm.placements()), " of global shape ", to_string(shape),
                  ", which gives it ", to_string(expected));
-  }
-  if (options.run_check) {
-    auto shapes = gather_local_shapes(mesh, local);
-    if (!options.shape) shape = infer_global_shape(norm, shapes);
-    check_local_shapes(norm, shape, shapes);
-  } else if (!options.shape) {
+  } else {
     shape = local.sizes().vec();
     for (int64_t d = 0; d < local.dim(); ++d) shape[d] *= product_of_sharding_sizes(norm, d);
   }

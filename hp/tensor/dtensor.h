@@ -9,7 +9,9 @@
 // unless to_local() is told otherwise. E.g. the gradient of S->R is a chunk
 // when the incoming gradient is Replicate and a reduce_scatter when it is
 // Partial (each rank's loss contributes), and the gradient of P->R passes
-// through unchanged (identity to P).
+// through unchanged (identity to P). Partial(max/min) has no gradient: while
+// grad is required, redistribute refuses it as source or target and
+// to_local() as grad_placements (ArgumentError, before any collective).
 #pragma once
 
 #include <cstdint>
@@ -89,12 +91,14 @@ DTensor distribute_tensor(const at::Tensor& tensor, const Layout& layout);
 DTensor distribute_tensor(const at::Tensor& tensor, DeviceMeshPtr mesh, const Placements& placements);
 
 struct FromLocalOptions {
-  // The global shape. Without it, shards are assumed even (torch's rule),
-  // unless run_check infers it.
+  // The global shape, the same on every rank. Without it, shards are assumed
+  // even (torch's rule), unless run_check infers it. Without run_check only
+  // this rank's own piece is checked against it (locally, no collective).
   std::optional<std::vector<int64_t>> shape;
-  // Collective over the mesh: gathers every rank's local shape, infers the
-  // global shape when none is given, and raises on every rank if the shapes
-  // do not fit the layout.
+  // Collective over the mesh: gathers every rank's local ndim, then shape,
+  // infers the global shape when none is given, and raises the same
+  // ArgumentError on every rank if ndims differ or the shapes do not fit the
+  // layout (or `shape`).
   bool run_check = false;
 };
 

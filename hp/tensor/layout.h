@@ -46,7 +46,6 @@ class Layout {
   std::vector<int64_t> mesh_dims_of(int64_t tensor_dim) const {
     return spec_.mesh_dims_of(tensor_dim);
   }
-  bool has_partial() const { return spec_.has_partial(); }
 
   AliasPlacements alias_placements(int64_t tensor_ndim) const;
   std::vector<std::vector<int64_t>> tensor_map(int64_t tensor_ndim) const;

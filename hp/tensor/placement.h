@@ -14,15 +14,12 @@ namespace hp {
 
 class Placement {
  public:
-  enum class Kind : uint8_t { kShard, kReplicate, kPartial };
-
   static Placement shard(int64_t dim) { return Placement(Kind::kShard, dim, dist::ReduceOp::kSum); }
   static Placement replicate() { return Placement(Kind::kReplicate, 0, dist::ReduceOp::kSum); }
   static Placement partial(dist::ReduceOp op = dist::ReduceOp::kSum) {
     return Placement(Kind::kPartial, 0, op);
   }
 
-  Kind kind() const { return kind_; }
   bool is_shard() const { return kind_ == Kind::kShard; }
   bool is_shard(int64_t dim) const { return is_shard() && dim_ == dim; }
   bool is_replicate() const { return kind_ == Kind::kReplicate; }
@@ -42,6 +39,7 @@ class Placement {
   bool operator!=(const Placement& o) const { return !(*this == o); }
 
  private:
+  enum class Kind : uint8_t { kShard, kReplicate, kPartial };
   Placement(Kind kind, int64_t dim, dist::ReduceOp op) : kind_(kind), dim_(dim), op_(op) {}
   Kind kind_;
   int64_t dim_;
@@ -57,5 +55,15 @@ Placement Partial(const std::string& reduce_op = "sum");
 
 // "[S(0), R]".
 std::string to_string(const Placements& placements);
+
+// The library's one convention for splitting a whole value into Partial(op)
+// pieces (distribute_tensor and a redistribute's R -> P step must agree, or
+// the same layout would hold different data depending on how it was made):
+// for sum the rank at coordinate 0 along the mesh dim keeps the value and the
+// others hold zeros; for avg, max and min every rank keeps it. Returns
+// whether the rank at `coordinate` keeps the value.
+inline bool partition_keeps_value(dist::ReduceOp op, int64_t coordinate) {
+  return op != dist::ReduceOp::kSum || coordinate == 0;
+}
 
 }  // namespace hp

@@ -122,8 +122,8 @@ at::Tensor all_to_all(const StepContext& c, const at::Tensor& x) {
 }
 
 at::Tensor partition(const StepContext& c, const at::Tensor& x) {
-  if (c.step.op == dist::ReduceOp::kSum && c.me != 0) return at::zeros_like(x);
-  return x.clone(at::MemoryFormat::Contiguous);
+  return partition_keeps_value(c.step.op, c.me) ? x.clone(at::MemoryFormat::Contiguous)
+                                                 : at::zeros_like(x, at::MemoryFormat::Contiguous);
 }
 
 }  // namespace

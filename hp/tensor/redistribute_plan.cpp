@@ -3,6 +3,8 @@
 #include <mutex>
 #include <unordered_map>
 
+#include <c10/util/Exception.h>
+
 #include "hp/mesh/device_mesh.h"
 #include "hp/util/error.h"
 
@@ -202,10 +204,11 @@ std::shared_ptr<const RedistributePlan> plan_redistribute(const ShardSpec& sourc
     }
   }
   auto steps = Planner(source, target).run();
-  HP_CHECK_ARG(steps.empty() ? source == target : steps.back().after == target,
-               "internal error: redistribute plan from ", source.str(), " ends at ",
-               steps.empty() ? source.str() : steps.back().after.str(), " instead of ",
-               target.str());
+  // A planner bug, not a user mistake: an internal assertion, not ArgumentError.
+  TORCH_INTERNAL_ASSERT(steps.empty() ? source == target : steps.back().after == target,
+                        "redistribute plan from ", source.str(), " ends at ",
+                        steps.empty() ? source.str() : steps.back().after.str(), " instead of ",
+                        target.str());
   auto plan = std::make_shared<const RedistributePlan>(source, target, std::move(steps));
   std::lock_guard<std::mutex> lock(c.mutex);
   ++c.stats.misses;

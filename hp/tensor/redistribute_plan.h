@@ -49,8 +49,6 @@ class RedistributePlan {
   RedistributePlan(ShardSpec source, ShardSpec target, std::vector<RedistributeStep> steps)
       : source_(std::move(source)), target_(std::move(target)), steps_(std::move(steps)) {}
 
-  const ShardSpec& source() const { return source_; }
-  const ShardSpec& target() const { return target_; }
   const std::vector<RedistributeStep>& steps() const { return steps_; }
   int64_t num_collectives() const;
 

@@ -16,11 +16,6 @@ std::vector<int64_t> ShardSpec::mesh_dims_of(int64_t tensor_dim) const {
   return dims;
 }
 
-bool ShardSpec::has_partial() const {
-  return std::any_of(placements.begin(), placements.end(),
-                     [](const Placement& p) { return p.is_partial(); });
-}
-
 void ShardSpec::canonicalize() {
   for (auto it = orders.begin(); it != orders.end();) {
     bool ascending = std::is_sorted(it->second.begin(), it->second.end());

@@ -24,7 +24,6 @@ struct ShardSpec {
 
   // Mesh dims that shard `tensor_dim`, outermost first.
   std::vector<int64_t> mesh_dims_of(int64_t tensor_dim) const;
-  bool has_partial() const;
   // Drops orders that equal mesh-dim order (so equal specs compare equal).
   void canonicalize();
   // "[S(0), S(0)] order{0: [1, 0]}" (the order part only when present).

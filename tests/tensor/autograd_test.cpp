@@ -1,7 +1,8 @@
 // Gradients through from_local / redistribute / to_local (SPEC T6) against
 // single-process autograd: every rank computes the whole tensor's gradient
 // for the equivalent global loss and compares its slice with the local
-// gradient. Values are small integers, so gradients are exact.
+// gradient. Values are small integers, so gradients are exact. Tests named
+// after a collective also count the collectives of the forward and backward.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -9,13 +10,30 @@
 #include "hp/tensor/dtensor.h"
 #include "hp/util/error.h"
 #include "tests/support/tensor_checks.h"
+#include "tests/tensor/comm_counter.h"
 #include "tests/tensor/reference.h"
 
 namespace hp {
 namespace {
 
+using test::CommCounter;
 using test::PartialStyle;
 using test::tensors_equal;
+
+// Exactly `n` collectives of `kind` and none of any other kind.
+testing::AssertionResult only(const dist::CommStats& s, int64_t dist::CommStats::*kind,
+                              int64_t n) {
+  if (s.*kind == n && s.total() == n) return testing::AssertionSuccess();
+  return testing::AssertionFailure()
+         << "expected " << n << " collective(s) of the named kind and no other; got all_gather "
+         << s.all_gather << ", reduce_scatter " << s.reduce_scatter << ", all_reduce "
+         << s.all_reduce << ", broadcast " << s.broadcast << ", all_to_all " << s.all_to_all
+         << ", barrier " << s.barrier;
+}
+
+testing::AssertionResult none(const dist::CommStats& s) {
+  return only(s, &dist::CommStats::all_gather, 0);
+}
 
 DeviceMeshPtr world_mesh() { return init_device_mesh("cpu", {dist::get_world_size()}, {"x"}); }
 
@@ -50,8 +68,12 @@ TEST(Autograd, ShardToReplicateWithReplicateGradientIsAChunk) {
   at::Tensor full = test::integer_tensor(kShape);
   at::Tensor w = weight_of(0, kShape);  // the same on every rank: one global loss
   at::Tensor x = leaf(full, mesh, {Shard(0)});
+  CommCounter forward;
   at::Tensor y = from_local(x, mesh, {Shard(0)}, {kShape}).redistribute({Replicate()}).to_local();
+  EXPECT_TRUE(only(forward.delta(), &dist::CommStats::all_gather, 1));
+  CommCounter backward;
   (y * w).sum().backward();
+  EXPECT_TRUE(none(backward.delta()));
   // Single process: d/dX sum(X * W) = W.
   EXPECT_TRUE(tensors_equal(x.grad(), slice_of(w, mesh, {Shard(0)})));
 }
@@ -64,7 +86,9 @@ TEST(Autograd, ShardToReplicateWithPartialGradientReduceScatters) {
                      .redistribute({Replicate()})
                      .to_local(Placements{Partial()});
   // Each rank's own loss; the global loss is their sum.
+  CommCounter backward;
   (y * weight_of(dist::get_rank(), kShape)).sum().backward();
+  EXPECT_TRUE(only(backward.delta(), &dist::CommStats::reduce_scatter, 1));
   EXPECT_TRUE(tensors_equal(x.grad(), slice_of(sum_of_weights(kShape), mesh, {Shard(0)})));
 }
 
@@ -73,9 +97,13 @@ TEST(Autograd, PartialToReplicateIsIdentity) {
   at::Tensor full = test::integer_tensor(kShape);
   at::Tensor w = weight_of(0, kShape);
   at::Tensor x = leaf(full, mesh, {Partial("sum")});
+  CommCounter forward;
   at::Tensor y = from_local(x, mesh, {Partial()}).redistribute({Replicate()}).to_local();
+  EXPECT_TRUE(only(forward.delta(), &dist::CommStats::all_reduce, 1));
   EXPECT_TRUE(tensors_equal(y, full));
+  CommCounter backward;
   (y * w).sum().backward();
+  EXPECT_TRUE(none(backward.delta()));
   // X = sum_r x_r, so every partial value gets the whole gradient.
   EXPECT_TRUE(tensors_equal(x.grad(), w));
 }
@@ -85,9 +113,13 @@ TEST(Autograd, PartialAverageScalesByGroupSize) {
   at::Tensor full = test::integer_tensor(kShape);
   at::Tensor w = weight_of(0, kShape) * dist::get_world_size();
   at::Tensor x = leaf(full, mesh, {Partial("avg")});
+  CommCounter forward;
   at::Tensor y = from_local(x, mesh, {Partial("avg")}).redistribute({Replicate()}).to_local();
+  EXPECT_TRUE(only(forward.delta(), &dist::CommStats::all_reduce, 1));
   EXPECT_TRUE(tensors_equal(y, full));
+  CommCounter backward;
   (y * w).sum().backward();
+  EXPECT_TRUE(none(backward.delta()));
   EXPECT_TRUE(tensors_equal(x.grad(), w / dist::get_world_size()));
 }
 
@@ -96,9 +128,13 @@ TEST(Autograd, ReplicateToShardGathersTheGradient) {
   at::Tensor full = test::integer_tensor(kShape);
   at::Tensor w = weight_of(0, kShape);
   at::Tensor x = full.clone().requires_grad_(true);
+  CommCounter forward;
   DTensor y = from_local(x, mesh, {Replicate()}).redistribute({Shard(0)});
+  EXPECT_TRUE(none(forward.delta()));  // R -> S(0) is a local chunk
   // Each rank's loss covers its own shard: together they are sum(X * W).
+  CommCounter backward;
   (y.to_local() * slice_of(w, mesh, {Shard(0)})).sum().backward();
+  EXPECT_TRUE(only(backward.delta(), &dist::CommStats::all_gather, 1));
   EXPECT_TRUE(tensors_equal(x.grad(), w));
 }
 
@@ -107,8 +143,12 @@ TEST(Autograd, ShardToOtherShardIsAllToAll) {
   at::Tensor full = test::integer_tensor(kShape);
   at::Tensor w = weight_of(0, kShape);
   at::Tensor x = leaf(full, mesh, {Shard(0)});
+  CommCounter forward;
   DTensor y = from_local(x, mesh, {Shard(0)}, {kShape}).redistribute({Shard(1)});
+  EXPECT_TRUE(only(forward.delta(), &dist::CommStats::all_to_all, 1));
+  CommCounter backward;
   (y.to_local() * slice_of(w, mesh, {Shard(1)})).sum().backward();
+  EXPECT_TRUE(only(backward.delta(), &dist::CommStats::all_to_all, 1));
   EXPECT_TRUE(tensors_equal(x.grad(), slice_of(w, mesh, {Shard(0)})));
 }
 
@@ -117,11 +157,15 @@ TEST(Autograd, ReplicateToPartialWithReplicateGradient) {
   at::Tensor full = test::integer_tensor(kShape);
   at::Tensor w = weight_of(0, kShape);
   at::Tensor x = full.clone().requires_grad_(true);
+  CommCounter forward;
   at::Tensor y = from_local(x, mesh, {Replicate()})
                      .redistribute({Partial()})
                      .to_local(Placements{Replicate()});
+  EXPECT_TRUE(none(forward.delta()));  // R -> P is a local partition
   // sum_r (y_r * W) = (X * W) since the y_r add up to X.
+  CommCounter backward;
   (y * w).sum().backward();
+  EXPECT_TRUE(none(backward.delta()));  // a Replicate gradient of R -> P is the gradient
   EXPECT_TRUE(tensors_equal(x.grad(), w));
 }
 
@@ -160,7 +204,9 @@ TEST(Autograd, FromLocalBackwardRedistributesToItsPlacements) {
   // backward sums the contributions (all-reduce) so every replica gets it all.
   at::Tensor x = full.clone().requires_grad_(true);
   at::Tensor y = from_local(x, mesh, {Replicate()}).to_local(Placements{Partial()});
+  CommCounter backward;
   (y * weight_of(dist::get_rank(), kShape)).sum().backward();
+  EXPECT_TRUE(only(backward.delta(), &dist::CommStats::all_reduce, 1));
   EXPECT_TRUE(tensors_equal(x.grad(), sum_of_weights(kShape)));
 }
 
@@ -175,6 +221,46 @@ TEST(AutogradErrors, PartialMaxIsNotDifferentiable) {
   // Without grad it is an ordinary max reduction.
   at::NoGradGuard no_grad;
   EXPECT_NO_THROW(d.redistribute({Replicate()}));
+}
+
+TEST(AutogradErrors, PartialMaxTargetIsNotDifferentiable) {
+  auto mesh = world_mesh();
+  at::Tensor x = test::integer_tensor(kShape).requires_grad_(true);
+  DTensor d = from_local(x, mesh, {Replicate()});
+  // Refused before the plan runs: no rank issues a collective.
+  CommCounter counter;
+  std::string m = test::message_of<ArgumentError>([&] { d.redistribute({Partial("max")}); });
+  EXPECT_NE(m.find("redistribute: a target layout with P(max) on mesh dim 'x' for a DTensor "
+                   "that requires grad cannot be differentiated"),
+            std::string::npos)
+      << m;
+  m = test::message_of<ArgumentError>([&] { d.redistribute({Partial("min")}); });
+  EXPECT_NE(m.find("P(min) on mesh dim 'x' for a DTensor that requires grad cannot be "
+                   "differentiated"),
+            std::string::npos)
+      << m;
+  EXPECT_EQ(counter.delta().total(), 0);
+  // The source refusal also comes before any collective.
+  DTensor p = from_local(x, mesh, {Partial("max")});
+  EXPECT_THROW(p.redistribute({Replicate()}), ArgumentError);
+  EXPECT_EQ(counter.delta().total(), 0);
+  at::NoGradGuard no_grad;
+  EXPECT_NO_THROW(d.redistribute({Partial("max")}));
+}
+
+TEST(AutogradErrors, PartialMaxGradPlacementsAreRefused) {
+  auto mesh = world_mesh();
+  at::Tensor x = test::integer_tensor(kShape).requires_grad_(true);
+  DTensor d = from_local(x, mesh, {Replicate()});
+  std::string m =
+      test::message_of<ArgumentError>([&] { d.to_local(Placements{Partial("max")}); });
+  EXPECT_NE(m.find("to_local: grad_placements with P(max) on mesh dim 'x' for a DTensor that "
+                   "requires grad cannot be differentiated"),
+            std::string::npos)
+      << m;
+  // The DTensor's own P(max) layout passes its gradient through unchanged.
+  DTensor p = from_local(x, mesh, {Partial("max")});
+  EXPECT_NO_THROW(p.to_local(Placements{Partial("max")}));
 }
 
 TEST(AutogradErrors, ConflictingGradientLayoutsAreRefused) {

@@ -9,6 +9,7 @@
 #include "hp/tensor/redistribute_plan.h"
 #include "hp/util/error.h"
 #include "tests/support/tensor_checks.h"
+#include "tests/tensor/comm_counter.h"
 #include "tests/tensor/reference.h"
 
 namespace hp {
@@ -27,7 +28,10 @@ TEST(DTensor, DistributeTensorSlicesWithoutCommunication) {
   const int64_t w = dist::get_world_size(), r = dist::get_rank();
   // 3 rows over up to 4 ranks: torch.chunk leaves the last ranks empty.
   at::Tensor full = test::integer_tensor({3, 2}).requires_grad_(true);
+  test::CommCounter counter;
   DTensor d = distribute_tensor(full, mesh, {Shard(0)});
+  DTensor p = distribute_tensor(full, mesh, {Partial("sum")});
+  EXPECT_EQ(counter.delta().total(), 0);
   auto pieces = at::chunk(full.detach(), w, 0);
   at::Tensor expected = r < int64_t(pieces.size()) ? pieces[r] : full.detach().narrow(0, 3, 0);
   EXPECT_TRUE(tensors_equal(d.local(), expected.contiguous()));
@@ -84,6 +88,56 @@ TEST(DTensor, FromLocalRunCheckRejectsInconsistentShapesOnEveryRank) {
   EXPECT_TRUE(contains(m, "from_local: rank ")) << m;
   EXPECT_TRUE(contains(m, "holds a local tensor of shape")) << m;
   EXPECT_TRUE(contains(m, "[S(0)] of global shape")) << m;
+}
+
+TEST(DTensor, FromLocalRunCheckWithShapeRaisesOnEveryRank) {
+  auto mesh = world_mesh();
+  const int64_t w = dist::get_world_size(), r = dist::get_rank();
+  if (w < 2) GTEST_SKIP();
+  // 2w rows: every rank should hold 2; the last holds 3. With run_check the
+  // gathered table is checked, so every rank (not just the last) raises the
+  // same message instead of the others waiting for it in a collective.
+  const bool last = r == w - 1;
+  at::Tensor local = at::ones({last ? 3 : 2, 4});
+  std::string m = test::message_of<ArgumentError>([&] {
+    from_local(local, mesh, {Shard(0)}, {std::vector<int64_t>{2 * w, 4}, true});
+  });
+  const std::string expected =
+      "from_local: rank " + std::to_string(w - 1) + " (coordinate [" + std::to_string(w - 1) +
+      "]) holds a local tensor of shape [3, 4] but [S(0)] of global shape [" +
+      std::to_string(2 * w) + ", 4] gives it [2, 4]";
+  EXPECT_EQ(m, expected);
+  // The ranks still agree afterwards: a well-formed call goes through.
+  DTensor d =
+      from_local(at::ones({2, 4}), mesh, {Shard(0)}, {std::vector<int64_t>{2 * w, 4}, true});
+  EXPECT_EQ(d.sizes(), (std::vector<int64_t>{2 * w, 4}));
+}
+
+TEST(DTensor, FromLocalRunCheckRejectsDifferentNdimsOnEveryRank) {
+  auto mesh = world_mesh();
+  const int64_t w = dist::get_world_size(), r = dist::get_rank();
+  if (w < 2) GTEST_SKIP();
+  // The last rank's local tensor has an extra dim: shapes of different
+  // lengths cannot be gathered, so the ndims are compared first.
+  at::Tensor local = r == w - 1 ? at::ones({2, 4, 1}) : at::ones({2, 4});
+  for (bool with_shape : {false, true}) {
+    FromLocalOptions options;
+    options.run_check = true;
+    if (with_shape) options.shape = std::vector<int64_t>{2 * w, 4};
+    std::string m =
+        test::message_of<ArgumentError>([&] { from_local(local, mesh, {Shard(0)}, options); });
+    EXPECT_EQ(m, "from_local: rank " + std::to_string(w - 1) + " (coordinate [" +
+                     std::to_string(w - 1) +
+                     "]) holds a local tensor with 3 dims but rank 0 (coordinate [0]) holds one "
+                     "with 2; expected every rank's local tensor to have the global tensor's dims")
+        << "with_shape " << with_shape;
+  }
+  // An undefined local tensor on one rank also raises everywhere.
+  std::string m = test::message_of<ArgumentError>([&] {
+    from_local(r == 0 ? at::Tensor() : at::ones({2, 4}), mesh, {Shard(0)}, {std::nullopt, true});
+  });
+  EXPECT_EQ(m, "from_local: rank 0 (coordinate [0]) passed an undefined local tensor; expected a "
+               "tensor on every rank");
 }
 
 TEST(DTensor, FromLocalWithShapeChecksThisRanksPiece) {

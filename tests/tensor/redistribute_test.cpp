@@ -3,7 +3,8 @@
 // pair, the source DTensor is built from the reference (not from the
 // library), redistributed, and its local tensor compared exactly with the
 // reference of the target; full_tensor() of the result must equal the
-// whole tensor. Shapes are uneven (and on 4 ranks leave some shards empty).
+// whole tensor, and the collectives issued must be exactly the plan's, kind
+// by kind. Shapes are uneven (and on 4 ranks leave some shards empty).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +15,7 @@
 #include "hp/tensor/dtensor.h"
 #include "hp/tensor/redistribute_plan.h"
 #include "tests/support/tensor_checks.h"
+#include "tests/tensor/comm_counter.h"
 #include "tests/tensor/reference.h"
 
 namespace hp {
@@ -113,6 +115,37 @@ testing::AssertionResult matches_reference(const DTensor& y, const at::Tensor& f
       local, test::reference_local(full, replicated, mesh.coordinate(), styles));
 }
 
+// Whether the collectives in `issued` are exactly the ones `plan` lists:
+// its num_collectives() in all, and as many of each kind as it has steps.
+testing::AssertionResult issued_as_planned(const dist::CommStats& issued,
+                                           const RedistributePlan& plan) {
+  using Kind = RedistributeStep::Kind;
+  dist::CommStats want;
+  for (const auto& step : plan.steps()) {
+    switch (step.kind) {
+      case Kind::kAllGather: ++want.all_gather; break;
+      case Kind::kAllReduce: ++want.all_reduce; break;
+      case Kind::kReduceScatter: ++want.reduce_scatter; break;
+      case Kind::kAllToAll: ++want.all_to_all; break;
+      case Kind::kChunk:
+      case Kind::kPartition: break;
+    }
+  }
+  if (issued.total() == plan.num_collectives() && issued.all_gather == want.all_gather &&
+      issued.all_reduce == want.all_reduce && issued.reduce_scatter == want.reduce_scatter &&
+      issued.all_to_all == want.all_to_all) {
+    return testing::AssertionSuccess();
+  }
+  return testing::AssertionFailure()
+         << "the plan has " << plan.num_collectives() << " collective(s) (all_gather "
+         << want.all_gather << ", all_reduce " << want.all_reduce << ", reduce_scatter "
+         << want.reduce_scatter << ", all_to_all " << want.all_to_all << ") but "
+         << issued.total() << " were issued (all_gather " << issued.all_gather
+         << ", all_reduce " << issued.all_reduce << ", reduce_scatter " << issued.reduce_scatter
+         << ", all_to_all " << issued.all_to_all << ", broadcast " << issued.broadcast
+         << ", barrier " << issued.barrier << ")\n";
+}
+
 // Runs every pair; returns the number of failures (reporting the first few).
 // With check_whole, every result's full_tensor() must equal `full` too.
 int check_all_pairs(const DeviceMeshPtr& mesh, const at::Tensor& full,
@@ -124,15 +157,18 @@ int check_all_pairs(const DeviceMeshPtr& mesh, const at::Tensor& full,
     DTensor x = source_dtensor(full, src);
     for (const auto& t : targets) {
       Layout dst(mesh, t);
+      test::CommCounter counter;
       DTensor y = x.redistribute(dst);
+      auto planned = issued_as_planned(counter.delta(), *plan_redistribute(s, t));
       auto same = matches_reference(y, full, src);
       auto whole_same = check_whole ? test::tensors_equal(y.full_tensor(), full)
                                     : testing::AssertionSuccess();
-      if ((!same || !whole_same) && ++failures <= 5) {
+      if ((!same || !whole_same || !planned) && ++failures <= 5) {
         ADD_FAILURE() << "mesh " << to_string(mesh->shape()) << " shape "
                       << to_string(full.sizes().vec()) << ": " << s.str() << " -> " << t.str()
                       << " at coordinate " << to_string(mesh->coordinate()) << "\n"
                       << (same ? "" : same.message()) << (whole_same ? "" : whole_same.message())
+                      << (planned ? "" : planned.message())
                       << "\nplan:\n"
                       << x.explain(dst);
       }
