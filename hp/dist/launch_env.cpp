@@ -90,4 +90,11 @@ LaunchEnv read_launch_env(const EnvLookup& lookup) {
   return env;
 }
 
+bool started_by_launcher(const EnvLookup& lookup) {
+  for (const char* name : {"RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}) {
+    if (lookup(name)) return true;
+  }
+  return false;
+}
+
 }  // namespace hp::dist

@@ -31,4 +31,8 @@ std::optional<std::string> process_env(const std::string& name);
 
 LaunchEnv read_launch_env(const EnvLookup& lookup = process_env);
 
+// Whether a launcher set this process's rank or world size (in either
+// convention). A process started on its own has none and is a world of one.
+bool started_by_launcher(const EnvLookup& lookup = process_env);
+
 }  // namespace hp::dist

@@ -1,5 +1,6 @@
-// read_launch_env over a fake environment: both conventions, and every
-// missing, malformed or contradictory variable (SPEC D1).
+// read_launch_env and started_by_launcher over a fake environment: both
+// conventions, and every missing, malformed or contradictory variable
+// (SPEC D1).
 #include <gtest/gtest.h>
 
 #include <map>
@@ -38,6 +39,14 @@ TEST(LaunchEnv, ReadsTorchrunVariables) {
   EXPECT_EQ(env.master_addr, "127.0.0.1");
   EXPECT_EQ(env.master_port, 29500);
   EXPECT_EQ(env.source, "torchrun");
+}
+
+TEST(LaunchEnv, StartedByLauncherSeesEitherConvention) {
+  EXPECT_FALSE(started_by_launcher(lookup_in({{"MASTER_ADDR", "127.0.0.1"}})));
+  EXPECT_TRUE(started_by_launcher(lookup_in(kTorchrun)));
+  EXPECT_TRUE(started_by_launcher(lookup_in({{"WORLD_SIZE", "2"}})));
+  EXPECT_TRUE(started_by_launcher(lookup_in({{"OMPI_COMM_WORLD_RANK", "0"}})));
+  EXPECT_TRUE(started_by_launcher(lookup_in({{"OMPI_COMM_WORLD_SIZE", "2"}})));
 }
 
 TEST(LaunchEnv, ReadsOpenMpiVariables) {

@@ -1,6 +1,6 @@
 // Shared main of the test binaries.
 //
-// Under hprun (RANK set) it joins the process group before running the tests
+// Under a launcher (hprun: RANK set) it joins the process group before running the tests
 // and leaves it after, so every rank runs the same tests in the same order
 // and their collectives meet. Ranks other than 0 print only failures, so a
 // four-rank log stays readable. Each rank runs torch on one thread: ranks
@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "hp/dist/launch_env.h"
 #include "hp/dist/world.h"
 
 namespace {
@@ -36,7 +37,7 @@ class FailurePrinter : public testing::EmptyTestEventListener {
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
   at::set_num_threads(1);
-  const bool distributed = std::getenv("RANK") != nullptr;
+  const bool distributed = hp::dist::started_by_launcher();
   if (distributed) {
     hp::dist::InitOptions options;
     if (const char* t = std::getenv("HP_TEST_TIMEOUT_S")) {

@@ -45,13 +45,9 @@ using namespace hp::train;
 
 constexpr int kExitUsage = 2;
 
-// A launcher (hprun, torchrun, mpirun) sets these; a process started on its
-// own sees none of them and is a world of one.
 World read_world() {
   World world;
-  for (const char* name : {"RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"}) {
-    if (hp::dist::process_env(name)) world.launched = true;
-  }
+  world.launched = hp::dist::started_by_launcher();
   if (!world.launched) return world;
   const hp::dist::LaunchEnv env = hp::dist::read_launch_env();
   world.rank = env.rank;
