@@ -13,13 +13,12 @@
 #include "hp/dist/world.h"
 #include "hp/util/error.h"
 #include "tests/support/tensor_checks.h"
+#include "tests/support/text_checks.h"
 
 namespace hp::dist {
 namespace {
 
-bool contains(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using test::contains;
 
 TEST(CollectiveErrors, LocalArgumentErrorsNameTheProblem) {
   Group& g = *world_group();

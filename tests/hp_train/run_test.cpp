@@ -20,6 +20,7 @@
 #include "hp/nn/gpt.h"
 #include "hp/nn/loss.h"
 #include "tests/launcher/process_runner.h"
+#include "tests/support/text_checks.h"
 #include "tools/hp_train/batches.h"
 #include "tools/hp_train/corpus.h"
 
@@ -56,9 +57,7 @@ std::string describe(const ProcessResult& r) {
   return text.str();
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using test::contains;
 
 struct Step {
   int64_t step;

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/launcher/process_runner.h"
+#include "tests/support/text_checks.h"
 
 namespace hp::launcher::testing {
 namespace {
@@ -41,9 +42,7 @@ std::vector<std::string> lines_of(const std::string& text) {
   return lines;
 }
 
-bool contains(const std::string& text, const std::string& fragment) {
-  return text.find(fragment) != std::string::npos;
-}
+using hp::test::contains;
 
 std::string describe(const ProcessResult& r) {
   std::ostringstream text;

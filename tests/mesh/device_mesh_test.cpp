@@ -8,13 +8,12 @@
 #include "hp/mesh/device_mesh.h"
 #include "hp/util/error.h"
 #include "tests/support/tensor_checks.h"
+#include "tests/support/text_checks.h"
 
 namespace hp {
 namespace {
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using test::contains;
 
 std::string error_of(const std::function<void()>& fn) {
   return test::message_of<ArgumentError>(fn);

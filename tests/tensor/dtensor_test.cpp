@@ -9,6 +9,7 @@
 #include "hp/tensor/redistribute_plan.h"
 #include "hp/util/error.h"
 #include "tests/support/tensor_checks.h"
+#include "tests/support/text_checks.h"
 #include "tests/tensor/comm_counter.h"
 #include "tests/tensor/reference.h"
 
@@ -17,9 +18,7 @@ namespace {
 
 using test::tensors_equal;
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using test::contains;
 
 DeviceMeshPtr world_mesh() { return init_device_mesh("cpu", {dist::get_world_size()}, {"x"}); }
 

@@ -8,13 +8,12 @@
 #include "hp/tensor/redistribute_plan.h"
 #include "hp/util/error.h"
 #include "tests/support/tensor_checks.h"
+#include "tests/support/text_checks.h"
 
 namespace hp {
 namespace {
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using test::contains;
 
 // A 2-d mesh ("dp", "tp") over the world.
 DeviceMeshPtr mesh_2d() {
