@@ -29,8 +29,16 @@ double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_nor
     const at::Tensor& grad = p.grad();
     if (!grad.defined()) continue;
     grads.push_back(grad);
-    const double value = inf_norm ? grad.abs().max().item<double>()
-                                  : grad.to(at::kDouble).pow(2).sum().item<double>();
+    // The squared 2-norm accumulated in double without a double copy of
+    // the gradient.
+    double value = 0;
+    if (inf_norm) {
+      value = grad.abs().max().item<double>();
+    } else {
+      const double norm = at::linalg_vector_norm(grad, 2, c10::nullopt, false, at::kDouble)
+                              .item<double>();
+      value = norm * norm;
+    }
     auto managed = fsdp::find_managed(p);
     if (!managed || !managed->param->sharded()) {
       local_value = inf_norm ? std::max(local_value, value) : local_value + value;

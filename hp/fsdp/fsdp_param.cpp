@@ -31,6 +31,14 @@ size_t nbytes_of(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * 
 
 }  // namespace
 
+at::ScalarType FSDPParam::compute_dtype_for(at::ScalarType orig, const MixedPrecisionPolicy& mp) {
+  return mp.param_dtype.value_or(orig);
+}
+
+at::ScalarType FSDPParam::reduce_dtype_for(at::ScalarType orig, const MixedPrecisionPolicy& mp) {
+  return mp.reduce_dtype.value_or(compute_dtype_for(orig, mp));
+}
+
 FSDPParam::FSDPParam(at::Tensor param, std::string fqn, const MeshInfo& mesh, int64_t shard_dim,
                      bool replicated, const MixedPrecisionPolicy& mp)
     : param_(std::move(param)),
@@ -38,14 +46,12 @@ FSDPParam::FSDPParam(at::Tensor param, std::string fqn, const MeshInfo& mesh, in
       full_shape_(param_.sizes().vec()),
       shard_dim_(shard_dim),
       shard_size_(mesh.shard_size),
-      shard_rank_(mesh.shard_rank),
       replicated_(replicated),
       sharded_(!replicated && mesh.shard_size > 1),
+      to_main_grad_(mp.apply_grad_on_fp32_main_grad),
       orig_dtype_(param_.scalar_type()) {
-  // The seeds' normalisation: no cast when param_dtype is the parameter's
-  // own; gradients are reduced in reduce_dtype, else in the compute dtype.
-  compute_dtype_ = mp.param_dtype.value_or(orig_dtype_);
-  reduce_dtype_ = mp.reduce_dtype.value_or(compute_dtype_);
+  compute_dtype_ = compute_dtype_for(orig_dtype_, mp);
+  reduce_dtype_ = reduce_dtype_for(orig_dtype_, mp);
   at::Tensor data = param_.detach();
   if (!sharded_) {
     padded_shard_ = data;
@@ -53,7 +59,7 @@ FSDPParam::FSDPParam(at::Tensor param, std::string fqn, const MeshInfo& mesh, in
     return;
   }
   const int64_t length = full_shape_[shard_dim_];
-  Span mine = chunk_span(length, shard_size_, shard_rank_);
+  Span mine = chunk_span(length, shard_size_, mesh.shard_rank);
   if (shard_dim_ == 0) {
     const int64_t chunk = chunk_span(length, shard_size_, 0).size;
     std::vector<int64_t> shape = full_shape_;
@@ -62,7 +68,7 @@ FSDPParam::FSDPParam(at::Tensor param, std::string fqn, const MeshInfo& mesh, in
     padded_shard_.narrow(0, 0, mine.size).copy_(data.narrow(0, mine.offset, mine.size));
     shard_view_ = padded_shard_.narrow(0, 0, mine.size);
   } else {
-    padded_shard_ = data.narrow(shard_dim_, mine.offset, mine.size).contiguous().clone();
+    padded_shard_ = data.narrow(shard_dim_, mine.offset, mine.size).clone(at::MemoryFormat::Contiguous);
     shard_view_ = padded_shard_;
   }
   // Any existing gradient is sharded the same way.
@@ -200,7 +206,7 @@ void FSDPParam::keep_regather_piece(int64_t pieces, int64_t index) {
   if (shard_dim_ == 0) {
     regather_piece_ = unsharded_.view({pieces, -1})[index].clone();
   } else {
-    regather_piece_ = unsharded_.chunk(pieces, shard_dim_)[index].contiguous().clone();
+    regather_piece_ = unsharded_.chunk(pieces, shard_dim_)[index].clone(at::MemoryFormat::Contiguous);
   }
 }
 
@@ -221,8 +227,7 @@ void FSDPParam::stash_grad() {
 }
 
 at::Tensor FSDPParam::take_grad() {
-  at::Tensor grad = std::move(param_.mutable_grad());
-  param_.mutable_grad() = at::Tensor();
+  at::Tensor grad = std::move(param_.mutable_grad());  // leaves .grad undefined
   if (grad.defined() && grad.scalar_type() != reduce_dtype_) grad = grad.to(reduce_dtype_);
   if (kept_grad_.defined()) {
     grad = grad.defined() ? grad + kept_grad_ : kept_grad_;
@@ -237,6 +242,14 @@ void FSDPParam::keep_for_later(at::Tensor full_grad) {
 }
 
 void FSDPParam::assign_grad(at::Tensor reduced) {
+  if (to_main_grad_) {
+    // Kept in the reduce dtype; what autograd or the user left in .grad
+    // before this backward (the stash) stays there.
+    main_grad_ = main_grad_.defined() ? main_grad_.add_(reduced) : std::move(reduced);
+    param_.mutable_grad() = std::move(stashed_grad_);
+    stashed_grad_ = at::Tensor();
+    return;
+  }
   if (reduced.scalar_type() != orig_dtype_) reduced = reduced.to(orig_dtype_);
   if (stashed_grad_.defined()) {
     reduced = reduced + stashed_grad_;
@@ -258,6 +271,7 @@ void FSDPParam::zero_grad() {
   stashed_grad_ = at::Tensor();
   kept_grad_ = at::Tensor();
   partial_reduce_ = at::Tensor();
+  main_grad_ = at::Tensor();
 }
 
 void FSDPParam::pack_for_reduce_scatter(const at::Tensor& full_grad, const at::Tensor& dst) const {

@@ -39,6 +39,13 @@ class FSDPParam {
   // a shard group of one rank keeps it whole too.
   FSDPParam(at::Tensor param, std::string fqn, const MeshInfo& mesh, int64_t shard_dim,
             bool replicated, const MixedPrecisionPolicy& mp);
+  // The dtypes a parameter of dtype `orig` computes and reduces in under
+  // `mp`: no cast when param_dtype is the parameter's own; gradients are
+  // reduced in reduce_dtype, else in the compute dtype (the seeds'
+  // normalisation). fully_shard checks them before any parameter is built.
+  static at::ScalarType compute_dtype_for(at::ScalarType orig, const MixedPrecisionPolicy& mp);
+  static at::ScalarType reduce_dtype_for(at::ScalarType orig, const MixedPrecisionPolicy& mp);
+
   FSDPParam(const FSDPParam&) = delete;
   FSDPParam& operator=(const FSDPParam&) = delete;
 
@@ -128,11 +135,16 @@ class FSDPParam {
   at::Tensor take_grad();
   // No-sync accumulation: adds a full gradient (reduce dtype) to the kept one.
   void keep_for_later(at::Tensor full_grad);
-  // .grad = the reduced shard, cast to the original dtype (+ the stash).
+  // .grad = the reduced shard, cast to the original dtype (+ the stash);
+  // with apply_grad_on_fp32_main_grad the reduced shard is added to the main
+  // grad as it is (reduce dtype) and .grad keeps only the stash.
   void assign_grad(at::Tensor reduced);
+  // apply_grad_on_fp32_main_grad: the accumulated reduced gradient shard
+  // (undefined before the first reduction and after zero_grad).
+  const at::Tensor& main_grad() const { return main_grad_; }
   // .grad = the stashed gradient (when no new gradient arrived).
   void restore_stash();
-  // Drops .grad and everything kept or stashed.
+  // Drops .grad, the main grad and everything kept or stashed.
   void zero_grad();
   // HSDP without all-reduce: reduce-scattered gradients accumulate here.
   at::Tensor& partial_reduce() { return partial_reduce_; }
@@ -155,9 +167,9 @@ class FSDPParam {
   std::vector<int64_t> full_shape_;
   int64_t shard_dim_ = 0;
   int64_t shard_size_ = 1;
-  int64_t shard_rank_ = 0;
   bool replicated_ = false;
   bool sharded_ = false;
+  bool to_main_grad_ = false;  // MixedPrecisionPolicy::apply_grad_on_fp32_main_grad
   at::ScalarType orig_dtype_;
   at::ScalarType compute_dtype_;
   at::ScalarType reduce_dtype_;
@@ -175,6 +187,7 @@ class FSDPParam {
   at::Tensor stashed_grad_;
   at::Tensor kept_grad_;
   at::Tensor partial_reduce_;
+  at::Tensor main_grad_;
 };
 
 }  // namespace hp::fsdp

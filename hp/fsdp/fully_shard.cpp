@@ -37,11 +37,8 @@ void validate_options(const FullyShardOptions& options) {
   HP_CHECK_ARG(options.comm_fusion || !options.comm_fusion_zero_copy.value_or(false),
                "comm_fusion_zero_copy=true needs comm_fusion=true (the zero-copy buffer is "
                "the fused all-gather's input)");
-  if (auto* ranks = std::get_if<int64_t>(&options.reshard_after_forward)) {
-    HP_CHECK_ARG(*ranks >= 1, "reshard_after_forward as an int must be a positive divisor of "
-                              "the shard group size, got ",
-                 *ranks);
-  }
+  // reshard_after_forward as an int is checked against the shard size once
+  // the mesh is known (Unit::check_reshard_after_forward).
   // CPUOffloadPolicy: this build keeps every tensor in host memory already, so
   // there is nothing to move; both pin_memory settings are accepted.
 }
@@ -76,7 +73,7 @@ std::unordered_set<const c10::TensorImpl*> impls_of(const std::vector<at::Tensor
 }
 
 int64_t shard_dim_for(const FullyShardOptions& options, const at::Tensor& param,
-                      const std::string& fqn, const fsdp::MeshInfo& mesh) {
+                      const std::string& fqn, int64_t shard_size) {
   std::optional<Placement> placement;
   if (options.shard_placement_fn) placement = options.shard_placement_fn(param);
   if (!placement) return 0;
@@ -88,39 +85,25 @@ int64_t shard_dim_for(const FullyShardOptions& options, const at::Tensor& param,
                placement->str(), " for parameter '", fqn, "' of shape ",
                to_string(param.sizes().vec()), ", out of range for ", ndim, " dims");
   if (dim < 0) dim += ndim;
-  HP_CHECK_ARG(dim == 0 || param.size(dim) % mesh.shard_size == 0, "fully_shard: parameter '", fqn,
+  HP_CHECK_ARG(dim == 0 || param.size(dim) % shard_size == 0, "fully_shard: parameter '", fqn,
                "' of shape ", to_string(param.sizes().vec()), " cannot be sharded on dim ", dim,
-               " over ", mesh.shard_size, " ranks: ", param.size(dim), " is not divisible by ",
-               mesh.shard_size, " (only dim 0 is padded when uneven)");
+               " over ", shard_size, " ranks: ", param.size(dim), " is not divisible by ",
+               shard_size, " (only dim 0 is padded when uneven)");
   return dim;
 }
 
-}  // namespace
+// What fully_shard does with one parameter it will manage.
+struct ParamPlan {
+  std::string fqn;
+  at::Tensor param;
+  int64_t shard_dim = 0;
+  bool keep_whole = false;  // replicate_params and scalars
+};
 
-FSDPModule fully_shard(const std::shared_ptr<nn::Module>& module,
-                       const FullyShardOptions& options) {
-  HP_CHECK_ARG(module != nullptr, "fully_shard: module must not be null");
-  return fully_shard(std::vector<std::shared_ptr<nn::Module>>{module}, options);
-}
-
-FSDPModule fully_shard(const std::vector<std::shared_ptr<nn::Module>>& modules,
-                       const FullyShardOptions& options) {
-  HP_CHECK_ARG(!modules.empty(), "fully_shard does not support empty list of modules.");
-  for (size_t i = 0; i < modules.size(); ++i) {
-    HP_CHECK_ARG(modules[i] != nullptr,
-                 "fully_shard expects a module or a list of modules, but got a list with a null "
-                 "module at index ",
-                 i, ".");
-    HP_CHECK_ARG(!modules[i]->attachment<Unit>(fsdp::kUnitAttachment),
-                 "fully_shard: module ", modules[i]->name(),
-                 " is already managed by fully_shard; call it once per module");
-  }
-  validate_options(options);
-  auto roots = root_modules(modules);
-  DeviceMeshPtr mesh = options.mesh;
-  if (!mesh) mesh = init_device_mesh("cpu", {dist::get_world_size()}, {"dp"});
-  fsdp::MeshInfo mesh_info = fsdp::MeshInfo::from_mesh(mesh);
-
+// The parameters `roots` will manage and how, after every check on them:
+// nothing is changed here, and nothing is communicated.
+std::vector<ParamPlan> plan_params(const std::vector<std::shared_ptr<nn::Module>>& roots,
+                                   const FullyShardOptions& options, int64_t shard_size) {
   // Every parameter of the modules, by TensorImpl, with its name.
   std::vector<std::pair<std::string, at::Tensor>> candidates;
   std::unordered_set<const c10::TensorImpl*> in_modules;
@@ -142,8 +125,7 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<nn::Module>>& modules,
     }
   }
 
-  std::vector<std::unique_ptr<FSDPParam>> params;
-  std::vector<at::Tensor> claimed;
+  std::vector<ParamPlan> plans;
   for (auto& [fqn, param] : candidates) {
     const c10::TensorImpl* impl = param.unsafeGetTensorImpl();
     HP_CHECK_ARG(!(ignored.count(impl) && replicated.count(impl)), "fully_shard: parameter '",
@@ -164,48 +146,96 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<nn::Module>>& modules,
       }
       continue;
     }
-    const bool keep_whole = replicated.count(impl) > 0 || param.dim() == 0;
+    ParamPlan plan;
+    plan.fqn = fqn;
+    plan.param = param;
+    plan.keep_whole = replicated.count(impl) > 0 || param.dim() == 0;
     HP_CHECK_ARG(!(options.comm_fusion && replicated.count(impl)), "comm_fusion does not support ",
                  "parameter ", fqn, ": non-sharded parameters such as replicate_params are not ",
                  "supported.");
-    const int64_t dim = keep_whole ? 0 : shard_dim_for(options, param, fqn, mesh_info);
-    claimed.push_back(param);
-    params.push_back(
-        std::make_unique<FSDPParam>(param, fqn, mesh_info, dim, keep_whole, options.mp_policy));
+    plan.shard_dim = plan.keep_whole ? 0 : shard_dim_for(options, param, fqn, shard_size);
+    plans.push_back(std::move(plan));
   }
   // Mixed precision and the fused buffers need one dtype per unit (the
   // seeds' check, over the parameters that train).
-  std::set<at::ScalarType> orig_dtypes, reduce_dtypes;
-  for (const auto& p : params) {
-    if (!p->requires_grad()) continue;
-    orig_dtypes.insert(p->orig_dtype());
-    reduce_dtypes.insert(p->reduce_dtype());
+  const auto& mp = options.mp_policy;
+  std::set<at::ScalarType> orig_dtypes, reduce_dtypes, all_dtypes;
+  for (const auto& plan : plans) {
+    const at::ScalarType orig = plan.param.scalar_type();
+    all_dtypes.insert(orig);
+    if (!plan.param.requires_grad()) continue;
+    orig_dtypes.insert(orig);
+    reduce_dtypes.insert(FSDPParam::reduce_dtype_for(orig, mp));
   }
   HP_CHECK_ARG(orig_dtypes.size() <= 1, "hsdp expects uniform original parameter dtype but got ",
                dtype_set(orig_dtypes));
   HP_CHECK_ARG(reduce_dtypes.size() <= 1, "hsdp expects uniform reduce dtype but got ",
                dtype_set(reduce_dtypes));
-  if (options.comm_fusion) {
-    std::set<at::ScalarType> all;
-    for (const auto& p : params) all.insert(p->orig_dtype());
-    HP_CHECK_ARG(all.size() <= 1, "comm_fusion: All parameters in the group must have a uniform "
-                                  "dtype, got ",
-                 dtype_set(all));
+  HP_CHECK_ARG(!mp.apply_grad_on_fp32_main_grad || reduce_dtypes.empty() ||
+                   *reduce_dtypes.begin() == at::kFloat,
+               "MixedPrecisionPolicy.apply_grad_on_fp32_main_grad=true needs gradients reduced "
+               "in fp32 (set reduce_dtype to Float), but they are reduced in ",
+               dtype_set(reduce_dtypes));
+  HP_CHECK_ARG(!options.comm_fusion || all_dtypes.size() <= 1,
+               "comm_fusion: All parameters in the group must have a uniform dtype, got ",
+               dtype_set(all_dtypes));
+  return plans;
+}
+
+}  // namespace
+
+FSDPModule fully_shard(const std::shared_ptr<nn::Module>& module,
+                       const FullyShardOptions& options) {
+  HP_CHECK_ARG(module != nullptr, "fully_shard: module must not be null");
+  return fully_shard(std::vector<std::shared_ptr<nn::Module>>{module}, options);
+}
+
+FSDPModule fully_shard(const std::vector<std::shared_ptr<nn::Module>>& modules,
+                       const FullyShardOptions& options) {
+  // Everything is checked first, locally, so that an error leaves the model
+  // exactly as it was (no parameter swapped to its shard, no group created)
+  // and fully_shard can be called again with fixed options.
+  HP_CHECK_ARG(!modules.empty(), "fully_shard does not support empty list of modules.");
+  for (size_t i = 0; i < modules.size(); ++i) {
+    HP_CHECK_ARG(modules[i] != nullptr,
+                 "fully_shard expects a module or a list of modules, but got a list with a null "
+                 "module at index ",
+                 i, ".");
+    HP_CHECK_ARG(!modules[i]->attachment<Unit>(fsdp::kUnitAttachment),
+                 "fully_shard: module ", modules[i]->name(),
+                 " is already managed by fully_shard; call it once per module");
+  }
+  validate_options(options);
+  auto roots = root_modules(modules);
+  const int64_t shard_size = options.mesh ? fsdp::MeshInfo::checked_shard_size(*options.mesh)
+                                          : dist::get_world_size();
+  auto plans = plan_params(roots, options, shard_size);
+  int64_t regather_ranks = shard_size;
+  if (auto* keep = std::get_if<bool>(&options.reshard_after_forward)) {
+    regather_ranks = *keep ? shard_size : 1;
+  } else {
+    regather_ranks = std::get<int64_t>(options.reshard_after_forward);
+    Unit::check_reshard_after_forward(regather_ranks, shard_size, roots[0]->name());
   }
 
-  fsdp::UnitFlags flags;
-  if (auto* keep = std::get_if<bool>(&options.reshard_after_forward)) {
-    flags.reshard_after_forward_ranks = *keep ? mesh_info.shard_size : 1;
-  } else {
-    flags.reshard_after_forward_ranks = std::get<int64_t>(options.reshard_after_forward);
+  // Valid: build (collective from here on).
+  DeviceMeshPtr mesh = options.mesh;
+  if (!mesh) mesh = init_device_mesh("cpu", {dist::get_world_size()}, {"dp"});
+  fsdp::MeshInfo mesh_info = fsdp::MeshInfo::from_mesh(mesh);
+  std::vector<std::unique_ptr<FSDPParam>> params;
+  for (const auto& plan : plans) {
+    params.push_back(std::make_unique<FSDPParam>(plan.param, plan.fqn, mesh_info, plan.shard_dim,
+                                                 plan.keep_whole, options.mp_policy));
   }
+  fsdp::UnitFlags flags;
+  flags.reshard_after_forward_ranks = regather_ranks;
   fsdp::ParamGroup::Options group_options;
   group_options.fused = options.comm_fusion;
   group_options.zero_copy = options.comm_fusion_zero_copy.value_or(options.comm_fusion);
   auto unit = std::make_shared<Unit>(roots, mesh_info, std::move(params), flags, options.mp_policy,
                                      group_options);
-  for (size_t i = 0; i < claimed.size(); ++i) {
-    fsdp::register_param(claimed[i], unit, unit->params()[i].get());
+  for (size_t i = 0; i < plans.size(); ++i) {
+    fsdp::register_param(plans[i].param, unit, unit->params()[i].get());
   }
   for (const auto& root : roots) root->set_attachment(fsdp::kUnitAttachment, unit);
   unit->install_hooks();
@@ -214,6 +244,14 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<nn::Module>>& modules,
 
 bool is_fully_sharded(const nn::Module& module) {
   return module.attachment<Unit>(fsdp::kUnitAttachment) != nullptr;
+}
+
+at::Tensor main_grad(const at::Tensor& param) {
+  HP_CHECK_ARG(param.defined(), "main_grad: param must be a defined tensor");
+  auto managed = fsdp::find_managed(param);
+  HP_CHECK_ARG(managed.has_value(), "main_grad: the parameter of shape ",
+               to_string(param.sizes().vec()), " is not managed by fully_shard");
+  return managed->param->main_grad();
 }
 
 void UnshardHandle::wait() {
@@ -233,14 +271,7 @@ std::shared_ptr<Unit> FSDPModule::unit() const {
 
 std::vector<std::shared_ptr<Unit>> FSDPModule::units(bool recurse) const {
   if (!recurse) return {unit()};
-  std::vector<std::shared_ptr<Unit>> out;
-  for (const auto& sub : module_->modules(/*include_self=*/true)) {
-    auto hookable = std::dynamic_pointer_cast<nn::Module>(sub);
-    if (!hookable) continue;
-    auto u = hookable->attachment<Unit>(fsdp::kUnitAttachment);
-    if (u && std::find(out.begin(), out.end(), u) == out.end()) out.push_back(u);
-  }
-  return out;
+  return fsdp::units_in_tree(*module_);
 }
 
 UnshardHandle FSDPModule::unshard(bool async_op) {
@@ -272,9 +303,7 @@ void FSDPModule::set_reshard_after_forward(bool reshard_after_forward, bool recu
 void FSDPModule::set_reshard_after_forward(int64_t ranks, bool recurse) {
   // Validated for every unit before any changes (and before any group is made).
   for (auto& u : units(recurse)) {
-    HP_CHECK_ARG(ranks >= 1 && ranks <= u->mesh().shard_size && u->mesh().shard_size % ranks == 0,
-                 "reshard_after_forward as an int must be a divisor of the shard group size ",
-                 u->mesh().shard_size, " of unit ", u->name(), ", got ", ranks);
+    Unit::check_reshard_after_forward(ranks, u->mesh().shard_size, u->name());
   }
   for (auto& u : units(recurse)) u->set_reshard_after_forward(ranks);
 }
@@ -284,7 +313,13 @@ void FSDPModule::set_reshard_after_backward(bool reshard_after_backward, bool re
 }
 
 void FSDPModule::set_is_last_backward(bool is_last_backward) {
-  for (auto& u : units(true)) u->mutable_flags().is_last_backward = is_last_backward;
+  // One flag per training step (the seeds keep it in the shared scheduler
+  // context): the root's is the one the end of backward reads, whichever
+  // unit of the tree it is set through.
+  for (auto& u : units(true)) {
+    u->mutable_flags().is_last_backward = is_last_backward;
+    if (u->context()) u->context()->root->mutable_flags().is_last_backward = is_last_backward;
+  }
 }
 
 void FSDPModule::set_reduce_op_type(const std::string& reduce_op_type) {

@@ -67,7 +67,8 @@ class FSDPModule {
   void set_reshard_after_forward(int64_t ranks, bool recurse = true);
   void set_reshard_after_backward(bool reshard_after_backward, bool recurse = true);
   // Whether the coming backward is the last before the optimizer step; when
-  // false its reductions complete at the next forward instead.
+  // false its reductions complete at the next forward instead. One setting
+  // for the whole tree: set through any unit, it applies to its root.
   void set_is_last_backward(bool is_last_backward);
   // "avg" (default: divide by the data-parallel size) or "sum" (F5).
   void set_reduce_op_type(const std::string& reduce_op_type);
@@ -103,5 +104,11 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<nn::Module>>& modules,
 
 // Whether `module` is a fully_shard unit.
 bool is_fully_sharded(const nn::Module& module);
+
+// The fp32 main gradient of a parameter managed by a unit built with
+// MixedPrecisionPolicy::apply_grad_on_fp32_main_grad: the reduced gradient
+// shard, accumulated over backwards until zero_grad (undefined before the
+// first). Raises for a parameter fully_shard does not manage.
+at::Tensor main_grad(const at::Tensor& param);
 
 }  // namespace hp

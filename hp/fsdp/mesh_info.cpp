@@ -5,13 +5,18 @@
 
 namespace hp::fsdp {
 
-MeshInfo MeshInfo::from_mesh(DeviceMeshPtr mesh) {
-  HP_CHECK_ARG(mesh->ndim() == 1 || mesh->ndim() == 2,
+int64_t MeshInfo::checked_shard_size(const DeviceMesh& mesh) {
+  HP_CHECK_ARG(mesh.ndim() == 1 || mesh.ndim() == 2,
                "fully_shard expects a 1-D mesh (FSDP) or a 2-D (replicate, shard) mesh (HSDP), "
                "got a ",
-               mesh->ndim(), "-D mesh ", to_string(mesh->dim_names()));
-  HP_CHECK_ARG(mesh->contains_self(), "fully_shard: rank ", dist::get_rank(),
-               " is not part of ", mesh->describe());
+               mesh.ndim(), "-D mesh ", to_string(mesh.dim_names()));
+  HP_CHECK_ARG(mesh.contains_self(), "fully_shard: rank ", dist::get_rank(),
+               " is not part of ", mesh.describe());
+  return mesh.size(mesh.ndim() - 1);
+}
+
+MeshInfo MeshInfo::from_mesh(DeviceMeshPtr mesh) {
+  checked_shard_size(*mesh);
   MeshInfo info;
   info.mesh = mesh;
   const int64_t shard_dim = mesh->ndim() - 1;

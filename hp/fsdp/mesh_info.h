@@ -24,6 +24,10 @@ struct MeshInfo {
   dist::GroupPtr reduce_group;      // reduce-scatters (shard ranks)
   dist::GroupPtr replicate_group;   // all-reduces over replicas; null without replicas
 
+  // Checks that this rank can shard over `mesh` (1-D or 2-D, this rank in
+  // it) and returns the size of its shard dim. Local: no collectives, so
+  // fully_shard can finish every check before it creates any group.
+  static int64_t checked_shard_size(const DeviceMesh& mesh);
   // Collective over every rank that builds a unit on this mesh.
   static MeshInfo from_mesh(DeviceMeshPtr mesh);
 

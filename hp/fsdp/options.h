@@ -20,8 +20,11 @@ struct MixedPrecisionPolicy {
   std::optional<at::ScalarType> reduce_dtype;  // gradient collectives
   std::optional<at::ScalarType> output_dtype;  // forward outputs cast to this
   bool cast_forward_inputs = true;             // floating inputs cast to param_dtype
-  // Reduced gradients land in fp32 main grads when parameters compute in low
-  // precision.
+  // Reduced gradients are not cast to the parameter's dtype nor put in
+  // .grad: they accumulate, in the reduce dtype (which must then be fp32),
+  // in the parameter's main grad (hp::main_grad(param)), and .grad stays
+  // empty, as the seeds' main_grad for low-precision parameters. The
+  // optimizer must then read the main grads (clip_grad_norm_ reads .grad).
   bool apply_grad_on_fp32_main_grad = false;
 };
 

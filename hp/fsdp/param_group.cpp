@@ -78,7 +78,7 @@ void ParamGroup::begin_unshard(dist::Group* regather_group) {
   }
   arriving_.insert(arriving_.end(), todo.begin(), todo.end());
   if (todo.empty()) return;
-  const bool regather = !todo[0]->regather_piece().defined() ? false : true;
+  const bool regather = todo[0]->regather_piece().defined();
   dist::Group& group = regather ? *regather_group : *mesh_.shard_group;
   auto input_of = [regather](FSDPParam* p) {
     return regather ? p->regather_piece() : p->shard_gather_input();

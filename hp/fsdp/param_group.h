@@ -38,7 +38,6 @@ class ParamGroup {
   // Issues the gathers (from the shards, or from the regather pieces over
   // `regather_group` when the parameters hold them); idempotent while in flight.
   void begin_unshard(dist::Group* regather_group);
-  bool unshard_in_flight() const { return in_flight_; }
   // Waits, then points the parameters at their unsharded buffers.
   void finish_unshard();
 

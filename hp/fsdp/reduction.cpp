@@ -50,10 +50,6 @@ void PackedGrads::allocate() {
   data_ = sharded_ ? at::zeros({first.shard_size(), total_}, options) : at::zeros({total_}, options);
 }
 
-bool PackedGrads::contains(const FSDPParam& param) const {
-  return std::find(params_.begin(), params_.end(), &param) != params_.end();
-}
-
 void PackedGrads::add(FSDPParam& param, const at::Tensor& full_grad) {
   if (!data_.defined()) allocate();
   const size_t i = std::find(params_.begin(), params_.end(), &param) - params_.begin();
@@ -86,7 +82,11 @@ GradReduction::GradReduction(PackedGrads grads, at::Tensor scratch, const MeshIn
                       scratch.numel() >= input.numel();
     work_ = dist::reduce_scatter(*mesh_.reduce_group, output_, input.view(-1),
                                  dist::ReduceOp::kSum, lend ? scratch.view(-1) : at::Tensor());
-    if (scratch.defined()) work_.then([scratch] { free_storage(scratch); });
+    if (lend) {
+      work_.then([scratch] { free_storage(scratch); });
+    } else if (scratch.defined()) {
+      free_storage(scratch);  // unusable as the receive buffer: no reason to hold it
+    }
     stage_ = Stage::kReduceScatter;
     return;
   }
@@ -215,8 +215,7 @@ bool ReductionQueue::pending_for(const FSDPParam& param) const {
 }
 
 void ReductionQueue::drop_done() {
-  while (!pending_.empty() && pending_.front()->done()) pending_.pop_front();
-  // Keep order; done ones in the middle are dropped too.
+  // Keeps the order of the rest.
   for (auto it = pending_.begin(); it != pending_.end();) {
     it = (*it)->done() ? pending_.erase(it) : std::next(it);
   }

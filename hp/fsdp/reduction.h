@@ -49,8 +49,6 @@ class PackedGrads {
   static PackedGrads of(FSDPParam& param, at::Tensor full_grad);
 
   bool empty() const { return params_.empty(); }
-  bool sharded() const { return sharded_; }
-  bool contains(const FSDPParam& param) const;
   void add(FSDPParam& param, const at::Tensor& full_grad);
 
  private:

@@ -31,7 +31,8 @@ struct StateDictOptions {
   // it changes nothing here; it is accepted for code written for CUDA builds.
   bool cpu_offload = false;
   // With full_state_dict: only rank 0 keeps the values (all ranks still take
-  // part in the gathers); other ranks get an empty state dict.
+  // part in the gathers); other ranks get an empty state dict. Without
+  // full_state_dict it is refused (ArgumentError).
   bool rank0_only = false;
 };
 

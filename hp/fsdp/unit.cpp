@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "hp/dist/world.h"
+#include "hp/fsdp/storage.h"
 #include "hp/util/error.h"
 #include "hp/util/trace.h"
 
@@ -24,6 +25,19 @@ nn::TensorList cast_floating(const nn::TensorList& tensors, at::ScalarType dtype
 }
 
 }  // namespace
+
+std::vector<std::shared_ptr<Unit>> units_in_tree(const nn::Module& module, bool include_self) {
+  // modules() is not const in libtorch, though it changes nothing.
+  auto& walked = const_cast<nn::Module&>(module);
+  std::vector<std::shared_ptr<Unit>> out;
+  for (const auto& sub : walked.modules(include_self)) {
+    auto hookable = std::dynamic_pointer_cast<nn::Module>(sub);
+    if (!hookable) continue;
+    auto unit = hookable->attachment<Unit>(kUnitAttachment);
+    if (unit && std::find(out.begin(), out.end(), unit) == out.end()) out.push_back(unit);
+  }
+  return out;
+}
 
 void RootContext::finish_backward() {
   for (auto& weak : units) {
@@ -61,7 +75,10 @@ Unit::Unit(std::vector<std::shared_ptr<nn::Module>> modules, MeshInfo mesh,
           }(),
           mesh_, group_options) {
   set_reshard_after_forward(flags_.reshard_after_forward_ranks);
-  communicates_ = mesh_.shard_size > 1 || mesh_.replicate_size > 1 || !group_.empty();
+  // Main grads are filled by the reduction's last stage, so a unit that
+  // keeps them takes that path even when there is nothing to communicate.
+  communicates_ = mesh_.shard_size > 1 || mesh_.replicate_size > 1 || !group_.empty() ||
+                  mp_.apply_grad_on_fp32_main_grad;
 }
 
 Unit::~Unit() {
@@ -78,12 +95,17 @@ std::vector<std::shared_ptr<nn::Module>> Unit::modules() const {
   return alive;
 }
 
-void Unit::set_reshard_after_forward(int64_t ranks) {
-  const int64_t shard_size = mesh_.shard_size;
+void Unit::check_reshard_after_forward(int64_t ranks, int64_t shard_size,
+                                       const std::string& unit_name) {
   HP_CHECK_ARG(ranks >= 1 && ranks <= shard_size && shard_size % ranks == 0,
                "reshard_after_forward as an int must be a divisor of the shard group size ",
-               shard_size, " (1 keeps the parameters gathered, ", shard_size,
-               " reshards them fully), got ", ranks);
+               shard_size, " of unit ", unit_name, " (1 keeps the parameters gathered, ",
+               shard_size, " reshards them fully), got ", ranks);
+}
+
+void Unit::set_reshard_after_forward(int64_t ranks) {
+  const int64_t shard_size = mesh_.shard_size;
+  check_reshard_after_forward(ranks, shard_size, name_);
   flags_.reshard_after_forward_ranks = ranks;
   regather_group_ = nullptr;
   if (ranks > 1 && ranks < shard_size) {
@@ -134,16 +156,15 @@ void Unit::become_root() {
   context->units.push_back(weak_from_this());
   context_ = context;
   for (auto& module : modules()) {
-    for (auto& sub : module->modules(/*include_self=*/false)) {
-      auto hookable = std::dynamic_pointer_cast<nn::Module>(sub);
-      if (!hookable) continue;
-      auto unit = hookable->attachment<Unit>(kUnitAttachment);
-      if (!unit || unit.get() == this || unit->context_ == context) continue;
+    for (auto& unit : units_in_tree(*module, /*include_self=*/false)) {
+      if (unit.get() == this || unit->context_ == context) continue;
       HP_CHECK_ARG(unit->state_ == State::kIdle, "fully_shard: unit ", unit->name(),
                    " is in the middle of a forward/backward pass of another root; run the "
                    "outermost module's forward instead");
       unit->context_ = context;
       context->units.push_back(unit);
+      // set_is_last_backward(false) on this unit before its root existed.
+      flags_.is_last_backward = flags_.is_last_backward && unit->flags_.is_last_backward;
     }
   }
   for (auto& weak : context->units) {
@@ -269,8 +290,7 @@ std::optional<nn::TensorList> Unit::post_forward(const nn::TensorList& outputs) 
   }
   state_ = State::kAfterForward;
   // The root's parameters would be gathered again right away for backward.
-  const bool root_of_others = is_root() && context_->units.size() > 1;
-  if (root_of_others || keep_over == 1) return replaced;
+  if (root_of_others() || keep_over == 1) return replaced;
   if (regather_group_) {
     group_.keep_for_regather(keep_over, mesh_.shard_rank % keep_over);
   } else {
@@ -341,7 +361,7 @@ void Unit::post_accumulate(FSDPParam& param) {
     return;
   }
   // Fused: pack it now (its full tensor goes at once), reduce with the last.
-  if (is_root() && context_->units.size() > 1) {
+  if (root_of_others()) {
     unpacked_.emplace_back(&param, std::move(grad));
   } else {
     (param.sharded() ? packed_sharded_ : packed_whole_).add(param, grad);
@@ -375,7 +395,9 @@ void Unit::reduce_fused() {
         std::move(packed_sharded_), std::move(scratch), mesh_, settings, wave_,
         shared_from_this()));
   } else if (scratch.defined()) {
-    group_.reshard();
+    // Nothing to reduce-scatter into it: the lent buffer is released here,
+    // since the group leaves a lent buffer to its borrower.
+    free_storage(scratch);
   }
   if (!packed_whole_.empty()) {
     context_->reductions.push(std::make_unique<GradReduction>(

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "hp/fsdp/fsdp_param.h"
@@ -37,6 +38,10 @@ namespace hp::fsdp {
 constexpr const char* kUnitAttachment = "hp.fsdp.unit";
 
 class Unit;
+
+// The distinct units attached to the modules inside `module` (and to
+// `module` itself with include_self), in module order.
+std::vector<std::shared_ptr<Unit>> units_in_tree(const nn::Module& module, bool include_self = true);
 
 // Shared by the root unit and every unit in its module tree.
 struct RootContext {
@@ -63,7 +68,10 @@ struct UnitFlags {
   bool requires_all_reduce = true;
   bool average = true;  // reduce op "avg" (else "sum")
   bool implicit_prefetch = true;
-  // Read on the root: whether this backward completes its reductions.
+  // Read on the root: whether this backward completes its reductions. Set
+  // through any unit of the tree (FSDPModule::set_is_last_backward sets the
+  // root's too; before the first forward a false on any unit of the tree
+  // holds for the root it joins).
   bool is_last_backward = true;
 };
 
@@ -87,9 +95,18 @@ class Unit : public std::enable_shared_from_this<Unit> {
   UnitFlags& mutable_flags() { return flags_; }
   const std::shared_ptr<RootContext>& context() const { return context_; }
   bool is_root() const { return context_ && context_->root == this; }
+  // The root of a tree with other units: its parameters serve both ends of
+  // backward (head first, embeddings last).
+  bool root_of_others() const { return is_root() && context_->units.size() > 1; }
   // A short name for messages: the first module's name.
   std::string name() const;
 
+  // Raises unless `ranks` is a valid reshard_after_forward for a unit named
+  // `unit_name` sharded over `shard_size` ranks: a divisor of it (1 keeps
+  // the parameters gathered, shard_size reshards fully). Used before any
+  // change by fully_shard and the setter, and by set_reshard_after_forward.
+  static void check_reshard_after_forward(int64_t ranks, int64_t shard_size,
+                                          const std::string& unit_name);
   // reshard_after_forward as bool or N (validated: N divides the shard size).
   void set_reshard_after_forward(int64_t ranks);
   // Explicit prefetch lists (F11); they replace the implicit choice.
@@ -133,8 +150,8 @@ class Unit : public std::enable_shared_from_this<Unit> {
   std::vector<std::weak_ptr<Unit>> backward_prefetch_;
 
   // Nothing to gather, cast or reduce (one rank, no replicas, no mixed
-  // precision): the hooks only keep the shared bookkeeping, and gradients
-  // stay where autograd put them.
+  // precision, no main grads): the hooks only keep the shared bookkeeping,
+  // and gradients stay where autograd put them.
   bool communicates_ = true;
   State state_ = State::kIdle;
   int forward_depth_ = 0;  // list units: modules inside forward

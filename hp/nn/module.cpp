@@ -8,6 +8,25 @@ struct Module::Hooks {
   int64_t next_id = 0;
   std::vector<std::pair<int64_t, ForwardPreHook>> pre;
   std::vector<std::pair<int64_t, ForwardHook>> post;
+
+  // Adds `hook` to `self`'s `list` (pre or post) under a fresh id. The
+  // handle refers to the hooks weakly: it may outlive the module.
+  template <typename Hook>
+  static HookHandle add(const std::shared_ptr<Hooks>& self,
+                        std::vector<std::pair<int64_t, Hook>> Hooks::*list, Hook hook,
+                        bool prepend) {
+    const int64_t id = self->next_id++;
+    auto& v = (*self).*list;
+    auto entry = std::make_pair(id, std::move(hook));
+    v.insert(prepend ? v.begin() : v.end(), std::move(entry));
+    Hooks* raw = self.get();
+    return HookHandle(self, [raw, list, id] {
+      auto& hooks = (*raw).*list;
+      hooks.erase(std::remove_if(hooks.begin(), hooks.end(),
+                                 [id](const auto& e) { return e.first == id; }),
+                  hooks.end());
+    });
+  }
 };
 
 void HookHandle::remove() {
@@ -20,35 +39,11 @@ Module::Module(std::string name) : torch::nn::Module(std::move(name)), hooks_(st
 Module::~Module() = default;
 
 HookHandle Module::register_forward_pre_hook(ForwardPreHook hook, bool prepend) {
-  const int64_t id = hooks_->next_id++;
-  auto entry = std::make_pair(id, std::move(hook));
-  if (prepend) {
-    hooks_->pre.insert(hooks_->pre.begin(), std::move(entry));
-  } else {
-    hooks_->pre.push_back(std::move(entry));
-  }
-  Hooks* hooks = hooks_.get();
-  return HookHandle(hooks_, [hooks, id] {
-    auto& v = hooks->pre;
-    v.erase(std::remove_if(v.begin(), v.end(), [id](const auto& e) { return e.first == id; }),
-            v.end());
-  });
+  return Hooks::add(hooks_, &Hooks::pre, std::move(hook), prepend);
 }
 
 HookHandle Module::register_forward_hook(ForwardHook hook, bool prepend) {
-  const int64_t id = hooks_->next_id++;
-  auto entry = std::make_pair(id, std::move(hook));
-  if (prepend) {
-    hooks_->post.insert(hooks_->post.begin(), std::move(entry));
-  } else {
-    hooks_->post.push_back(std::move(entry));
-  }
-  Hooks* hooks = hooks_.get();
-  return HookHandle(hooks_, [hooks, id] {
-    auto& v = hooks->post;
-    v.erase(std::remove_if(v.begin(), v.end(), [id](const auto& e) { return e.first == id; }),
-            v.end());
-  });
+  return Hooks::add(hooks_, &Hooks::post, std::move(hook), prepend);
 }
 
 bool Module::has_forward_hooks() const { return !hooks_->pre.empty() || !hooks_->post.empty(); }

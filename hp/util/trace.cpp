@@ -56,14 +56,6 @@ void record(std::string name, std::string category, std::string lane, int64_t st
   r.events.push_back({std::move(name), std::move(category), std::move(lane), start_us, end_us});
 }
 
-Span::Span(const char* name, const char* category, const char* lane)
-    : active_(enabled()), category_(category), lane_(lane), start_(0) {
-  if (active_) {
-    name_ = name;
-    start_ = now_us();
-  }
-}
-
 Span::Span(std::string name, const char* category, const char* lane)
     : active_(enabled()), category_(category), lane_(lane), start_(0) {
   if (active_) {

@@ -37,7 +37,6 @@ void record(std::string name, std::string category, std::string lane, int64_t st
 // Records [construction, destruction) when tracing is enabled.
 class Span {
  public:
-  Span(const char* name, const char* category, const char* lane);
   Span(std::string name, const char* category, const char* lane);
   ~Span();
   Span(const Span&) = delete;

@@ -13,15 +13,14 @@
 #include "tests/fsdp/gpt_fixture.h"
 #include "tests/fsdp/toy_model.h"
 #include "tests/support/tensor_checks.h"
+#include "tests/support/text_checks.h"
 
 namespace hp {
 namespace {
 
 using test::tensors_equal;
 
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+using test::contains;
 
 std::string error_of(const std::function<void()>& fn) {
   return test::message_of<ArgumentError>(fn);
@@ -66,14 +65,24 @@ TEST(FullyShardStateDict, RoundTripsInEveryModeAndValueKind) {
         EXPECT_TRUE(tensors_equal(loaded.at(name), tensor)) << name;
       }
     }
-    // A sharded state dict loads into an unsharded model too.
+    // The whole tensors are the unsharded model's state: loaded by name into
+    // a plain GPT, they cover every parameter with its shape, and the plain
+    // model computes the sharded model's loss.
     auto plain = test::make_gpt(/*seed=*/3);
+    auto plain_params = plain->named_parameters();
+    ASSERT_EQ(whole.size(), plain_params.size());
     for (const auto& [name, value] : whole) {
-      plain->named_parameters()[name].detach().copy_(std::get<at::Tensor>(value));
+      at::Tensor* target = plain_params.find(name);
+      ASSERT_NE(target, nullptr) << name;
+      const at::Tensor& tensor = std::get<at::Tensor>(value);
+      ASSERT_EQ(tensor.sizes(), target->sizes()) << name;
+      target->detach().copy_(tensor);
     }
-    for (auto& item : plain->named_parameters()) {
-      EXPECT_TRUE(tensors_equal(item.value(), expected.at(item.key()))) << item.key();
-    }
+    at::NoGradGuard no_grad;
+    at::Tensor tokens = test::token_batch(5);
+    const double sharded_loss = test::gpt_loss(source, tokens, 0, 12).item<double>();
+    EXPECT_NEAR(test::gpt_loss(plain, tokens, 0, 12).item<double>(), sharded_loss,
+                1e-6 * sharded_loss);
   }
 }
 
@@ -82,6 +91,13 @@ TEST(FullyShardStateDict, Rank0OnlyAndStrictKeys) {
   FSDPModule root = test::shard_gpt(model, {});
   StateDict rank0 = get_model_state_dict(*model, {true, true, true});
   EXPECT_EQ(rank0.empty(), dist::get_rank() != 0);
+  // rank0_only applies to whole tensors only: with local shards it is refused.
+  std::string refused = error_of([&] {
+    get_model_state_dict(*model, {/*full_state_dict=*/false, false, /*rank0_only=*/true});
+  });
+  EXPECT_EQ(refused,
+            "get_model_state_dict: rank0_only=true needs full_state_dict=true (only whole tensors "
+            "can be kept on rank 0 alone), got full_state_dict=false");
 
   StateDict sd = root.state_dict();
   sd.erase(std::remove_if(sd.begin(), sd.end(),
@@ -101,6 +117,60 @@ TEST(FullyShardStateDict, Rank0OnlyAndStrictKeys) {
                           "shard ("))
       << m;
   EXPECT_TRUE(contains(m, "nor global (50, 64).")) << m;
+}
+
+TEST(FullyShardStateDict, BadEntryAfterGoodOnesLoadsNothingOnAnyRank) {
+  const int64_t world = dist::get_world_size(), rank = dist::get_rank();
+  auto model = test::make_gpt(/*seed=*/1);
+  FSDPModule root = test::shard_gpt(model, {});
+  const auto before = test::full_parameters(*model);
+  auto other = test::make_gpt(/*seed=*/2);  // every value differs from the model's
+  StateDict good;
+  for (auto& item : other->named_parameters()) good.emplace_back(item.key(), item.value().detach());
+  auto expect_nothing_loaded = [&](const std::string& after) {
+    SCOPED_TRACE(after);
+    auto now = test::full_parameters(*model);
+    for (const auto& [name, tensor] : before) {
+      EXPECT_TRUE(tensors_equal(now.at(name), tensor)) << name;
+    }
+  };
+
+  // The last entry has a shape no rank accepts.
+  StateDict bad = good;
+  bad.back().second = at::zeros({3, 3});
+  std::string m = error_of([&] { root.load_state_dict(bad); });
+  EXPECT_TRUE(contains(m, "load '" + bad.back().first + "': plain tensor shape (3, 3) matches "
+                          "neither local shard"))
+      << m;
+  expect_nothing_loaded("a shape every rank rejects");
+
+  // Rank 0's local shard shape of wte.weight, last: the last rank's shorter
+  // shard rejects it, the others would accept it, and every rank raises.
+  const int64_t first_chunk = chunk_span(50, world, 0).size;
+  if (first_chunk != chunk_span(50, world, world - 1).size) {
+    StateDict uneven;
+    for (const auto& entry : good) {
+      if (entry.first != "wte.weight") uneven.push_back(entry);
+    }
+    uneven.emplace_back("wte.weight", at::zeros({first_chunk, 64}));
+    m = error_of([&] { root.load_state_dict(uneven); });
+    if (rank == world - 1) {
+      EXPECT_TRUE(contains(m, "load 'wte.weight': plain tensor shape (" +
+                                  std::to_string(first_chunk) + ", 64) matches neither local shard"))
+          << m;
+    } else {
+      EXPECT_EQ(m, "load 'wte.weight': rejected on another rank (see its error); nothing was "
+                   "loaded");
+    }
+    expect_nothing_loaded("a shape only some ranks reject");
+  }
+
+  // The good entries alone load.
+  root.load_state_dict(good);
+  auto loaded = test::full_parameters(*model);
+  for (auto& item : other->named_parameters()) {
+    EXPECT_TRUE(tensors_equal(loaded.at(item.key()), item.value())) << item.key();
+  }
 }
 
 TEST(FullyShardApi, ExplicitUnshardAndReshard) {
@@ -293,6 +363,62 @@ TEST(FullyShardErrors, ArgumentErrorsNameTheProblem) {
   EXPECT_TRUE(contains(m, "norm_type must be 2.0 or inf, got 3")) << m;
 }
 
+TEST(FullyShardErrors, LateValidationErrorLeavesTheModelUntouched) {
+  // Errors found only after other parameters were looked at must leave
+  // every parameter whole and unmanaged, so a retry with fixed options works.
+  const int64_t world = dist::get_world_size(), rank = dist::get_rank();
+  auto reference = test::make_toy_model();
+  auto model = test::make_toy_model();
+  auto expect_untouched = [&](const std::string& after) {
+    SCOPED_TRACE(after);
+    EXPECT_FALSE(is_fully_sharded(*model));
+    auto ref = reference->named_parameters();
+    for (auto& item : model->named_parameters()) {
+      EXPECT_TRUE(tensors_equal(item.value(), ref[item.key()])) << item.key();
+    }
+  };
+  // head.weight is the last parameter: every other one passed its checks.
+  FullyShardOptions options;
+  options.comm_fusion = true;
+  options.replicate_params = {model->head->weight};
+  std::string m = error_of([&] { fully_shard(model.ptr(), options); });
+  EXPECT_TRUE(contains(m, "comm_fusion does not support parameter head.weight")) << m;
+  expect_untouched("comm_fusion with a replicated parameter");
+
+  // A dtype that differs, seen last.
+  model->head->weight.set_data(model->head->weight.detach().to(at::kDouble));
+  m = error_of([&] { fully_shard(model.ptr(), FullyShardOptions{}); });
+  EXPECT_TRUE(contains(m, "hsdp expects uniform original parameter dtype but got")) << m;
+  model->head->weight.set_data(model->head->weight.detach().to(at::kFloat));
+  expect_untouched("non-uniform dtype");
+
+  if (world > 1) {
+    options = {};
+    options.reshard_after_forward = int64_t{world + 1};
+    m = error_of([&] { fully_shard(model.ptr(), options); });
+    EXPECT_TRUE(contains(m, "must be a divisor of the shard group size " + std::to_string(world)))
+        << m;
+    expect_untouched("reshard_after_forward not a divisor");
+  }
+
+  // Fixed options: the model shards and trains like the reference.
+  options = {};
+  options.comm_fusion = true;
+  for (auto& block : model->block_list) fully_shard(block.ptr(), options);
+  fully_shard(model.ptr(), options);
+  EXPECT_TRUE(is_fully_sharded(*model));
+  auto [x, y] = test::global_batch(0);
+  torch::mse_loss(reference(x), y).backward();
+  torch::mse_loss(model(test::rows_for(x, rank, world)), test::rows_for(y, rank, world)).backward();
+  auto ref = reference->named_parameters();
+  for (auto& [name, value] : FSDPModule(model.ptr()).state_dict()) {
+    const DTensor& d = std::get<DTensor>(value);
+    at::Tensor expected = distribute_tensor(ref[name].grad(), d.layout()).local();
+    EXPECT_TRUE(test::tensors_close(model->named_parameters()[name].grad(), expected, 1e-5, 1e-7))
+        << name;
+  }
+}
+
 // A module with a parameter left on the meta device.
 struct MetaImpl : nn::Module {
   MetaImpl() : nn::Module("Meta") {
@@ -319,21 +445,11 @@ TEST(FullyShardErrors, LazyInitRefusesMetaParameters) {
 namespace hp {
 namespace {
 
-// Gradients of the sharded model against the reference, shard by shard.
+// Gradients of the sharded model against the reference, shard by shard
+// (fp32 parity tolerances: rtol 1e-5, atol 1e-7).
 void expect_grads_match_reference(nn::GPT& model, nn::GPT& reference) {
-  auto ref = reference->named_parameters();
-  auto mine = model->named_parameters();
-  for (auto& [name, value] : FSDPModule(model.ptr()).state_dict()) {
-    const DTensor& d = std::get<DTensor>(value);
-    at::Tensor expected = distribute_tensor(ref[name].grad(), d.layout()).local();
-    ASSERT_TRUE(mine[name].grad().defined()) << name;
-    EXPECT_TRUE(test::tensors_close(mine[name].grad(), expected, 1e-5, 1e-7)) << name;
-  }
+  test::expect_gradients_match(model, reference);
 }
-
-const int64_t kRows = 12;
-int64_t first_row() { return dist::get_rank() * (kRows / dist::get_world_size()); }
-int64_t rows() { return kRows / dist::get_world_size(); }
 
 TEST(FullyShardSetters, RequiresAllReduceFalseAccumulatesUntilTheLastMicroBatch) {
   for (const auto& mesh : test::mesh_configs()) {
@@ -348,7 +464,7 @@ TEST(FullyShardSetters, RequiresAllReduceFalseAccumulatesUntilTheLastMicroBatch)
       at::Tensor tokens = test::token_batch(micro);
       test::reference_backward(reference, tokens, dist::get_world_size());
       root.set_requires_all_reduce(micro == 1);
-      test::gpt_loss(model, tokens, first_row(), rows()).backward();
+      test::gpt_loss(model, tokens, test::my_first_row(), test::my_rows()).backward();
     }
     expect_grads_match_reference(model, reference);
   }
@@ -361,11 +477,32 @@ TEST(FullyShardSetters, IsLastBackwardFalseLandsAtTheNextForward) {
   // First micro-batch: its reductions may still be in flight afterwards.
   root.set_is_last_backward(false);
   test::reference_backward(reference, test::token_batch(0), dist::get_world_size());
-  test::gpt_loss(model, test::token_batch(0), first_row(), rows()).backward();
+  test::gpt_loss(model, test::token_batch(0), test::my_first_row(), test::my_rows()).backward();
   // The next forward lands them; its backward adds to them.
   root.set_is_last_backward(true);
   test::reference_backward(reference, test::token_batch(1), dist::get_world_size());
-  test::gpt_loss(model, test::token_batch(1), first_row(), rows()).backward();
+  test::gpt_loss(model, test::token_batch(1), test::my_first_row(), test::my_rows()).backward();
+  expect_grads_match_reference(model, reference);
+}
+
+TEST(FullyShardSetters, IsLastBackwardSetThroughAnInnerUnitAppliesToTheRoot) {
+  if (dist::get_world_size() < 2) GTEST_SKIP();
+  auto reference = test::make_gpt();
+  auto model = test::make_gpt();
+  test::shard_gpt(model, {});
+  nn::Block block = model->blocks()[0];
+  FSDPModule inner(block.ptr());
+  for (int micro = 0; micro < 3; ++micro) {
+    // Micro-batch 0 runs before the root exists (lazy init), 1 after.
+    const bool last = micro == 2;
+    inner.set_is_last_backward(last);
+    at::Tensor tokens = test::token_batch(micro);
+    test::reference_backward(reference, tokens, dist::get_world_size());
+    test::gpt_loss(model, tokens, test::my_first_row(), test::my_rows()).backward();
+    // Not the last: the root's own reductions (issued last) are still in
+    // flight, so its parameters have no gradient yet.
+    EXPECT_EQ(model->wte->weight.grad().defined(), last) << "micro-batch " << micro;
+  }
   expect_grads_match_reference(model, reference);
 }
 
@@ -381,7 +518,7 @@ TEST(FullyShardSetters, ReshardAfterBackwardFalseKeepsNoSyncMicroBatchesGathered
     root.set_reshard_after_backward(last);
     at::Tensor tokens = test::token_batch(micro);
     test::reference_backward(reference, tokens, dist::get_world_size());
-    test::gpt_loss(model, tokens, first_row(), rows()).backward();
+    test::gpt_loss(model, tokens, test::my_first_row(), test::my_rows()).backward();
     // Kept gathered between no-sync micro-batches; sharded after the last.
     EXPECT_EQ(w.size(0) == 256, !last) << "micro-batch " << micro;
   }

@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,14 @@ inline nn::GPT make_gpt(uint64_t seed = 7, int64_t layers = 2) {
   torch::manual_seed(seed);
   return nn::GPT(small_gpt_config(layers));
 }
+
+// Rows of the global batch of the parity tests.
+constexpr int64_t kBatch = 12;
+
+// This rank's rows of a global batch of kBatch (every rank is a
+// data-parallel rank).
+inline int64_t my_first_row() { return dist::get_rank() * (kBatch / dist::get_world_size()); }
+inline int64_t my_rows() { return kBatch / dist::get_world_size(); }
 
 // Tokens of step s: [batch, seq + 1], the same on every process.
 inline at::Tensor token_batch(int step, int64_t batch = 12, int64_t seq = 8) {
@@ -100,6 +109,39 @@ inline void expect_parameters_match(nn::Module& model, nn::GPT& reference, doubl
   }
 }
 
+// How closely a sharded run must track the single-process reference. The
+// defaults are the fp32 parity tolerances (gpt_training_test.cpp says why).
+struct TrainingTolerances {
+  double loss_rtol = 1e-5;
+  double grad_rtol = 1e-5;
+  double grad_atol = 1e-7;
+  // > 0: gradients within this fraction of each tensor's largest entry (at
+  // least 2e-6) instead of grad_atol (bf16 compute: near-zero entries carry
+  // the absolute error of the large ones).
+  double grad_scale_atol = 0;
+  double param_atol = 2e-5;  // < 0: parameters are not compared
+  double key_bias_atol = 1e-4;
+};
+
+// Each managed gradient shard of `model` against the matching shard of
+// `reference`'s gradient times `scale`, in the reference's dtype.
+inline void expect_gradients_match(nn::GPT& model, nn::GPT& reference,
+                                   const TrainingTolerances& tol = {}, double scale = 1.0) {
+  auto ref = reference->named_parameters();
+  auto mine = model->named_parameters();
+  for (auto& [name, value] : FSDPModule(model.ptr()).state_dict()) {
+    const DTensor& d = std::get<DTensor>(value);
+    at::Tensor expected = distribute_tensor(ref[name].grad() * scale, d.layout()).local();
+    ASSERT_TRUE(mine[name].grad().defined()) << name;
+    EXPECT_EQ(mine[name].grad().scalar_type(), expected.scalar_type()) << name;
+    const double atol =
+        tol.grad_scale_atol > 0
+            ? std::max(2e-6, tol.grad_scale_atol * expected.abs().max().item<double>())
+            : tol.grad_atol;
+    EXPECT_TRUE(tensors_close(mine[name].grad(), expected, tol.grad_rtol, atol)) << name;
+  }
+}
+
 struct MeshConfig {
   std::string name;  // "fsdp", "hsdp", "ddp"
   std::vector<int64_t> shape;
@@ -136,6 +178,35 @@ inline torch::optim::AdamW make_adamw(nn::Module& model) {
                                                       .betas({0.9, 0.95})
                                                       .eps(1e-8)
                                                       .weight_decay(0.1));
+}
+
+// Trains a GPT sharded with `options` (shard_gpt) and the single-process
+// reference 3 AdamW steps on kBatch rows; compares every step's loss, the
+// first step's gradients and the final parameters within `tol`.
+inline void expect_training_matches(const FullyShardOptions& options,
+                                    const TrainingTolerances& tol = {}) {
+  auto reference = make_gpt();
+  auto ref_opt = make_adamw(*reference);
+  auto model = make_gpt();
+  shard_gpt(model, options);
+  auto opt = make_adamw(*model);
+  for (int step = 0; step < 3; ++step) {
+    at::Tensor tokens = token_batch(step, kBatch);
+    at::Tensor ref_loss = reference_backward(reference, tokens, dist::get_world_size());
+    at::Tensor loss = gpt_loss(model, tokens, my_first_row(), my_rows());
+    loss.backward();
+    EXPECT_NEAR(world_mean(loss.item<double>()), ref_loss.item<double>(),
+                tol.loss_rtol * ref_loss.item<double>())
+        << "step " << step;
+    if (step == 0) expect_gradients_match(model, reference, tol);
+    ref_opt.step();
+    ref_opt.zero_grad();
+    opt.step();
+    opt.zero_grad();
+  }
+  if (tol.param_atol >= 0) {
+    expect_parameters_match(*model, reference, tol.param_atol, tol.key_bias_atol);
+  }
 }
 
 }  // namespace hp::test

@@ -32,57 +32,30 @@ namespace {
 
 using test::tensors_close;
 
-constexpr int64_t kBatch = 12;
-constexpr double kAdamParamTolerance = 2e-5;
-constexpr double kKeyBiasTolerance = 1e-4;
+using test::kBatch;
+using test::my_first_row;
+using test::my_rows;
 
-// This rank's rows of the global batch (every rank is a data-parallel rank).
-int64_t my_first_row() { return dist::get_rank() * (kBatch / dist::get_world_size()); }
-int64_t my_rows() { return kBatch / dist::get_world_size(); }
+// The tolerances above (the TrainingTolerances defaults): gradients rtol
+// 1e-5 atol 1e-7, parameters atol 2e-5, key bias 1e-4.
+const test::TrainingTolerances kParity;
 
-// Each managed gradient shard against the matching shard of the reference.
 void expect_gradients_match(nn::GPT& model, nn::GPT& reference, double scale = 1.0) {
-  auto ref = reference->named_parameters();
-  auto mine = model->named_parameters();
-  for (auto& [name, value] : FSDPModule(model.ptr()).state_dict()) {
-    const DTensor& d = std::get<DTensor>(value);
-    at::Tensor expected = distribute_tensor(ref[name].grad() * scale, d.layout()).local();
-    ASSERT_TRUE(mine[name].grad().defined()) << name;
-    EXPECT_TRUE(tensors_close(mine[name].grad(), expected, 1e-5, 1e-7)) << name;
-  }
+  test::expect_gradients_match(model, reference, kParity, scale);
 }
 
 void expect_parameters_match(nn::GPT& model, nn::GPT& reference) {
-  test::expect_parameters_match(*model, reference, kAdamParamTolerance, kKeyBiasTolerance);
+  test::expect_parameters_match(*model, reference, kParity.param_atol, kParity.key_bias_atol);
 }
 
 TEST(GPTFullyShard, ThreeAdamWStepsMatchPlainLibtorch) {
   for (const auto& mesh : test::mesh_configs()) {
     for (bool reshard : {true, false}) {
       SCOPED_TRACE(mesh.name + (reshard ? " reshard_after_forward" : " keep after forward"));
-      auto reference = test::make_gpt();
-      auto ref_opt = test::make_adamw(*reference);
-      auto model = test::make_gpt();
       FullyShardOptions options;
       options.mesh = test::make_mesh(mesh);
       options.reshard_after_forward = reshard;
-      test::shard_gpt(model, options);
-      auto opt = test::make_adamw(*model);
-      for (int step = 0; step < 3; ++step) {
-        at::Tensor tokens = test::token_batch(step, kBatch);
-        at::Tensor ref_loss = test::reference_backward(reference, tokens, dist::get_world_size());
-        at::Tensor loss = test::gpt_loss(model, tokens, my_first_row(), my_rows());
-        loss.backward();
-        EXPECT_NEAR(test::world_mean(loss.item<double>()), ref_loss.item<double>(),
-                    1e-5 * ref_loss.item<double>())
-            << "step " << step;
-        if (step == 0) expect_gradients_match(model, reference);
-        ref_opt.step();
-        ref_opt.zero_grad();
-        opt.step();
-        opt.zero_grad();
-      }
-      expect_parameters_match(model, reference);
+      test::expect_training_matches(options, kParity);
     }
   }
 }

@@ -20,53 +20,23 @@ namespace {
 
 using test::tensors_close;
 
-constexpr int64_t kBatch = 12;
+using test::kBatch;
+using test::my_first_row;
+using test::my_rows;
 
-int64_t my_first_row() { return dist::get_rank() * (kBatch / dist::get_world_size()); }
-int64_t my_rows() { return kBatch / dist::get_world_size(); }
+// The tolerances of these tests: gradients atol 1e-6, parameters 5e-6.
+test::TrainingTolerances default_tolerances() {
+  test::TrainingTolerances tol;
+  tol.loss_rtol = 1e-5;
+  tol.grad_rtol = 1e-5;
+  tol.grad_atol = 1e-6;
+  tol.param_atol = 5e-6;
+  tol.key_bias_atol = 1e-4;
+  return tol;
+}
 
-// Trains `model` (sharded with `options`) and a reference 3 AdamW steps and
-// compares losses, first-step gradients and final parameters.
-// grad_scale_atol > 0 compares gradients within that fraction of each
-// tensor's largest entry instead (bf16 compute: near-zero entries carry the
-// absolute error of the large ones). param_atol < 0 skips the parameters.
-void expect_training_matches(const FullyShardOptions& options, double loss_rtol = 1e-5,
-                             double grad_rtol = 1e-5, double param_atol = 5e-6,
-                             double grad_scale_atol = 0) {
-  auto reference = test::make_gpt();
-  auto ref_opt = test::make_adamw(*reference);
-  auto model = test::make_gpt();
-  FSDPModule root = test::shard_gpt(model, options);
-  auto opt = test::make_adamw(*model);
-  for (int step = 0; step < 3; ++step) {
-    at::Tensor tokens = test::token_batch(step, kBatch);
-    at::Tensor ref_loss = test::reference_backward(reference, tokens, dist::get_world_size());
-    at::Tensor loss = test::gpt_loss(model, tokens, my_first_row(), my_rows());
-    loss.backward();
-    EXPECT_NEAR(test::world_mean(loss.item<double>()), ref_loss.item<double>(),
-                loss_rtol * ref_loss.item<double>())
-        << "step " << step;
-    if (step == 0) {
-      auto ref = reference->named_parameters();
-      auto mine = model->named_parameters();
-      for (auto& [name, value] : root.state_dict()) {
-        const DTensor& d = std::get<DTensor>(value);
-        at::Tensor expected = distribute_tensor(ref[name].grad(), d.layout()).local();
-        ASSERT_TRUE(mine[name].grad().defined()) << name;
-        EXPECT_EQ(mine[name].grad().scalar_type(), at::kFloat) << name;
-        const double atol =
-            grad_scale_atol > 0
-                ? std::max(2e-6, grad_scale_atol * expected.abs().max().item<double>())
-                : 1e-6;
-        EXPECT_TRUE(tensors_close(mine[name].grad(), expected, grad_rtol, atol)) << name;
-      }
-    }
-    ref_opt.step();
-    ref_opt.zero_grad();
-    opt.step();
-    opt.zero_grad();
-  }
-  if (param_atol >= 0) test::expect_parameters_match(*model, reference, param_atol, 1e-4);
+void expect_training_matches(const FullyShardOptions& options) {
+  test::expect_training_matches(options, default_tolerances());
 }
 
 TEST(CommFusion, TrainingMatchesPlainLibtorchInEveryMode) {
@@ -107,7 +77,9 @@ TEST(CommFusion, AtMostTwoAllGathersAndOneReduceScatterPerUnit) {
       EXPECT_LE(stats.all_gather, sharded ? 2 * units : 0) << "step " << step;
       EXPECT_LE(stats.reduce_scatter, sharded ? units : 0) << "step " << step;
       EXPECT_LE(stats.all_reduce, replicas ? units : 0) << "step " << step;
-      if (sharded) EXPECT_GE(stats.reduce_scatter, units);
+      if (sharded) {
+        EXPECT_GE(stats.reduce_scatter, units);
+      }
     }
   }
 }
@@ -163,24 +135,55 @@ TEST(Prefetch, NextUnitIsGatheredBeforeItsForward) {
   }
 }
 
+// All-gathers issued by `block`'s own pre-forward hook in its last forward
+// (none when another unit prefetched it), counted by hooks around fully_shard's.
+std::shared_ptr<int64_t> count_own_all_gathers(nn::Block& block) {
+  auto before = std::make_shared<int64_t>(0);
+  auto issued = std::make_shared<int64_t>(-1);
+  block->register_forward_pre_hook(
+      [before](nn::Module&, const nn::TensorList&) -> std::optional<nn::TensorList> {
+        *before = dist::comm_stats().all_gather;
+        return std::nullopt;
+      },
+      /*prepend=*/true);
+  block->register_forward_pre_hook(
+      [before, issued](nn::Module&, const nn::TensorList&) -> std::optional<nn::TensorList> {
+        *issued = dist::comm_stats().all_gather - *before;
+        return std::nullopt;
+      });
+  return issued;
+}
+
 TEST(Prefetch, ExplicitListsAndTrainingParity) {
-  auto reference = test::make_gpt();
-  auto model = test::make_gpt();
-  FullyShardOptions options;
-  options.comm_fusion = true;
-  FSDPModule root = test::shard_gpt(model, options);
-  nn::Block b0 = model->blocks()[0], b1 = model->blocks()[1];
-  FSDPModule u0(b0.ptr()), u1(b1.ptr());
-  root.set_implicit_prefetch(false);
-  root.set_modules_to_forward_prefetch({u0, u1});
-  u0.set_modules_to_forward_prefetch({u1});
-  u1.set_modules_to_backward_prefetch({u0});
-  at::Tensor tokens = test::token_batch(0, kBatch);
-  at::Tensor ref_loss = test::reference_backward(reference, tokens, dist::get_world_size());
-  at::Tensor loss = test::gpt_loss(model, tokens, my_first_row(), my_rows());
-  loss.backward();
-  EXPECT_NEAR(test::world_mean(loss.item<double>()), ref_loss.item<double>(),
-              1e-5 * ref_loss.item<double>());
+  // Without the lists (and implicit prefetch off) each block gathers in its
+  // own pre-forward: the count can tell the lists did something.
+  for (bool lists : {true, false}) {
+    SCOPED_TRACE(lists ? "explicit lists" : "no prefetch");
+    auto reference = test::make_gpt();
+    auto model = test::make_gpt();
+    FullyShardOptions options;
+    options.comm_fusion = true;
+    FSDPModule root = test::shard_gpt(model, options);
+    nn::Block b0 = model->blocks()[0], b1 = model->blocks()[1];
+    FSDPModule u0(b0.ptr()), u1(b1.ptr());
+    root.set_implicit_prefetch(false);
+    if (lists) {
+      root.set_modules_to_forward_prefetch({u0, u1});
+      u0.set_modules_to_forward_prefetch({u1});
+      u1.set_modules_to_backward_prefetch({u0});
+    }
+    auto own0 = count_own_all_gathers(b0), own1 = count_own_all_gathers(b1);
+    at::Tensor tokens = test::token_batch(0, kBatch);
+    at::Tensor ref_loss = test::reference_backward(reference, tokens, dist::get_world_size());
+    at::Tensor loss = test::gpt_loss(model, tokens, my_first_row(), my_rows());
+    loss.backward();
+    EXPECT_NEAR(test::world_mean(loss.item<double>()), ref_loss.item<double>(),
+                1e-5 * ref_loss.item<double>());
+    // Fused: one all-gather per block, issued by the root's hook with lists.
+    const int64_t expected = lists || dist::get_world_size() == 1 ? 0 : 1;
+    EXPECT_EQ(*own0, expected) << "block 0";
+    EXPECT_EQ(*own1, expected) << "block 1";
+  }
 }
 
 TEST(ReshardAfterForwardInt, GathersWithinGroupsOfNRanks) {
@@ -234,7 +237,12 @@ TEST(MixedPrecision, Bf16ParamsWithFp32ReduceTrackFp32) {
     // rounding: measured up to 7 %). Parameters are not compared: Adam's
     // first steps are nearly sign(g) * lr, and bf16 noise flips the sign of
     // small gradients, so the difference is bounded only by steps * lr.
-    expect_training_matches(options, 1e-2, 0, -1, 1e-1);
+    test::TrainingTolerances bf16 = default_tolerances();
+    bf16.loss_rtol = 1e-2;
+    bf16.grad_rtol = 0;
+    bf16.grad_scale_atol = 1e-1;
+    bf16.param_atol = -1;
+    test::expect_training_matches(options, bf16);
     // Compute happens in bf16; the optimizer sees fp32 shards and grads.
     auto model = test::make_gpt();
     test::shard_gpt(model, options);
@@ -253,6 +261,72 @@ TEST(MixedPrecision, Bf16ParamsWithFp32ReduceTrackFp32) {
     EXPECT_EQ(block->mlp->c_fc->weight.scalar_type(), at::kFloat);
     EXPECT_EQ(block->mlp->c_fc->weight.grad().scalar_type(), at::kFloat);
   }
+}
+
+TEST(MixedPrecision, MainGradsKeepTheReducedGradientsInFp32) {
+  for (bool fused : {false, true}) {
+    SCOPED_TRACE(fused ? "fused" : "per parameter");
+    FullyShardOptions plain_options;
+    plain_options.comm_fusion = fused;
+    FullyShardOptions main_options = plain_options;
+    main_options.mp_policy.apply_grad_on_fp32_main_grad = true;
+    // fp32 parameters: over two backwards the main grads accumulate exactly
+    // what .grad accumulates without the option, and .grad stays empty.
+    auto plain = test::make_gpt();
+    test::shard_gpt(plain, plain_options);
+    auto model = test::make_gpt();
+    FSDPModule root = test::shard_gpt(model, main_options);
+    for (int step = 0; step < 2; ++step) {
+      test::gpt_loss(plain, test::token_batch(step), my_first_row(), my_rows()).backward();
+      test::gpt_loss(model, test::token_batch(step), my_first_row(), my_rows()).backward();
+    }
+    auto expected = plain->named_parameters();
+    for (auto& item : model->named_parameters()) {
+      EXPECT_FALSE(item.value().grad().defined()) << item.key();
+      at::Tensor g = main_grad(item.value());
+      ASSERT_TRUE(g.defined()) << item.key();
+      EXPECT_EQ(g.scalar_type(), at::kFloat) << item.key();
+      EXPECT_TRUE(test::tensors_equal(g, expected[item.key()].grad())) << item.key();
+    }
+    root.zero_grad();
+    for (auto& p : model->parameters()) EXPECT_FALSE(main_grad(p).defined());
+
+    // bf16 parameters reduced in fp32: the main grads keep the fp32 values
+    // that .grad would get only rounded to bf16.
+    FullyShardOptions low_plain_options = plain_options;
+    low_plain_options.mp_policy.reduce_dtype = at::kFloat;
+    FullyShardOptions low_main_options = main_options;
+    low_main_options.mp_policy.reduce_dtype = at::kFloat;
+    auto low_plain = test::make_gpt();
+    low_plain->to(at::kBFloat16);
+    test::shard_gpt(low_plain, low_plain_options);
+    auto low = test::make_gpt();
+    low->to(at::kBFloat16);
+    test::shard_gpt(low, low_main_options);
+    test::gpt_loss(low_plain, test::token_batch(0), my_first_row(), my_rows()).backward();
+    test::gpt_loss(low, test::token_batch(0), my_first_row(), my_rows()).backward();
+    auto low_expected = low_plain->named_parameters();
+    for (auto& item : low->named_parameters()) {
+      EXPECT_EQ(item.value().scalar_type(), at::kBFloat16) << item.key();
+      EXPECT_FALSE(item.value().grad().defined()) << item.key();
+      at::Tensor g = main_grad(item.value());
+      ASSERT_TRUE(g.defined()) << item.key();
+      EXPECT_EQ(g.scalar_type(), at::kFloat) << item.key();
+      EXPECT_TRUE(test::tensors_equal(g.to(at::kBFloat16), low_expected[item.key()].grad()))
+          << item.key();
+    }
+  }
+  // Main grads in another dtype than fp32 are refused, as is a parameter
+  // fully_shard does not manage.
+  auto low = test::make_gpt();
+  low->to(at::kBFloat16);
+  FullyShardOptions options;
+  options.mp_policy.apply_grad_on_fp32_main_grad = true;
+  std::string m = test::message_of<ArgumentError>([&] { fully_shard(low.ptr(), options); });
+  EXPECT_EQ(m, "MixedPrecisionPolicy.apply_grad_on_fp32_main_grad=true needs gradients reduced in "
+               "fp32 (set reduce_dtype to Float), but they are reduced in {BFloat16}");
+  m = test::message_of<ArgumentError>([&] { main_grad(at::zeros({2, 3})); });
+  EXPECT_EQ(m, "main_grad: the parameter of shape [2, 3] is not managed by fully_shard");
 }
 
 TEST(MixedPrecision, ValidationErrors) {
