@@ -1,7 +1,7 @@
 #include "hp/tensor/redistribute_plan.h"
 
+#include <map>
 #include <mutex>
-#include <unordered_map>
 
 #include <c10/util/Exception.h>
 
@@ -127,9 +127,28 @@ class Planner {
   std::vector<RedistributeStep> steps_;
 };
 
+// A (source, target) pair as integers: every placement as (kind, dim or
+// reduce op), then the explicit shard orders. Built on every redistribute,
+// so it avoids formatting text (ShardSpec::str()).
+using PlanKey = std::vector<int64_t>;
+
+void append_key(PlanKey& key, const ShardSpec& spec) {
+  key.push_back(static_cast<int64_t>(spec.placements.size()));
+  for (const Placement& p : spec.placements) {
+    key.push_back(p.is_shard() ? 0 : p.is_replicate() ? 1 : 2);
+    key.push_back(p.is_shard() ? p.dim() : p.is_partial() ? static_cast<int64_t>(p.reduce_op()) : 0);
+  }
+  key.push_back(static_cast<int64_t>(spec.orders.size()));
+  for (const auto& [tensor_dim, mesh_dims] : spec.orders) {
+    key.push_back(tensor_dim);
+    key.push_back(static_cast<int64_t>(mesh_dims.size()));
+    key.insert(key.end(), mesh_dims.begin(), mesh_dims.end());
+  }
+}
+
 struct Cache {
   std::mutex mutex;
-  std::unordered_map<std::string, std::shared_ptr<const RedistributePlan>> plans;
+  std::map<PlanKey, std::shared_ptr<const RedistributePlan>> plans;
   PlanCacheStats stats;
 };
 
@@ -193,7 +212,9 @@ std::shared_ptr<const RedistributePlan> plan_redistribute(const ShardSpec& sourc
   HP_CHECK_ARG(source.placements.size() == target.placements.size(), "redistribute: source ",
                to_string(source.placements), " and target ", to_string(target.placements),
                " have different numbers of mesh dims");
-  const std::string key = source.str() + "->" + target.str();
+  PlanKey key;
+  append_key(key, source);
+  append_key(key, target);
   Cache& c = cache();
   {
     std::lock_guard<std::mutex> lock(c.mutex);
