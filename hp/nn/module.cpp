@@ -8,6 +8,7 @@ struct Module::Hooks {
   int64_t next_id = 0;
   std::vector<std::pair<int64_t, ForwardPreHook>> pre;
   std::vector<std::pair<int64_t, ForwardHook>> post;
+  std::vector<std::pair<int64_t, ForwardErrorHook>> error;
 
   // Adds `hook` to `self`'s `list` (pre or post) under a fresh id. The
   // handle refers to the hooks weakly: it may outlive the module.
@@ -46,21 +47,41 @@ HookHandle Module::register_forward_hook(ForwardHook hook, bool prepend) {
   return Hooks::add(hooks_, &Hooks::post, std::move(hook), prepend);
 }
 
-bool Module::has_forward_hooks() const { return !hooks_->pre.empty() || !hooks_->post.empty(); }
+HookHandle Module::register_forward_error_hook(ForwardErrorHook hook) {
+  return Hooks::add(hooks_, &Hooks::error, std::move(hook), /*prepend=*/false);
+}
+
+bool Module::has_forward_hooks() const {
+  return !hooks_->pre.empty() || !hooks_->post.empty() || !hooks_->error.empty();
+}
 
 TensorList Module::run_hooked(TensorList inputs,
                               const std::function<TensorList(TensorList&)>& body) {
   // Copies: a hook may remove itself (or others) while running.
   auto pre = hooks_->pre;
-  for (auto& [id, hook] : pre) {
-    if (auto replaced = hook(*this, inputs)) inputs = std::move(*replaced);
+  try {
+    for (auto& [id, hook] : pre) {
+      if (auto replaced = hook(*this, inputs)) inputs = std::move(*replaced);
+    }
+    TensorList outputs = body(inputs);
+    auto post = hooks_->post;
+    for (auto& [id, hook] : post) {
+      if (auto replaced = hook(*this, inputs, outputs)) outputs = std::move(*replaced);
+    }
+    return outputs;
+  } catch (...) {
+    const std::exception_ptr error = std::current_exception();
+    auto on_error = hooks_->error;
+    for (auto& [id, hook] : on_error) {
+      try {
+        hook(*this, error);
+      } catch (...) {
+        // The caller needs the original exception; the hook's own failure
+        // is the hook's to record.
+      }
+    }
+    throw;
   }
-  TensorList outputs = body(inputs);
-  auto post = hooks_->post;
-  for (auto& [id, hook] : post) {
-    if (auto replaced = hook(*this, inputs, outputs)) outputs = std::move(*replaced);
-  }
-  return outputs;
 }
 
 }  // namespace hp::nn

@@ -12,12 +12,19 @@
 // Plain torch::nn modules nest inside freely; only the modules whose calls
 // must be intercepted need to be hp::nn modules.
 //
+// A call that raises (in a pre-hook, in forward or in a hook) runs the
+// module's error hooks before the exception propagates, innermost module
+// first, so that state a pre-hook set up (fully_shard's gathered
+// parameters) can be released: PyTorch's always_call forward hooks serve the
+// same purpose.
+//
 // Hooks see the tensor arguments and outputs as flat lists; forward may take
 // any number of at::Tensor arguments (an undefined tensor stands for "none")
 // and return at::Tensor, std::tuple<at::Tensor...> or std::vector<at::Tensor>.
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -43,6 +50,12 @@ using ForwardPreHook = std::function<std::optional<TensorList>(Module&, const Te
 using ForwardHook = std::function<std::optional<TensorList>(
     Module&, const TensorList& inputs, const TensorList& outputs)>;
 
+// Runs when the module's call raised after its pre-hooks started; receives
+// the exception, which propagates after every error hook ran. Must not
+// throw (an exception from it is dropped: the first one is what the caller
+// needs to see).
+using ForwardErrorHook = std::function<void(Module&, const std::exception_ptr& error)>;
+
 // Removes its hook when remove() is called (not on destruction, as PyTorch).
 class HookHandle {
  public:
@@ -64,9 +77,11 @@ class Module : public torch::nn::Module {
   // prepend: run before the hooks already registered.
   HookHandle register_forward_pre_hook(ForwardPreHook hook, bool prepend = false);
   HookHandle register_forward_hook(ForwardHook hook, bool prepend = false);
+  HookHandle register_forward_error_hook(ForwardErrorHook hook);
   bool has_forward_hooks() const;
 
-  // Runs the hooks around `body`. Used by call(); rarely needed directly.
+  // Runs the hooks around `body` (and the error hooks if anything in it
+  // raises). Used by call(); rarely needed directly.
   TensorList run_hooked(TensorList inputs, const std::function<TensorList(TensorList&)>& body);
 
   // A typed slot other layers use to attach their per-module state (e.g.
