@@ -16,15 +16,17 @@ namespace {
 // Runs a callback after the accumulator it is attached to has run.
 class PostAccumulateHook : public torch::autograd::FunctionPostHook {
  public:
-  explicit PostAccumulateHook(std::function<void()>* hook) : hook_(hook) {}
+  explicit PostAccumulateHook(std::weak_ptr<std::function<void()>> hook) : hook_(std::move(hook)) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
                                             const torch::autograd::variable_list&) override {
-    if (*hook_) (*hook_)();
+    // A graph built while the unit lived may run after it is gone: then
+    // there is nothing left to reduce into.
+    if (auto hook = hook_.lock(); hook && *hook) (*hook)();
     return outputs;
   }
 
  private:
-  std::function<void()>* hook_;  // owned by the FSDPParam, which outlives the accumulator's use
+  std::weak_ptr<std::function<void()>> hook_;
 };
 
 size_t nbytes_of(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
@@ -121,8 +123,9 @@ void FSDPParam::set_external_unsharded(at::Tensor view) {
   owns_unsharded_ = false;
 }
 
-at::Tensor FSDPParam::shard_gather_input() const {
-  return compute_dtype_ == orig_dtype_ ? padded_shard_ : padded_shard_.to(compute_dtype_);
+at::Tensor FSDPParam::shard_gather_input(bool snapshot) const {
+  if (compute_dtype_ != orig_dtype_) return padded_shard_.to(compute_dtype_);
+  return snapshot ? padded_shard_.clone() : padded_shard_;
 }
 
 dist::Work FSDPParam::gather(dist::Group& group, const at::Tensor& input) {
@@ -172,7 +175,7 @@ void FSDPParam::use_unsharded() {
   if (!param_.requires_grad()) return;
   if (!accumulator_) {
     accumulator_ = torch::autograd::impl::grad_accumulator(param_);
-    accumulator_->add_post_hook(std::make_unique<PostAccumulateHook>(&post_accumulate_hook_));
+    accumulator_->add_post_hook(std::make_unique<PostAccumulateHook>(post_accumulate_hook_));
   } else if (compute_dtype_ != orig_dtype_) {
     // set_data with another dtype made autograd forget the accumulator.
     torch::autograd::impl::set_grad_accumulator(param_, accumulator_);
@@ -211,11 +214,11 @@ void FSDPParam::keep_regather_piece(int64_t pieces, int64_t index) {
 }
 
 void FSDPParam::set_post_accumulate_hook(std::function<void()> hook) {
-  post_accumulate_hook_ = std::move(hook);
+  post_accumulate_hook_ = std::make_shared<std::function<void()>>(std::move(hook));
   if (!needs_unshard() && !accumulator_ && param_.requires_grad()) {
     // Parameters that never change shape or dtype: attach right away.
     accumulator_ = torch::autograd::impl::grad_accumulator(param_);
-    accumulator_->add_post_hook(std::make_unique<PostAccumulateHook>(&post_accumulate_hook_));
+    accumulator_->add_post_hook(std::make_unique<PostAccumulateHook>(post_accumulate_hook_));
   }
 }
 

@@ -86,8 +86,9 @@ class FSDPParam {
   void set_external_unsharded(at::Tensor view);
 
   // This rank's contribution to a gather over the shard group: the padded
-  // shard in the compute dtype (a cast copy when the dtypes differ).
-  at::Tensor shard_gather_input() const;
+  // shard in the compute dtype (a cast copy when the dtypes differ, else
+  // the shard itself unless `snapshot` asks for a copy).
+  at::Tensor shard_gather_input(bool snapshot = false) const;
   // Gathers from `input` over `group` into the unsharded buffer (one
   // collective for this parameter); dims other than 0 copy out on completion.
   dist::Work gather(dist::Group& group, const at::Tensor& input);
@@ -183,7 +184,9 @@ class FSDPParam {
   at::Tensor regather_piece_;   // reshard_after_forward = N
 
   std::shared_ptr<torch::autograd::Node> accumulator_;
-  std::function<void()> post_accumulate_hook_;
+  // Shared with the accumulator's post-hook, which holds it weakly: an
+  // autograd graph may outlive this parameter's unit.
+  std::shared_ptr<std::function<void()>> post_accumulate_hook_;
   at::Tensor stashed_grad_;
   at::Tensor kept_grad_;
   at::Tensor partial_reduce_;

@@ -218,27 +218,46 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<nn::Module>>& modules,
     Unit::check_reshard_after_forward(regather_ranks, shard_size, roots[0]->name());
   }
 
-  // Valid: build (collective from here on).
+  // Valid: build. The collective steps (the mesh's groups, the regather
+  // group) come first, so that a failure there (a timeout, a peer that did
+  // not call) leaves every parameter as it was.
   DeviceMeshPtr mesh = options.mesh;
   if (!mesh) mesh = init_device_mesh("cpu", {dist::get_world_size()}, {"dp"});
   fsdp::MeshInfo mesh_info = fsdp::MeshInfo::from_mesh(mesh);
-  std::vector<std::unique_ptr<FSDPParam>> params;
-  for (const auto& plan : plans) {
-    params.push_back(std::make_unique<FSDPParam>(plan.param, plan.fqn, mesh_info, plan.shard_dim,
-                                                 plan.keep_whole, options.mp_policy));
+  dist::GroupPtr regather_group = Unit::regather_group_for(mesh_info, regather_ranks);
+
+  // From here on parameters are swapped to their shards; should anything
+  // raise, each one gets its whole data and gradient back.
+  std::vector<std::pair<at::Tensor, at::Tensor>> originals;  // data, grad
+  for (const auto& plan : plans) originals.emplace_back(plan.param.variable_data(), plan.param.grad());
+  std::shared_ptr<Unit> unit;
+  try {
+    std::vector<std::unique_ptr<FSDPParam>> params;
+    for (const auto& plan : plans) {
+      params.push_back(std::make_unique<FSDPParam>(plan.param, plan.fqn, mesh_info, plan.shard_dim,
+                                                   plan.keep_whole, options.mp_policy));
+    }
+    fsdp::UnitFlags flags;
+    flags.reshard_after_forward_ranks = regather_ranks;
+    fsdp::ParamGroup::Options group_options;
+    group_options.fused = options.comm_fusion;
+    group_options.zero_copy = options.comm_fusion_zero_copy.value_or(options.comm_fusion);
+    unit = std::make_shared<Unit>(roots, mesh_info, std::move(params), flags, options.mp_policy,
+                                  group_options, std::move(regather_group));
+    unit->install_hooks();
+  } catch (...) {
+    unit.reset();
+    for (size_t i = 0; i < plans.size(); ++i) {
+      at::Tensor param = plans[i].param;
+      param.set_data(originals[i].first);
+      param.mutable_grad() = originals[i].second;
+    }
+    throw;
   }
-  fsdp::UnitFlags flags;
-  flags.reshard_after_forward_ranks = regather_ranks;
-  fsdp::ParamGroup::Options group_options;
-  group_options.fused = options.comm_fusion;
-  group_options.zero_copy = options.comm_fusion_zero_copy.value_or(options.comm_fusion);
-  auto unit = std::make_shared<Unit>(roots, mesh_info, std::move(params), flags, options.mp_policy,
-                                     group_options);
   for (size_t i = 0; i < plans.size(); ++i) {
     fsdp::register_param(plans[i].param, unit, unit->params()[i].get());
   }
   for (const auto& root : roots) root->set_attachment(fsdp::kUnitAttachment, unit);
-  unit->install_hooks();
   return FSDPModule(roots[0]);
 }
 
@@ -276,7 +295,7 @@ std::vector<std::shared_ptr<Unit>> FSDPModule::units(bool recurse) const {
 
 UnshardHandle FSDPModule::unshard(bool async_op) {
   auto u = unit();
-  u->begin_unshard();
+  u->begin_unshard(/*snapshot=*/async_op);
   if (!async_op) {
     u->wait_unshard();
     return UnshardHandle();
@@ -295,17 +314,23 @@ void FSDPModule::set_requires_all_reduce(bool requires_all_reduce, bool recurse)
 }
 
 void FSDPModule::set_reshard_after_forward(bool reshard_after_forward, bool recurse) {
+  for (auto& u : units(recurse)) u->check_can_change_reshard_after_forward();
   for (auto& u : units(recurse)) {
-    u->set_reshard_after_forward(reshard_after_forward ? u->mesh().shard_size : 1);
+    u->set_reshard_after_forward(reshard_after_forward ? u->mesh().shard_size : 1, nullptr);
   }
 }
 
 void FSDPModule::set_reshard_after_forward(int64_t ranks, bool recurse) {
-  // Validated for every unit before any changes (and before any group is made).
-  for (auto& u : units(recurse)) {
+  // Validated for every unit before any change (and before any group is
+  // made, which is collective).
+  const auto tree = units(recurse);
+  for (auto& u : tree) {
     Unit::check_reshard_after_forward(ranks, u->mesh().shard_size, u->name());
+    u->check_can_change_reshard_after_forward();
   }
-  for (auto& u : units(recurse)) u->set_reshard_after_forward(ranks);
+  std::vector<dist::GroupPtr> groups;
+  for (auto& u : tree) groups.push_back(Unit::regather_group_for(u->mesh(), ranks));
+  for (size_t i = 0; i < tree.size(); ++i) tree[i]->set_reshard_after_forward(ranks, groups[i]);
 }
 
 void FSDPModule::set_reshard_after_backward(bool reshard_after_backward, bool recurse) {
@@ -318,7 +343,7 @@ void FSDPModule::set_is_last_backward(bool is_last_backward) {
   // unit of the tree it is set through.
   for (auto& u : units(true)) {
     u->mutable_flags().is_last_backward = is_last_backward;
-    if (u->context()) u->context()->root->mutable_flags().is_last_backward = is_last_backward;
+    if (u->context()) u->context()->root().mutable_flags().is_last_backward = is_last_backward;
   }
 }
 

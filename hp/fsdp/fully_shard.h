@@ -53,7 +53,10 @@ class FSDPModule {
   const std::shared_ptr<nn::Module>& module_ptr() const { return module_; }
 
   // Gathers this unit's parameters (not its sub-units'); with async_op the
-  // returned handle's wait() finishes it (the next forward waits too).
+  // returned handle's wait() finishes it (the next forward waits too). An
+  // asynchronous gather reads a copy of the shards taken here, so an
+  // optimizer step before wait() does not race with it: the gathered
+  // parameters are those of the moment unshard() was called.
   UnshardHandle unshard(bool async_op = false);
   void reshard();
 
@@ -61,10 +64,18 @@ class FSDPModule {
   // tree, else to this unit only.
   void set_requires_gradient_sync(bool requires_gradient_sync, bool recurse = true);
   void set_requires_all_reduce(bool requires_all_reduce, bool recurse = true);
+  // reshard_after_forward can change only while no unit it applies to is
+  // between its forward and its backward (raises otherwise, changing nothing).
   void set_reshard_after_forward(bool reshard_after_forward, bool recurse = true);
   // Keep the parameters gathered within groups of `ranks` ranks after forward
   // (a divisor of the shard size), so backward gathers only inside them.
+  // Collective: every rank of the shard group calls it with the same value.
   void set_reshard_after_forward(int64_t ranks, bool recurse = true);
+  // false keeps the parameters gathered after a backward without gradient
+  // sync (a no-sync micro-batch), so the next forward gathers nothing. With
+  // gradient sync on, every backward reshards whatever this says: the
+  // optimizer steps the shards, and a gathered copy kept across the step
+  // would be stale.
   void set_reshard_after_backward(bool reshard_after_backward, bool recurse = true);
   // Whether the coming backward is the last before the optimizer step; when
   // false its reductions complete at the next forward instead. One setting

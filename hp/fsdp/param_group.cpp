@@ -62,7 +62,7 @@ void ParamGroup::release_flat_unsharded() {
   if (flat_unsharded_.defined() && !lent_) free_storage(flat_unsharded_);
 }
 
-void ParamGroup::begin_unshard(dist::Group* regather_group) {
+void ParamGroup::begin_unshard(dist::Group* regather_group, bool snapshot) {
   if (in_flight_) return;
   in_flight_ = true;
   arriving_.clear();
@@ -80,8 +80,8 @@ void ParamGroup::begin_unshard(dist::Group* regather_group) {
   if (todo.empty()) return;
   const bool regather = todo[0]->regather_piece().defined();
   dist::Group& group = regather ? *regather_group : *mesh_.shard_group;
-  auto input_of = [regather](FSDPParam* p) {
-    return regather ? p->regather_piece() : p->shard_gather_input();
+  auto input_of = [regather, snapshot](FSDPParam* p) {
+    return regather ? p->regather_piece() : p->shard_gather_input(snapshot);
   };
   if (!options_.fused) {
     for (FSDPParam* p : todo) works_.push_back(p->gather(group, input_of(p)));
@@ -94,7 +94,9 @@ void ParamGroup::begin_unshard(dist::Group* regather_group) {
   ensure_flat_unsharded();
   std::vector<at::Tensor> inputs;
   if (!regather && flat_shards_.defined()) {
-    at::Tensor flat = flat_cast_.defined() ? flat_cast_.copy_(flat_shards_) : flat_shards_;
+    at::Tensor flat = flat_cast_.defined() ? flat_cast_.copy_(flat_shards_)
+                      : snapshot          ? flat_shards_.clone()
+                                          : flat_shards_;
     for (size_t i = 0; i < sharded_.size(); ++i) {
       const at::Tensor& shard = sharded_[i]->padded_shard();
       inputs.push_back(flat.narrow(0, shard_offsets_[i], shard.numel()).view(shard.sizes()));
@@ -118,6 +120,12 @@ void ParamGroup::finish_unshard() {
     p->drop_regather_piece();
     p->use_unsharded();
   }
+  arriving_.clear();
+  in_flight_ = false;
+}
+
+void ParamGroup::forget_in_flight() {
+  works_.clear();
   arriving_.clear();
   in_flight_ = false;
 }

@@ -36,10 +36,16 @@ class ParamGroup {
   bool fused() const { return options_.fused; }
 
   // Issues the gathers (from the shards, or from the regather pieces over
-  // `regather_group` when the parameters hold them); idempotent while in flight.
-  void begin_unshard(dist::Group* regather_group);
+  // `regather_group` when the parameters hold them); idempotent while in
+  // flight. With `snapshot` the gathers read copies of the shards, so the
+  // shards may change (an optimizer step) before finish_unshard(); without,
+  // zero-copy gathers read the live shards until they complete.
+  void begin_unshard(dist::Group* regather_group, bool snapshot = false);
   // Waits, then points the parameters at their unsharded buffers.
   void finish_unshard();
+  bool in_flight() const { return in_flight_; }
+  // After a gather failed to complete: drops it (its result is not used).
+  void forget_in_flight();
 
   // After forward: release the unsharded memory, keeping shapes.
   void free_unsharded();

@@ -158,6 +158,19 @@ void GradReduction::complete() {
   }
 }
 
+bool GradReduction::abandon() noexcept {
+  bool waited = true;
+  try {
+    if (stage_ != Stage::kDone) work_.wait();
+  } catch (...) {
+    waited = false;
+  }
+  output_ = at::Tensor();
+  stage_ = Stage::kDone;
+  keep_alive_.reset();
+  return waited;
+}
+
 void GradReduction::assign() {
   for (size_t i = 0; i < params_.size(); ++i) {
     FSDPParam& p = *params_[i];
@@ -205,6 +218,13 @@ void ReductionQueue::advance_before(int64_t wave) {
 void ReductionQueue::complete_all() {
   for (auto& r : pending_) r->complete();
   pending_.clear();
+}
+
+bool ReductionQueue::abandon_all() noexcept {
+  bool waited = true;
+  for (auto& r : pending_) waited = r->abandon() && waited;
+  pending_.clear();
+  return waited;
 }
 
 bool ReductionQueue::pending_for(const FSDPParam& param) const {

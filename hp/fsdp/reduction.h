@@ -75,6 +75,9 @@ class GradReduction {
   // gradients are assigned.
   bool advance();
   void complete();
+  // Waits for the collective in flight and drops the gradients without
+  // assigning them (a backward that failed); false if the wait failed.
+  bool abandon() noexcept;
   bool done() const { return stage_ == Stage::kDone; }
   int64_t wave() const { return wave_; }
   bool covers(const FSDPParam& param) const;
@@ -104,6 +107,9 @@ class ReductionQueue {
   // Moves every reduction issued before `wave` one stage on.
   void advance_before(int64_t wave);
   void complete_all();
+  // Abandons every reduction (GradReduction::abandon); false if a
+  // collective could not be waited for.
+  bool abandon_all() noexcept;
   bool empty() const { return pending_.empty(); }
   bool pending_for(const FSDPParam& param) const;
 

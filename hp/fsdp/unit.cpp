@@ -1,6 +1,5 @@
 #include "hp/fsdp/unit.h"
 
-#include <torch/csrc/autograd/engine.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -24,6 +23,12 @@ nn::TensorList cast_floating(const nn::TensorList& tensors, at::ScalarType dtype
   return out;
 }
 
+// The mode a unit runs in, for messages.
+const char* mode_of(const MeshInfo& mesh) {
+  if (!mesh.has_replicas()) return "FSDP";
+  return mesh.shard_size > 1 ? "HSDP" : "DDP";
+}
+
 }  // namespace
 
 std::vector<std::shared_ptr<Unit>> units_in_tree(const nn::Module& module, bool include_self) {
@@ -39,26 +44,10 @@ std::vector<std::shared_ptr<Unit>> units_in_tree(const nn::Module& module, bool 
   return out;
 }
 
-void RootContext::finish_backward() {
-  for (auto& weak : units) {
-    if (auto unit = weak.lock()) unit->finish_backward();
-  }
-  if (root->flags().is_last_backward) reductions.complete_all();
-  callback_queued = false;
-  next_wave = 0;
-}
-
-Unit* RootContext::neighbour(const Unit* unit, int offset) const {
-  auto it = std::find(forward_order.begin(), forward_order.end(), unit);
-  if (it == forward_order.end()) return nullptr;
-  const auto index = (it - forward_order.begin()) + offset;
-  if (index < 0 || index >= static_cast<int64_t>(forward_order.size())) return nullptr;
-  return forward_order[index];
-}
-
 Unit::Unit(std::vector<std::shared_ptr<nn::Module>> modules, MeshInfo mesh,
            std::vector<std::unique_ptr<FSDPParam>> params, UnitFlags flags,
-           MixedPrecisionPolicy mp, ParamGroup::Options group_options)
+           MixedPrecisionPolicy mp, ParamGroup::Options group_options,
+           dist::GroupPtr regather_group)
     : modules_(modules.begin(), modules.end()),
       name_(modules.empty() ? "?" : modules[0]->name()),
       mesh_(std::move(mesh)),
@@ -73,8 +62,8 @@ Unit::Unit(std::vector<std::shared_ptr<nn::Module>> modules, MeshInfo mesh,
             }
             return needing;
           }(),
-          mesh_, group_options) {
-  set_reshard_after_forward(flags_.reshard_after_forward_ranks);
+          mesh_, group_options),
+      regather_group_(std::move(regather_group)) {
   // Main grads are filled by the reduction's last stage, so a unit that
   // keeps them takes that path even when there is nothing to communicate.
   communicates_ = mesh_.shard_size > 1 || mesh_.replicate_size > 1 || !group_.empty() ||
@@ -84,8 +73,6 @@ Unit::Unit(std::vector<std::shared_ptr<nn::Module>> modules, MeshInfo mesh,
 Unit::~Unit() {
   for (auto& handle : hook_handles_) handle.remove();
 }
-
-std::string Unit::name() const { return name_; }
 
 std::vector<std::shared_ptr<nn::Module>> Unit::modules() const {
   std::vector<std::shared_ptr<nn::Module>> alive;
@@ -103,19 +90,34 @@ void Unit::check_reshard_after_forward(int64_t ranks, int64_t shard_size,
                shard_size, " reshards them fully), got ", ranks);
 }
 
-void Unit::set_reshard_after_forward(int64_t ranks) {
-  const int64_t shard_size = mesh_.shard_size;
-  check_reshard_after_forward(ranks, shard_size, name_);
+dist::GroupPtr Unit::regather_group_for(const MeshInfo& mesh, int64_t ranks) {
+  if (ranks <= 1 || ranks >= mesh.shard_size) return nullptr;
+  // Contiguous blocks of `ranks` shard ranks; each rank keeps piece
+  // (shard_rank % ranks) of the gathered parameters after forward.
+  const auto& shard_ranks = mesh.shard_group->ranks();
+  const int64_t first = mesh.shard_rank / ranks * ranks;
+  std::vector<int> block(shard_ranks.begin() + first, shard_ranks.begin() + first + ranks);
+  return dist::new_group(block, {"fsdp-regather"});
+}
+
+void Unit::check_can_change_reshard_after_forward() const {
+  const bool holds_pieces = std::any_of(params_.begin(), params_.end(), [](const auto& p) {
+    return p->regather_piece().defined();
+  });
+  HP_CHECK_ARG(!holds_pieces && !group_.in_flight(),
+               "set_reshard_after_forward: unit ", name_, " is between its forward and backward",
+               holds_pieces ? " and holds pieces for a regather within groups of " : "",
+               holds_pieces ? std::to_string(flags_.reshard_after_forward_ranks) : "",
+               holds_pieces ? " ranks" : "",
+               "; change the setting before forward or after backward (or call reshard() "
+               "first)");
+}
+
+void Unit::set_reshard_after_forward(int64_t ranks, dist::GroupPtr regather_group) {
+  check_reshard_after_forward(ranks, mesh_.shard_size, name_);
+  check_can_change_reshard_after_forward();
   flags_.reshard_after_forward_ranks = ranks;
-  regather_group_ = nullptr;
-  if (ranks > 1 && ranks < shard_size) {
-    // Contiguous blocks of `ranks` shard ranks; each rank keeps piece
-    // (shard_rank % ranks) of the gathered parameters after forward.
-    const auto& shard_ranks = mesh_.shard_group->ranks();
-    const int64_t first = mesh_.shard_rank / ranks * ranks;
-    std::vector<int> block(shard_ranks.begin() + first, shard_ranks.begin() + first + ranks);
-    regather_group_ = dist::new_group(block, {"fsdp-regather"});
-  }
+  regather_group_ = std::move(regather_group);
 }
 
 void Unit::set_forward_prefetch(std::vector<std::weak_ptr<Unit>> units) {
@@ -130,15 +132,19 @@ void Unit::install_hooks() {
   std::weak_ptr<Unit> weak = weak_from_this();
   for (auto& module : modules()) {
     hook_handles_.push_back(module->register_forward_pre_hook(
-        [weak](nn::Module&, const nn::TensorList& inputs) -> std::optional<nn::TensorList> {
+        [weak](nn::Module& m, const nn::TensorList& inputs) -> std::optional<nn::TensorList> {
           auto unit = weak.lock();
-          return unit ? unit->pre_forward(inputs) : std::nullopt;
+          return unit ? unit->pre_forward(m, inputs) : std::nullopt;
         }));
     hook_handles_.push_back(module->register_forward_hook(
-        [weak](nn::Module&, const nn::TensorList&,
+        [weak](nn::Module& m, const nn::TensorList&,
                const nn::TensorList& outputs) -> std::optional<nn::TensorList> {
           auto unit = weak.lock();
-          return unit ? unit->post_forward(outputs) : std::nullopt;
+          return unit ? unit->post_forward(m, outputs) : std::nullopt;
+        }));
+    hook_handles_.push_back(module->register_forward_error_hook(
+        [weak](nn::Module& m, const std::exception_ptr& error) {
+          if (auto unit = weak.lock()) unit->on_forward_error(m, error);
         }));
   }
   if (!communicates_) return;  // autograd's accumulation is all there is to do
@@ -150,65 +156,47 @@ void Unit::install_hooks() {
   }
 }
 
-void Unit::become_root() {
-  auto context = std::make_shared<RootContext>();
-  context->root = this;
-  context->units.push_back(weak_from_this());
-  context_ = context;
-  for (auto& module : modules()) {
-    for (auto& unit : units_in_tree(*module, /*include_self=*/false)) {
-      if (unit.get() == this || unit->context_ == context) continue;
-      HP_CHECK_ARG(unit->state_ == State::kIdle, "fully_shard: unit ", unit->name(),
-                   " is in the middle of a forward/backward pass of another root; run the "
-                   "outermost module's forward instead");
-      unit->context_ = context;
-      context->units.push_back(unit);
-      // set_is_last_backward(false) on this unit before its root existed.
-      flags_.is_last_backward = flags_.is_last_backward && unit->flags_.is_last_backward;
-    }
-  }
-  for (auto& weak : context->units) {
-    if (auto unit = weak.lock()) unit->validate_for_training();
-  }
-}
-
 void Unit::validate_for_training() const {
   std::vector<std::string> on_meta;
   for (const auto& p : params_) {
     if (p->param().device().is_meta()) on_meta.push_back(p->fqn());
   }
-  HP_CHECK_ARG(on_meta.empty(),
-               "HSDP parameters should be materialized from meta device before training, but "
+  HP_CHECK_ARG(on_meta.empty(), mode_of(mesh_),
+               " parameters should be materialized from meta device before training, but "
                "the following were still on meta device: ",
                to_string(on_meta),
                "\nFor example, initialize the module weights on a real device before running "
                "training.");
   for (const auto& p : params_) {
-    HP_CHECK_ARG(p->param().device().type() == at::kCPU,
-                 "An FSDP-managed module unexpectedly has parameters on ", p->param().device(),
+    HP_CHECK_ARG(p->param().device().type() == at::kCPU, "An ", mode_of(mesh_),
+                 "-managed module unexpectedly has parameters on ", p->param().device(),
                  " (parameter '", p->fqn(), "'). Make sure to move the module to ",
                  mesh_.mesh->device_type(), " before training.");
   }
 }
 
 void Unit::complete_own_reductions() {
-  if (!context_ || context_->reductions.empty()) return;
+  if (!context_ || context_->reductions().empty()) return;
   for (auto& p : params_) {
-    if (context_->reductions.pending_for(*p)) {
+    if (context_->reductions().pending_for(*p)) {
       // A reduction may still receive into this unit's unsharded buffers.
-      context_->reductions.complete_all();
+      context_->reductions().complete_all();
       return;
     }
   }
 }
 
-void Unit::begin_unshard() {
+void Unit::begin_unshard(bool snapshot) {
+  if (context_) context_->check_usable();
   if (group_.empty()) return;
   complete_own_reductions();
-  group_.begin_unshard(regather_group_.get());
+  group_.begin_unshard(regather_group_.get(), snapshot);
 }
 
-void Unit::wait_unshard() { group_.finish_unshard(); }
+void Unit::wait_unshard() {
+  if (context_) context_->check_usable();
+  group_.finish_unshard();
+}
 
 void Unit::reshard() {
   complete_own_reductions();
@@ -232,34 +220,46 @@ void Unit::prefetch(const std::vector<std::weak_ptr<Unit>>& explicit_units, int 
     }
     return;
   }
-  if (!flags_.implicit_prefetch || !context_->forward_order_recorded) return;
+  if (!flags_.implicit_prefetch || !context_->forward_order_recorded()) return;
   if (Unit* next = context_->neighbour(this, offset)) start(next);
 }
 
-std::optional<nn::TensorList> Unit::pre_forward(const nn::TensorList& inputs) {
-  if (!context_) become_root();
-  if (forward_depth_++ > 0) return std::nullopt;
-  // A new iteration: reductions left by set_is_last_backward(false) land now.
-  if (is_root()) context_->reductions.complete_all();
-  if (!context_->forward_order_recorded) {
-    auto& order = context_->forward_order;
-    if (std::find(order.begin(), order.end(), this) == order.end()) order.push_back(this);
+std::optional<nn::TensorList> Unit::pre_forward(nn::Module& module, const nn::TensorList& inputs) {
+  if (!context_) context_ = RootContext::create(*this);
+  context_->check_usable();
+  if (!active_calls_.empty()) {  // another module of a list unit, inside the first
+    active_calls_.push_back(&module);
+    return std::nullopt;
   }
-  {
+  try {
+    // A new iteration: reductions left by set_is_last_backward(false) land now.
+    if (is_root()) context_->reductions().complete_all();
+    context_->record_forward(this);
     const int64_t start = trace::enabled() ? trace::now_us() : 0;
     begin_unshard();
     prefetch(forward_prefetch_, +1);
     wait_unshard();
     if (trace::enabled()) trace::record("unshard " + name_, "fsdp", "compute", start, trace::now_us());
+  } catch (const CollectiveError&) {
+    context_->mark_unusable("the forward of unit " + name_, std::current_exception());
+    throw;
+  } catch (...) {
+    // Nothing of this call is kept: the error hook will not see it as running.
+    reset_after_failure(/*drop_grads=*/false);
+    throw;
   }
+  active_calls_.push_back(&module);
   state_ = State::kForward;
   compute_start_us_ = trace::enabled() ? trace::now_us() : 0;
   if (mp_.param_dtype && mp_.cast_forward_inputs) return cast_floating(inputs, *mp_.param_dtype);
   return std::nullopt;
 }
 
-std::optional<nn::TensorList> Unit::post_forward(const nn::TensorList& outputs) {
-  if (--forward_depth_ > 0) return std::nullopt;
+std::optional<nn::TensorList> Unit::post_forward(nn::Module& module,
+                                                 const nn::TensorList& outputs) {
+  if (active_calls_.empty() || active_calls_.back() != &module) return std::nullopt;
+  active_calls_.pop_back();
+  if (!active_calls_.empty()) return std::nullopt;
   if (trace::enabled()) {
     trace::record("forward " + name_, "compute", "compute", compute_start_us_, trace::now_us());
   }
@@ -270,7 +270,7 @@ std::optional<nn::TensorList> Unit::post_forward(const nn::TensorList& outputs) 
       at::GradMode::is_enabled() &&
       std::any_of(result.begin(), result.end(),
                   [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
-  if (is_root()) context_->forward_order_recorded = true;
+  if (is_root()) context_->finish_recording();
   if (!communicates_) {
     state_ = State::kIdle;
     return replaced;
@@ -299,21 +299,40 @@ std::optional<nn::TensorList> Unit::post_forward(const nn::TensorList& outputs) 
   return replaced;
 }
 
+void Unit::on_forward_error(nn::Module& module, const std::exception_ptr& error) {
+  // Only calls whose pre-forward completed are running (pre_forward undoes
+  // itself when it raises), innermost last.
+  if (active_calls_.empty() || active_calls_.back() != &module) return;
+  active_calls_.pop_back();
+  if (!active_calls_.empty()) return;
+  if (is_root()) {
+    context_->recover_from_forward_error(error);
+  } else if (!reset_after_failure(/*drop_grads=*/false)) {
+    context_->mark_unusable("the forward of unit " + name_, error);
+  }
+}
+
+template <typename Fn>
+void Unit::in_backward(const char* what, Fn&& step) {
+  try {
+    step();
+  } catch (const CollectiveError&) {
+    context_->mark_unusable(std::string(what) + " of unit " + name_, std::current_exception());
+    throw;
+  }
+}
+
 void Unit::pre_backward() {
   if (state_ == State::kPreBackward) return;
-  if (!context_->callback_queued) {
-    context_->callback_queued = true;
-    std::shared_ptr<RootContext> context = context_;
-    torch::autograd::Engine::get_default_engine().queue_callback(
-        [context] { context->finish_backward(); });
-  }
-  {
+  context_->check_usable();
+  context_->ensure_end_of_backward();
+  in_backward("the backward", [&] {
     const int64_t start = trace::enabled() ? trace::now_us() : 0;
     begin_unshard();
     prefetch(backward_prefetch_, -1);
     wait_unshard();
     if (trace::enabled()) trace::record("unshard " + name_, "fsdp", "compute", start, trace::now_us());
-  }
+  });
   // A unit that communicates reduces only this backward's gradients, so
   // earlier ones wait aside; otherwise autograd accumulates in place.
   if (communicates_) {
@@ -321,111 +340,94 @@ void Unit::pre_backward() {
   }
   compute_start_us_ = trace::enabled() ? trace::now_us() : 0;
   state_ = State::kPreBackward;
-  wave_ = -1;
-  grads_arrived_ = 0;
-  grads_expected_ = 0;
-  for (auto& p : params_) grads_expected_ += p->requires_grad() ? 1 : 0;
-  if (group_.fused() && flags_.requires_gradient_sync) start_packing();
+  grads_.begin(params_, group_.fused() && flags_.requires_gradient_sync);
 }
 
 void Unit::post_accumulate(FSDPParam& param) {
-  if (wave_ < 0) {
-    wave_ = context_->next_wave++;
-    // Without fusion, memory first: the previous unit's reductions land now.
-    if (!group_.fused()) context_->reductions.complete_before(wave_);
-  }
-  ++grads_arrived_;
-  if (grads_arrived_ == grads_expected_ && trace::enabled()) {
-    trace::record("backward " + name_, "compute", "compute", compute_start_us_, trace::now_us());
-  }
-  at::Tensor grad = param.take_grad();
-  if (!flags_.requires_gradient_sync) {
-    // No-sync micro-batch: keep the full gradient, reduce it with the next
-    // synchronised one (exactly equal to one large batch).
-    param.keep_for_later(std::move(grad));
-    param.restore_stash();
-    if (!group_.fused() && flags_.reshard_after_backward) param.reshard();
-    if (group_.fused() && grads_arrived_ == grads_expected_ && flags_.reshard_after_backward) {
-      group_.reshard();
+  in_backward("the gradient reduction", [&] {
+    if (grads_.wave() < 0) {
+      grads_.set_wave(context_->take_wave());
+      // Without fusion, memory first: the previous unit's reductions land now.
+      if (!group_.fused()) context_->reductions().complete_before(grads_.wave());
     }
-    return;
-  }
-  ReduceSettings settings{flags_.average, flags_.requires_all_reduce};
-  if (!group_.fused()) {
-    // The optimizer steps the shard, so a reduced gradient always goes with
-    // a resharded parameter; its unsharded buffer receives the reduce-scatter.
-    at::Tensor scratch = param.reshard_lending_buffer();
-    context_->reductions.push(std::make_unique<GradReduction>(
-        PackedGrads::of(param, std::move(grad)), std::move(scratch), mesh_, settings, wave_,
-        shared_from_this()));
-    return;
-  }
-  // Fused: pack it now (its full tensor goes at once), reduce with the last.
-  if (root_of_others()) {
-    unpacked_.emplace_back(&param, std::move(grad));
-  } else {
-    (param.sharded() ? packed_sharded_ : packed_whole_).add(param, grad);
-    grad = at::Tensor();
-  }
-  if (grads_arrived_ == grads_expected_) reduce_fused();
-}
-
-void Unit::start_packing() {
-  std::vector<FSDPParam*> sharded, whole;
-  for (auto& p : params_) {
-    if (p->requires_grad()) (p->sharded() ? sharded : whole).push_back(p.get());
-  }
-  packed_sharded_ = sharded.empty() ? PackedGrads() : PackedGrads(std::move(sharded));
-  packed_whole_ = whole.empty() ? PackedGrads() : PackedGrads(std::move(whole));
+    const bool last = grads_.arrive();
+    if (last && trace::enabled()) {
+      trace::record("backward " + name_, "compute", "compute", compute_start_us_, trace::now_us());
+    }
+    at::Tensor grad = param.take_grad();
+    if (!flags_.requires_gradient_sync) {
+      // No-sync micro-batch: keep the full gradient, reduce it with the next
+      // synchronised one (exactly equal to one large batch).
+      param.keep_for_later(std::move(grad));
+      param.restore_stash();
+      if (!group_.fused() && flags_.reshard_after_backward) param.reshard();
+      if (group_.fused() && last && flags_.reshard_after_backward) group_.reshard();
+      return;
+    }
+    if (!group_.fused()) {
+      // The optimizer steps the shard, so a reduced gradient always goes
+      // with a resharded parameter; its unsharded buffer receives the
+      // reduce-scatter.
+      at::Tensor scratch = param.reshard_lending_buffer();
+      context_->reductions().push(std::make_unique<GradReduction>(
+          PackedGrads::of(param, std::move(grad)), std::move(scratch), mesh_,
+          ReduceSettings{flags_.average, flags_.requires_all_reduce}, grads_.wave(),
+          shared_from_this()));
+      return;
+    }
+    // Fused: pack it now (its full tensor goes at once), reduce with the last.
+    grads_.pack(param, std::move(grad), /*defer=*/root_of_others());
+    if (last) reduce_fused();
+  });
 }
 
 void Unit::reduce_fused() {
   // The pipeline: older reductions move on one stage (reduce-scatter done ->
   // all-reduce issued; all-reduce done -> gradients assigned).
-  context_->reductions.advance_before(wave_);
-  for (auto& [param, grad] : unpacked_) {
-    (param->sharded() ? packed_sharded_ : packed_whole_).add(*param, grad);
-    grad = at::Tensor();
-  }
-  unpacked_.clear();
-  at::Tensor scratch = group_.reshard_lending_flat_buffer();
-  ReduceSettings settings{flags_.average, flags_.requires_all_reduce};
-  if (!packed_sharded_.empty()) {
-    context_->reductions.push(std::make_unique<GradReduction>(
-        std::move(packed_sharded_), std::move(scratch), mesh_, settings, wave_,
-        shared_from_this()));
-  } else if (scratch.defined()) {
-    // Nothing to reduce-scatter into it: the lent buffer is released here,
-    // since the group leaves a lent buffer to its borrower.
-    free_storage(scratch);
-  }
-  if (!packed_whole_.empty()) {
-    context_->reductions.push(std::make_unique<GradReduction>(
-        std::move(packed_whole_), at::Tensor(), mesh_, settings, wave_, shared_from_this()));
-  }
-  packed_sharded_ = PackedGrads();
-  packed_whole_ = PackedGrads();
+  context_->reductions().advance_before(grads_.wave());
+  grads_.flush(context_->reductions(), group_.reshard_lending_flat_buffer(), mesh_,
+               ReduceSettings{flags_.average, flags_.requires_all_reduce}, shared_from_this());
 }
 
 void Unit::finish_backward() {
   // Some parameters got no gradient: reduce what did arrive.
-  if (group_.fused() && flags_.requires_gradient_sync && grads_arrived_ > 0 &&
-      grads_arrived_ < grads_expected_) {
-    reduce_fused();
-  }
-  grads_arrived_ = 0;
+  if (group_.fused() && flags_.requires_gradient_sync && grads_.partly_arrived()) reduce_fused();
+  grads_.reset();
   if (flags_.reshard_after_backward || flags_.requires_gradient_sync) {
     group_.finish_unshard();
     for (auto& p : params_) {
-      if (!context_->reductions.pending_for(*p)) p->reshard();
+      if (!context_->reductions().pending_for(*p)) p->reshard();
     }
     group_.free_unsharded();
   }
   for (auto& p : params_) {
-    if (!context_->reductions.pending_for(*p)) p->restore_stash();
+    if (!context_->reductions().pending_for(*p)) p->restore_stash();
   }
   state_ = State::kIdle;
-  wave_ = -1;
+}
+
+bool Unit::reset_after_failure(bool drop_grads) noexcept {
+  bool waited = true;
+  try {
+    group_.finish_unshard();
+  } catch (...) {
+    // The gather failed (it timed out or a peer is gone): nothing of it is
+    // used, and the tree is unusable anyway.
+    waited = false;
+    group_.forget_in_flight();
+  }
+  try {
+    group_.reshard();
+    for (auto& p : params_) {
+      if (drop_grads) p->zero_grad();
+    }
+  } catch (...) {
+    waited = false;
+  }
+  grads_.reset();
+  active_calls_.clear();
+  state_ = State::kIdle;
+  return waited;
 }
 
 }  // namespace hp::fsdp

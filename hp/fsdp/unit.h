@@ -1,25 +1,40 @@
 // A fully_shard unit: the parameters of one module (or a list of modules)
-// that are gathered, resharded and reduced together (SPEC F4, F9-F12, F15).
+// that are gathered, resharded and reduced together (F4, F9-F12, F15 in
+// docs/features.md; the parameter lifecycle is in docs/design.md).
 //
-// Hooks drive the lifecycle:
-//   pre-forward   gather the unit's shards (or wait for a prefetch), point the
-//                 parameters at them, prefetch the next unit, cast inputs
-//   post-forward  release the gathered memory (reshard_after_forward: true
-//                 frees, N keeps pieces for a group of N ranks), hook the
-//                 outputs' gradients, cast outputs
-//   pre-backward  (first output gradient) gather again into the same
-//                 storage, prefetch the previous unit, stash earlier grads
+// The unit is a state machine driven by hooks:
+//
+//            pre-forward                 post-forward, a backward follows
+//   kIdle ──────────────▶ kForward ────────────────────────────▶ kAfterForward
+//     ▲                      │ post-forward, no backward (no grad)     │ first output
+//     │◀─────────────────────┘ (reshards)                              │ gradient
+//     │                                                                ▼ (pre-backward)
+//     └──────────── end of backward (the root's callback) ─────── kPreBackward
+//
+//   pre-forward     gather the unit's shards (or wait for a prefetch), point
+//                   the parameters at them, prefetch the next unit, cast inputs
+//   post-forward    release the gathered memory (reshard_after_forward: true
+//                   frees, N keeps pieces for a group of N ranks), hook the
+//                   outputs' gradients, cast outputs
+//   pre-backward    gather again into the same storage, prefetch the previous
+//                   unit, stash gradients of earlier backwards, queue the end
+//                   of backward
 //   post-accumulate (per parameter) take the full gradient; without fusion
-//                 reshard that parameter and queue its reduction, with fusion
-//                 queue the unit's once all its gradients are in
-//   end of backward (root callback) reduce what is left, reshard, complete
-//                 the reductions, reset.
-// The first unit whose forward runs becomes the root of the units in its
-// module tree (lazy initialisation): it validates them and owns the shared
-// context (execution order, reduction queue, the end-of-backward callback).
+//                   reshard that parameter and queue its reduction, with
+//                   fusion queue the unit's once all its gradients are in
+//   end of backward reduce what is left, reshard, complete the reductions,
+//                   back to kIdle.
+//
+// Failures: an exception that leaves a module's call after the unit's
+// pre-forward (its forward, a hook, a later unit) reshards the unit and
+// returns it to kIdle; when it leaves the root's call, every unit of the
+// tree is reset (RootContext::recover_from_forward_error). A backward that
+// raises resets the tree and drops its gradients (abandon_backward). A
+// failed collective makes the tree unusable: see root_context.h.
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,7 +44,8 @@
 #include "hp/fsdp/mesh_info.h"
 #include "hp/fsdp/options.h"
 #include "hp/fsdp/param_group.h"
-#include "hp/fsdp/reduction.h"
+#include "hp/fsdp/root_context.h"
+#include "hp/fsdp/unit_grads.h"
 #include "hp/nn/module.h"
 
 namespace hp::fsdp {
@@ -43,26 +59,13 @@ class Unit;
 // `module` itself with include_self), in module order.
 std::vector<std::shared_ptr<Unit>> units_in_tree(const nn::Module& module, bool include_self = true);
 
-// Shared by the root unit and every unit in its module tree.
-struct RootContext {
-  Unit* root = nullptr;
-  std::vector<std::weak_ptr<Unit>> units;  // root first, then in module order
-  std::vector<Unit*> forward_order;        // recorded during the first forward
-  bool forward_order_recorded = false;
-  bool callback_queued = false;
-  int64_t next_wave = 0;
-  ReductionQueue reductions;
-
-  // The end-of-backward callback.
-  void finish_backward();
-  // The unit after (offset 1) or before (-1) `unit` in forward order.
-  Unit* neighbour(const Unit* unit, int offset) const;
-};
-
 struct UnitFlags {
   // Ranks the parameters stay spread over after forward: the shard size
   // (true: reshard), 1 (false: keep them gathered) or N in between.
   int64_t reshard_after_forward_ranks = 0;
+  // Read only while gradient sync is off: with sync on, every backward
+  // reshards (the optimizer steps the shards, so a gathered copy would be
+  // stale by the next forward).
   bool reshard_after_backward = true;
   bool requires_gradient_sync = true;
   bool requires_all_reduce = true;
@@ -77,9 +80,15 @@ struct UnitFlags {
 
 class Unit : public std::enable_shared_from_this<Unit> {
  public:
+  enum class State { kIdle, kForward, kAfterForward, kPreBackward };
+
+  // `regather_group`: the group of reshard_after_forward = N ranks this rank
+  // belongs to (null unless 1 < N < shard size); made by the caller before
+  // any parameter was sharded, since making it is collective.
   Unit(std::vector<std::shared_ptr<nn::Module>> modules, MeshInfo mesh,
        std::vector<std::unique_ptr<FSDPParam>> params, UnitFlags flags,
-       MixedPrecisionPolicy mp, ParamGroup::Options group_options);
+       MixedPrecisionPolicy mp, ParamGroup::Options group_options,
+       dist::GroupPtr regather_group);
   ~Unit();
 
   // Registers the forward hooks on the modules and the post-accumulate hooks
@@ -93,28 +102,38 @@ class Unit : public std::enable_shared_from_this<Unit> {
   const MeshInfo& mesh() const { return mesh_; }
   const UnitFlags& flags() const { return flags_; }
   UnitFlags& mutable_flags() { return flags_; }
+  State state() const { return state_; }
   const std::shared_ptr<RootContext>& context() const { return context_; }
-  bool is_root() const { return context_ && context_->root == this; }
+  bool is_root() const { return context_ && &context_->root() == this; }
   // The root of a tree with other units: its parameters serve both ends of
   // backward (head first, embeddings last).
-  bool root_of_others() const { return is_root() && context_->units.size() > 1; }
+  bool root_of_others() const { return is_root() && context_->has_other_units(); }
   // A short name for messages: the first module's name.
-  std::string name() const;
+  const std::string& name() const { return name_; }
 
-  // Raises unless `ranks` is a valid reshard_after_forward for a unit named
-  // `unit_name` sharded over `shard_size` ranks: a divisor of it (1 keeps
-  // the parameters gathered, shard_size reshards fully). Used before any
-  // change by fully_shard and the setter, and by set_reshard_after_forward.
+  // The group a unit sharded over `mesh` regathers in after forward with
+  // reshard_after_forward = `ranks` (null when it gathers over the whole
+  // shard group or not at all). Collective over the shard group: every rank
+  // asks for the same `ranks`. Raises unless `ranks` is a divisor of the
+  // shard size (1 keeps the parameters gathered, the shard size reshards
+  // them fully).
   static void check_reshard_after_forward(int64_t ranks, int64_t shard_size,
                                           const std::string& unit_name);
-  // reshard_after_forward as bool or N (validated: N divides the shard size).
-  void set_reshard_after_forward(int64_t ranks);
+  static dist::GroupPtr regather_group_for(const MeshInfo& mesh, int64_t ranks);
+  // Raises unless the setting can change now: not while the parameters
+  // hold pieces for a regather or a gather is in flight (between forward
+  // and backward), since those were made for the current setting.
+  void check_can_change_reshard_after_forward() const;
+  // reshard_after_forward as N, with its group (regather_group_for).
+  void set_reshard_after_forward(int64_t ranks, dist::GroupPtr regather_group);
   // Explicit prefetch lists (F11); they replace the implicit choice.
   void set_forward_prefetch(std::vector<std::weak_ptr<Unit>> units);
   void set_backward_prefetch(std::vector<std::weak_ptr<Unit>> units);
 
-  // Explicit unshard/reshard (F9).
-  void begin_unshard();
+  // Explicit unshard/reshard (F9). A user's asynchronous unshard gathers
+  // from copies of the shards (`snapshot`), so an optimizer step before
+  // wait() cannot race with the gather reading them.
+  void begin_unshard(bool snapshot = false);
   void wait_unshard();
   void reshard();
 
@@ -122,19 +141,26 @@ class Unit : public std::enable_shared_from_this<Unit> {
   void zero_grad();
 
  private:
-  std::optional<nn::TensorList> pre_forward(const nn::TensorList& inputs);
-  std::optional<nn::TensorList> post_forward(const nn::TensorList& outputs);
+  friend class RootContext;
+
+  std::optional<nn::TensorList> pre_forward(nn::Module& module, const nn::TensorList& inputs);
+  std::optional<nn::TensorList> post_forward(nn::Module& module, const nn::TensorList& outputs);
+  void on_forward_error(nn::Module& module, const std::exception_ptr& error);
   void pre_backward();
   void post_accumulate(FSDPParam& param);
-  void start_packing();
   void reduce_fused();
+  // The unit's part of the end of backward.
   void finish_backward();
-  void become_root();
   void validate_for_training() const;
   void prefetch(const std::vector<std::weak_ptr<Unit>>& explicit_units, int offset);
   void complete_own_reductions();
-
-  enum class State { kIdle, kForward, kAfterForward, kPreBackward };
+  // Back to kIdle with the parameters resharded and nothing in flight;
+  // false if a gather in flight could not be waited for.
+  bool reset_after_failure(bool drop_grads) noexcept;
+  // Runs `step` of a backward hook; a collective failure makes the tree
+  // unusable before the exception reaches autograd's engine.
+  template <typename Fn>
+  void in_backward(const char* what, Fn&& step);
 
   std::vector<std::weak_ptr<nn::Module>> modules_;
   std::string name_;
@@ -154,21 +180,12 @@ class Unit : public std::enable_shared_from_this<Unit> {
   // and gradients stay where autograd put them.
   bool communicates_ = true;
   State state_ = State::kIdle;
-  int forward_depth_ = 0;  // list units: modules inside forward
-  int64_t wave_ = -1;      // post-backward order in this backward
-  int64_t grads_expected_ = 0;
-  int64_t grads_arrived_ = 0;
+  // The unit's modules whose calls are running (a list unit has several;
+  // innermost last). Pushed when the pre-forward completed, popped by the
+  // post-forward or the error hook.
+  std::vector<const nn::Module*> active_calls_;
+  UnitGrads grads_;
   int64_t compute_start_us_ = 0;  // trace: start of this unit's forward / backward compute
-  // Fused: this backward's gradients, packed as they arrive.
-  PackedGrads packed_sharded_;
-  PackedGrads packed_whole_;
-  // Fused root of other units: its gradients arrive at both ends of backward
-  // (head first, embeddings last), so they wait here as they are and are
-  // packed with the last; packing the first would hold the whole root's
-  // buffer through every other unit's backward.
-  std::vector<std::pair<FSDPParam*, at::Tensor>> unpacked_;
-
-  friend struct RootContext;
 };
 
 }  // namespace hp::fsdp

@@ -5,7 +5,8 @@
 // is raised before any collective is issued, so one rank's bad input never
 // leaves its peers waiting. Failures of collectives themselves (timeouts, a
 // dead peer, a backend error) raise CollectiveError with the op, the group's
-// ranks, the tensor sizes and the group's sequence number.
+// ranks, the tensor sizes and the group's sequence number; what such a
+// failure leaves unusable raises UnusableError from then on.
 #pragma once
 
 #include <exception>
@@ -24,6 +25,14 @@ class ArgumentError : public std::invalid_argument {
 class CollectiveError : public std::runtime_error {
  public:
   explicit CollectiveError(const std::string& what) : std::runtime_error(what) {}
+};
+
+// An object that a failure left unusable (e.g. fully_shard units after a
+// collective timed out mid-step): the message says what failed and what to
+// rebuild. Raised at once, before any collective, by every later use.
+class UnusableError : public std::runtime_error {
+ public:
+  explicit UnusableError(const std::string& what) : std::runtime_error(what) {}
 };
 
 [[noreturn]] void throw_argument_error(const std::string& message);

@@ -1,0 +1,155 @@
+#include "hp/fsdp/root_context.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "hp/fsdp/unit.h"
+
+namespace hp::fsdp {
+
+// Held by the end-of-backward callback. torch's engine destroys the queued
+// callbacks of a backward that raised without running them; the guard's
+// destructor is how the tree learns that its backward was abandoned.
+struct RootContext::EndOfBackwardGuard {
+  std::weak_ptr<RootContext> context;
+  bool finished = false;
+  ~EndOfBackwardGuard() {
+    if (finished) return;
+    if (auto c = context.lock()) c->abandon_backward();
+  }
+};
+
+std::shared_ptr<RootContext> RootContext::create(Unit& root) {
+  auto context = std::make_shared<RootContext>();
+  context->root_ = &root;
+  context->units_.push_back(root.weak_from_this());
+  std::vector<std::shared_ptr<Unit>> joining;
+  for (auto& module : root.modules()) {
+    for (auto& unit : units_in_tree(*module, /*include_self=*/false)) {
+      if (unit.get() == &root) continue;
+      if (std::find(joining.begin(), joining.end(), unit) != joining.end()) continue;
+      HP_CHECK_ARG(unit->state_ == Unit::State::kIdle, "fully_shard: unit ", unit->name(),
+                   " is in the middle of a forward/backward pass of another root; run the "
+                   "outermost module's forward instead");
+      joining.push_back(unit);
+    }
+  }
+  for (auto& unit : joining) unit->validate_for_training();
+  root.validate_for_training();
+  // Checked: join.
+  for (auto& unit : joining) {
+    unit->context_ = context;
+    context->units_.push_back(unit);
+    // set_is_last_backward(false) on this unit before its root existed.
+    root.flags_.is_last_backward = root.flags_.is_last_backward && unit->flags_.is_last_backward;
+  }
+  return context;
+}
+
+void RootContext::record_forward(Unit* unit) {
+  if (forward_order_recorded_) return;
+  if (std::find(forward_order_.begin(), forward_order_.end(), unit) == forward_order_.end()) {
+    forward_order_.push_back(unit);
+  }
+}
+
+Unit* RootContext::neighbour(const Unit* unit, int offset) const {
+  auto it = std::find(forward_order_.begin(), forward_order_.end(), unit);
+  if (it == forward_order_.end()) return nullptr;
+  const auto index = (it - forward_order_.begin()) + offset;
+  if (index < 0 || index >= static_cast<int64_t>(forward_order_.size())) return nullptr;
+  return forward_order_[index];
+}
+
+void RootContext::ensure_end_of_backward() {
+  if (backward_in_flight_) return;
+  auto guard = std::make_shared<EndOfBackwardGuard>();
+  guard->context = weak_from_this();
+  torch::autograd::Engine::get_default_engine().queue_callback([guard] {
+    auto context = guard->context.lock();
+    if (!context) {
+      guard->finished = true;
+      return;
+    }
+    // On an exception the guard is not marked finished: autograd drops the
+    // callback, and the guard's destructor abandons this backward.
+    context->finish_backward();
+    guard->finished = true;
+  });
+  backward_in_flight_ = true;
+}
+
+void RootContext::finish_backward() {
+  try {
+    for (auto& weak : units_) {
+      if (auto unit = weak.lock()) unit->finish_backward();
+    }
+    if (root_->flags().is_last_backward) reductions_.complete_all();
+  } catch (const CollectiveError&) {
+    mark_unusable("the end of backward", std::current_exception());
+    throw;
+  }
+  backward_in_flight_ = false;
+  next_wave_ = 0;
+}
+
+void RootContext::check_usable() const {
+  if (unusable_reason_.empty()) return;
+  throw UnusableError(unusable_reason_);
+}
+
+void RootContext::mark_unusable(const std::string& what, const std::exception_ptr& error) {
+  if (!unusable_reason_.empty()) return;  // the first failure is the cause
+  std::string cause = "an unknown exception";
+  try {
+    if (error) std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    cause = exception_message(e);
+  } catch (...) {
+  }
+  unusable_reason_ = cat(
+      "fully_shard: the units of ", root_->name(), " are unusable: a collective failed during ",
+      what, ", so the ranks may be at different points of the step and the sharded parameters "
+      "cannot be trusted. Rebuild the process group and the model (e.g. reload it from a "
+      "checkpoint). The failure was: ", cause);
+}
+
+void RootContext::reset_units(bool drop_grads) noexcept {
+  bool waited = true;
+  for (auto& weak : units_) {
+    if (auto unit = weak.lock()) waited = unit->reset_after_failure(drop_grads) && waited;
+  }
+  if (!forward_order_recorded_) forward_order_.clear();
+  if (!waited && unusable_reason_.empty()) {
+    unusable_reason_ = cat("fully_shard: the units of ", root_->name(),
+                           " are unusable: a gather in flight could not be completed after a "
+                           "failure. Rebuild the process group and the model.");
+  }
+}
+
+void RootContext::recover_from_forward_error(const std::exception_ptr& error) noexcept {
+  try {
+    if (error) std::rethrow_exception(error);
+  } catch (const CollectiveError&) {
+    mark_unusable("the forward of " + root_->name(), error);
+  } catch (...) {
+  }
+  reset_units(/*drop_grads=*/false);
+}
+
+void RootContext::abandon_backward() noexcept {
+  backward_in_flight_ = false;
+  next_wave_ = 0;
+  // Every reduction issued so far was issued by every rank that got this
+  // far: wait for it (its buffers are in use), then drop what it carried.
+  if (!reductions_.abandon_all() && unusable_reason_.empty()) {
+    unusable_reason_ = cat("fully_shard: the units of ", root_->name(),
+                           " are unusable: a gradient reduction in flight failed when the "
+                           "backward raised. Rebuild the process group and the model.");
+  }
+  reset_units(/*drop_grads=*/true);
+}
+
+}  // namespace hp::fsdp

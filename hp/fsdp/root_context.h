@@ -1,0 +1,101 @@
+// What the root unit shares with every unit of its module tree: the lazy
+// initialisation, the recorded forward order (implicit prefetch), the queue
+// of gradient reductions, the end of backward, and what happens after a
+// failure.
+//
+// Lazy initialisation: the first unit whose forward runs becomes the root of
+// the units in its modules' trees; it checks them and they share one context.
+//
+// End of backward: the first unit to start its backward queues a callback
+// with autograd's engine; it reduces what is left, reshards and resets every
+// unit. torch's engine drops the queued callbacks of a backward that raised
+// (in a user's hook, an operator or one of ours) without running them, so
+// the callback holds a guard whose destructor sees that and recovers
+// instead (abandon_backward).
+//
+// Failures leave the tree in one of two states:
+//   recovered  an exception in a forward (a user's module, a bad batch) or a
+//              backward that raised: every unit is resharded and idle, no
+//              gather is in flight, a backward's gradients are dropped (they
+//              would be partial); the next step trains as if the failed one
+//              had not happened, provided every rank failed at the same point.
+//   unusable   a collective failed (timeout, dead peer) or could not be
+//              waited for: the ranks may be at different points of the
+//              step, so every later forward, backward or unshard raises an
+//              UnusableError that says why; the model and process group
+//              must be rebuilt (e.g. reloaded from a checkpoint).
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hp/fsdp/reduction.h"
+#include "hp/util/error.h"
+
+namespace hp::fsdp {
+
+class Unit;
+
+class RootContext : public std::enable_shared_from_this<RootContext> {
+ public:
+  // Makes `root` the root of every unit in its modules' trees (that has no
+  // root yet) and checks them for training. Raises before changing anything
+  // if a unit of the tree is in the middle of another root's step.
+  static std::shared_ptr<RootContext> create(Unit& root);
+
+  Unit& root() const { return *root_; }
+  // Root first, then the others in module order.
+  const std::vector<std::weak_ptr<Unit>>& units() const { return units_; }
+  // A tree with other units than the root (its parameters serve both ends
+  // of backward).
+  bool has_other_units() const { return units_.size() > 1; }
+
+  // --- forward order (recorded during the first forward) ---
+  void record_forward(Unit* unit);
+  void finish_recording() { forward_order_recorded_ = true; }
+  bool forward_order_recorded() const { return forward_order_recorded_; }
+  // The unit after (offset 1) or before (-1) `unit` in forward order.
+  Unit* neighbour(const Unit* unit, int offset) const;
+
+  // --- backward ---
+  ReductionQueue& reductions() { return reductions_; }
+  // The position of a unit's first gradient in this backward.
+  int64_t take_wave() { return next_wave_++; }
+  // Queues the end-of-backward callback once per backward (called from
+  // inside backward, by the first unit whose backward starts).
+  void ensure_end_of_backward();
+
+  // --- failures ---
+  // Raises UnusableError if a failure made the tree unusable.
+  void check_usable() const;
+  bool usable() const { return unusable_reason_.empty(); }
+  // Records that `what` failed with a collective error: unusable from now on.
+  void mark_unusable(const std::string& what, const std::exception_ptr& error);
+  // An exception left the root's forward: every unit back to resharded, idle.
+  void recover_from_forward_error(const std::exception_ptr& error) noexcept;
+  // A backward raised: see the file comment. Also called when the
+  // end-of-backward callback itself raised.
+  void abandon_backward() noexcept;
+
+ private:
+  struct EndOfBackwardGuard;
+
+  void finish_backward();
+  // Waits for what is in flight and reshards every unit; false (and the
+  // tree unusable) if a collective could not be waited for.
+  void reset_units(bool drop_grads) noexcept;
+
+  Unit* root_ = nullptr;
+  std::vector<std::weak_ptr<Unit>> units_;
+  std::vector<Unit*> forward_order_;
+  bool forward_order_recorded_ = false;
+  bool backward_in_flight_ = false;
+  int64_t next_wave_ = 0;
+  ReductionQueue reductions_;
+  std::string unusable_reason_;
+};
+
+}  // namespace hp::fsdp

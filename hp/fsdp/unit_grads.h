@@ -1,0 +1,58 @@
+// The gradients of one fully_shard unit during one backward: how many are
+// expected, which have arrived, and (comm_fusion) the packed buffers they are
+// copied into until the last one arrives and the unit's reductions are issued.
+//
+// A fused root of other units receives gradients at both ends of backward
+// (head first, embeddings last); its early gradients are deferred as they
+// are and packed with the last, since packing the first would hold the
+// whole root's buffer through every other unit's backward.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "hp/fsdp/fsdp_param.h"
+#include "hp/fsdp/reduction.h"
+
+namespace hp::fsdp {
+
+class UnitGrads {
+ public:
+  // At the unit's pre-backward: expects one gradient per parameter that
+  // requires one; `pack` prepares the fused buffers (comm_fusion with sync).
+  void begin(const std::vector<std::unique_ptr<FSDPParam>>& params, bool pack);
+  // Counts one arrival; true when it was the last expected.
+  bool arrive();
+  bool all_arrived() const { return arrived_ == expected_; }
+  // Some arrived, but not all (parameters unused in this backward).
+  bool partly_arrived() const { return arrived_ > 0 && arrived_ < expected_; }
+
+  // The position of this unit's first gradient in this backward (-1 before).
+  int64_t wave() const { return wave_; }
+  void set_wave(int64_t wave) { wave_ = wave; }
+
+  // Fused: copies `grad` into the packed buffers (its memory can go at
+  // once), or with `defer` keeps it as it is until flush().
+  void pack(FSDPParam& param, at::Tensor grad, bool defer);
+  // Fused: issues the reductions of everything packed (`scratch`: the unit's
+  // lent unsharded buffer, which the reduce-scatter may receive into).
+  void flush(ReductionQueue& queue, at::Tensor scratch, const MeshInfo& mesh,
+             ReduceSettings settings, const std::shared_ptr<void>& keep_alive);
+
+  // Back to the state before begin(), dropping whatever was collected.
+  void reset();
+
+ private:
+  int64_t expected_ = 0;
+  int64_t arrived_ = 0;
+  int64_t wave_ = -1;
+  PackedGrads sharded_;
+  PackedGrads whole_;
+  std::vector<std::pair<FSDPParam*, at::Tensor>> deferred_;
+};
+
+}  // namespace hp::fsdp
