@@ -227,10 +227,7 @@ void Unit::prefetch(const std::vector<std::weak_ptr<Unit>>& explicit_units, int 
 std::optional<nn::TensorList> Unit::pre_forward(nn::Module& module, const nn::TensorList& inputs) {
   if (!context_) context_ = RootContext::create(*this);
   context_->check_usable();
-  if (!active_calls_.empty()) {  // another module of a list unit, inside the first
-    active_calls_.push_back(&module);
-    return std::nullopt;
-  }
+  if (forward_running_) return std::nullopt;  // a later module of a list unit
   try {
     // A new iteration: reductions left by set_is_last_backward(false) land now.
     if (is_root()) context_->reductions().complete_all();
@@ -248,7 +245,11 @@ std::optional<nn::TensorList> Unit::pre_forward(nn::Module& module, const nn::Te
     reset_after_failure(/*drop_grads=*/false);
     throw;
   }
-  active_calls_.push_back(&module);
+  forward_running_ = true;
+  modules_to_run_.clear();
+  for (const auto& weak : modules_) {
+    if (auto m = weak.lock()) modules_to_run_.push_back(m.get());
+  }
   state_ = State::kForward;
   compute_start_us_ = trace::enabled() ? trace::now_us() : 0;
   if (mp_.param_dtype && mp_.cast_forward_inputs) return cast_floating(inputs, *mp_.param_dtype);
@@ -257,9 +258,11 @@ std::optional<nn::TensorList> Unit::pre_forward(nn::Module& module, const nn::Te
 
 std::optional<nn::TensorList> Unit::post_forward(nn::Module& module,
                                                  const nn::TensorList& outputs) {
-  if (active_calls_.empty() || active_calls_.back() != &module) return std::nullopt;
-  active_calls_.pop_back();
-  if (!active_calls_.empty()) return std::nullopt;
+  if (!forward_running_) return std::nullopt;
+  modules_to_run_.erase(std::remove(modules_to_run_.begin(), modules_to_run_.end(), &module),
+                        modules_to_run_.end());
+  if (!modules_to_run_.empty()) return std::nullopt;
+  forward_running_ = false;
   if (trace::enabled()) {
     trace::record("forward " + name_, "compute", "compute", compute_start_us_, trace::now_us());
   }
@@ -300,11 +303,9 @@ std::optional<nn::TensorList> Unit::post_forward(nn::Module& module,
 }
 
 void Unit::on_forward_error(nn::Module& module, const std::exception_ptr& error) {
-  // Only calls whose pre-forward completed are running (pre_forward undoes
-  // itself when it raises), innermost last.
-  if (active_calls_.empty() || active_calls_.back() != &module) return;
-  active_calls_.pop_back();
-  if (!active_calls_.empty()) return;
+  // Only a forward whose pre-forward completed is running (pre_forward
+  // undoes itself when it raises).
+  if (!forward_running_) return;
   if (is_root()) {
     context_->recover_from_forward_error(error);
   } else if (!reset_after_failure(/*drop_grads=*/false)) {
@@ -425,7 +426,8 @@ bool Unit::reset_after_failure(bool drop_grads) noexcept {
     waited = false;
   }
   grads_.reset();
-  active_calls_.clear();
+  forward_running_ = false;
+  modules_to_run_.clear();
   state_ = State::kIdle;
   return waited;
 }

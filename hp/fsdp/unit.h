@@ -11,11 +11,13 @@
 //     │                                                                ▼ (pre-backward)
 //     └──────────── end of backward (the root's callback) ─────── kPreBackward
 //
-//   pre-forward     gather the unit's shards (or wait for a prefetch), point
-//                   the parameters at them, prefetch the next unit, cast inputs
-//   post-forward    release the gathered memory (reshard_after_forward: true
-//                   frees, N keeps pieces for a group of N ranks), hook the
-//                   outputs' gradients, cast outputs
+//   pre-forward     (a list unit: its first module to run) gather the shards
+//                   (or wait for a prefetch), point the parameters at them,
+//                   prefetch the next unit, cast inputs
+//   post-forward    (a list unit: after its last module) release the
+//                   gathered memory (reshard_after_forward: true frees, N
+//                   keeps pieces for a group of N ranks), hook the outputs'
+//                   gradients, cast outputs
 //   pre-backward    gather again into the same storage, prefetch the previous
 //                   unit, stash gradients of earlier backwards, queue the end
 //                   of backward
@@ -180,10 +182,11 @@ class Unit : public std::enable_shared_from_this<Unit> {
   // and gradients stay where autograd put them.
   bool communicates_ = true;
   State state_ = State::kIdle;
-  // The unit's modules whose calls are running (a list unit has several;
-  // innermost last). Pushed when the pre-forward completed, popped by the
-  // post-forward or the error hook.
-  std::vector<const nn::Module*> active_calls_;
+  // Between the unit's pre-forward and post-forward: its modules that have
+  // not finished their call yet. A list unit gathers once, at the first of
+  // its modules to run, and reshards after the last (all must run).
+  bool forward_running_ = false;
+  std::vector<const nn::Module*> modules_to_run_;
   UnitGrads grads_;
   int64_t compute_start_us_ = 0;  // trace: start of this unit's forward / backward compute
 };

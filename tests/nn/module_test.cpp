@@ -71,6 +71,67 @@ TEST(HookableModule, TupleOutputsAndGradientsFlow) {
   EXPECT_TRUE(test::tensors_equal(a.grad(), torch::full({2}, 3.0)));
 }
 
+// Raises in forward when given a negative input.
+struct PickyImpl : Module {
+  PickyImpl() : Module("Picky") {}
+  at::Tensor forward(const at::Tensor& x) {
+    if (x.min().item<double>() < 0) throw std::runtime_error("negative input");
+    return x;
+  }
+};
+HP_MODULE(Picky);
+
+TEST(HookableModule, ErrorHooksRunWhenTheCallRaisesThenTheExceptionPropagates) {
+  Picky inner;
+  std::vector<std::string> events;
+  inner->register_forward_pre_hook([&](Module&, const TensorList&) -> std::optional<TensorList> {
+    events.push_back("pre");
+    return std::nullopt;
+  });
+  inner->register_forward_hook(
+      [&](Module&, const TensorList&, const TensorList&) -> std::optional<TensorList> {
+        events.push_back("post");
+        return std::nullopt;
+      });
+  inner->register_forward_error_hook([&](Module& m, const std::exception_ptr& error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::runtime_error& e) {
+      events.push_back(m.name() + " error: " + e.what());
+    }
+    throw std::logic_error("a failing error hook must not hide the cause");
+  });
+  inner->register_forward_error_hook(
+      [&](Module&, const std::exception_ptr&) { events.push_back("second error hook"); });
+
+  inner(torch::ones({2}));  // success: no error hook
+  EXPECT_EQ(events, (std::vector<std::string>{"pre", "post"}));
+  events.clear();
+  EXPECT_THROW(
+      {
+        try {
+          inner(-torch::ones({2}));
+        } catch (const std::runtime_error& e) {
+          EXPECT_STREQ(e.what(), "negative input");
+          throw;
+        }
+      },
+      std::runtime_error);
+  EXPECT_EQ(events, (std::vector<std::string>{"pre", "Picky error: negative input",
+                                              "second error hook"}));
+}
+
+TEST(HookableModule, ErrorHooksRunForAPreHookThatRaises) {
+  Scale m(1.0);
+  int errors = 0;
+  m->register_forward_pre_hook([](Module&, const TensorList&) -> std::optional<TensorList> {
+    throw std::runtime_error("pre-hook failed");
+  });
+  m->register_forward_error_hook([&](Module&, const std::exception_ptr&) { ++errors; });
+  EXPECT_THROW(m(torch::ones({1, 3})), std::runtime_error);
+  EXPECT_EQ(errors, 1);
+}
+
 TEST(HookableModule, ParametersOfNestedTorchModules) {
   Scale m(1.0);
   auto named = m->named_parameters();
