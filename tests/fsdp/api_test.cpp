@@ -429,8 +429,18 @@ TEST(FullyShardErrors, LateValidationErrorLeavesTheModelUntouched) {
 
   // A dtype that differs, seen last.
   model->head->weight.set_data(model->head->weight.detach().to(at::kDouble));
+  // The message names the mode the mesh selects.
   m = error_of([&] { fully_shard(model.ptr(), FullyShardOptions{}); });
-  EXPECT_TRUE(contains(m, "hsdp expects uniform original parameter dtype but got")) << m;
+  EXPECT_TRUE(contains(m, "FSDP expects uniform original parameter dtype but got")) << m;
+  options = {};
+  options.mesh = init_device_mesh("cpu", {world, 1}, {"replicate", "shard"});
+  m = error_of([&] { fully_shard(model.ptr(), options); });
+  EXPECT_TRUE(contains(m, "DDP expects uniform original parameter dtype but got")) << m;
+  if (world == 4) {
+    options.mesh = init_device_mesh("cpu", {2, 2}, {"replicate", "shard"});
+    m = error_of([&] { fully_shard(model.ptr(), options); });
+    EXPECT_TRUE(contains(m, "HSDP expects uniform original parameter dtype but got")) << m;
+  }
   model->head->weight.set_data(model->head->weight.detach().to(at::kFloat));
   expect_untouched("non-uniform dtype");
 

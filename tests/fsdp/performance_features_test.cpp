@@ -349,7 +349,7 @@ TEST(MixedPrecision, ValidationErrors) {
   auto model = test::make_gpt();
   model->lm_head->weight.set_data(model->lm_head->weight.to(at::kDouble));
   m = test::message_of<ArgumentError>([&] { fully_shard(model.ptr()); });
-  EXPECT_EQ(m, "hsdp expects uniform original parameter dtype but got {Float, Double}");
+  EXPECT_EQ(m, "FSDP expects uniform original parameter dtype but got {Float, Double}");
 }
 
 TEST(CommFusionErrors, EligibilityAndOptions) {
