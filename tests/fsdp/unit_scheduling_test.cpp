@@ -67,15 +67,18 @@ ProbeModel make_model() {
   return ProbeModel();
 }
 
-// One forward and backward of step 0's batch on this rank's rows, checked
-// against the reference's gradients shard by shard.
-void expect_step_matches(ProbeModel& model, ProbeModel& reference) {
+// One forward and backward of step `step`'s batch on this rank's rows
+// (`before_backward` runs between them), checked against the reference's
+// gradients shard by shard.
+void expect_step_matches(ProbeModel& model, ProbeModel& reference, int step = 0,
+                         const std::function<void()>& before_backward = {}) {
   const int64_t rank = dist::get_rank(), world = dist::get_world_size();
-  auto [x, y] = test::global_batch(0);
+  auto [x, y] = test::global_batch(step);
   at::Tensor ref_loss = torch::mse_loss(reference(x), y);
   ref_loss.backward();
   at::Tensor loss =
       torch::mse_loss(model(test::rows_for(x, rank, world)), test::rows_for(y, rank, world));
+  if (before_backward) before_backward();
   loss.backward();
   EXPECT_NEAR(test::world_mean(loss.item<double>()), ref_loss.item<double>(),
               1e-5 * ref_loss.item<double>());
@@ -216,12 +219,9 @@ TEST(BackwardPrefetch, NextUnitIsGatheredBeforeItsBackwardStarts) {
         }
       };
     }
-    const int64_t rank = dist::get_rank(), world = dist::get_world_size();
-    auto [x, y] = test::global_batch(1);
-    at::Tensor loss =
-        torch::mse_loss(model(test::rows_for(x, rank, world)), test::rows_for(y, rank, world));
-    start = dist::comm_stats().all_gather;
-    loss.backward();
+    // Prefetching changes when gathers happen, not the gradients.
+    expect_step_matches(model, reference, /*step=*/1,
+                        [&] { start = dist::comm_stats().all_gather; });
     for (auto& block : model->block_list) block->probe = nullptr;
 
     // A block unit has 4 parameters, gathered one all-gather each. Backward
