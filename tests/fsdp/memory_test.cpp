@@ -9,7 +9,8 @@
 //   + the unsharded working set of two units (one block's parameters and
 //     gradients, twice)
 //   + 10 %.
-// Every rank prints its figures; run on 1, 2 and 4 ranks for the table.
+// CTest runs it on 1, 2 and 4 ranks (CMakeLists.txt); every rank prints its
+// figures.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
