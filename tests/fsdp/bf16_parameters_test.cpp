@@ -1,4 +1,4 @@
-// bf16 compute with fp32 shards and fp32 reduction (SPEC F7): after a few
+// bf16 compute with fp32 shards and fp32 reduction: after a few
 // optimizer steps the fp32 parameters stay within a bound derived from
 // bf16's precision of the fp32 model's.
 //

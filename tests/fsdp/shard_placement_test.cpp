@@ -1,7 +1,7 @@
-// shard_placement_fn returning Shard(d) with d != 0 (SPEC F1): the
-// parameter is split evenly along d (no padding), gathered by concatenating
-// the pieces along d, its gradient reduce-scattered along d, and its state
-// dict entry is a DTensor placed Shard(d). One unit mixes such parameters
+// shard_placement_fn returning Shard(d) with d != 0: the parameter is
+// split evenly along d (no padding), gathered by concatenating the pieces
+// along d, its gradient reduced to the matching piece, and its state dict
+// entry is a DTensor placed Shard(d). One unit mixes such parameters
 // with dim-0 ones of uneven length, on every mesh this world supports, per
 // parameter and fused, and trains like the single-process model.
 //

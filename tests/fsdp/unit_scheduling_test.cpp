@@ -1,6 +1,8 @@
-// When fully_shard gathers (SPEC F1, F11): a list of modules forms one unit
-// gathered once per forward, and backward prefetch, implicit and explicit,
-// issues the next unit's all-gather before that unit's backward starts.
+// When fully_shard gathers: a list of modules forms one unit, gathered
+// by its first module's forward (and, once unit.cpp is fixed, only then:
+// ModuleListUnit.GathersOncePerForward), and backward prefetch, implicit and
+// explicit, issues the next unit's all-gather before that unit's backward
+// starts.
 // Each case also trains against the single-process model (the toy-model
 // parity tolerances of parity_test.cpp: gradients rtol 1e-5, atol 1e-6, a
 // few ulps of reordered summation).
