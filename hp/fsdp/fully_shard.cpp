@@ -103,7 +103,8 @@ struct ParamPlan {
 // The parameters `roots` will manage and how, after every check on them:
 // nothing is changed here, and nothing is communicated.
 std::vector<ParamPlan> plan_params(const std::vector<std::shared_ptr<nn::Module>>& roots,
-                                   const FullyShardOptions& options, int64_t shard_size) {
+                                   const FullyShardOptions& options, int64_t shard_size,
+                                   const char* mode) {
   // Every parameter of the modules, by TensorImpl, with its name.
   std::vector<std::pair<std::string, at::Tensor>> candidates;
   std::unordered_set<const c10::TensorImpl*> in_modules;
@@ -167,9 +168,9 @@ std::vector<ParamPlan> plan_params(const std::vector<std::shared_ptr<nn::Module>
     orig_dtypes.insert(orig);
     reduce_dtypes.insert(FSDPParam::reduce_dtype_for(orig, mp));
   }
-  HP_CHECK_ARG(orig_dtypes.size() <= 1, "hsdp expects uniform original parameter dtype but got ",
+  HP_CHECK_ARG(orig_dtypes.size() <= 1, mode, " expects uniform original parameter dtype but got ",
                dtype_set(orig_dtypes));
-  HP_CHECK_ARG(reduce_dtypes.size() <= 1, "hsdp expects uniform reduce dtype but got ",
+  HP_CHECK_ARG(reduce_dtypes.size() <= 1, mode, " expects uniform reduce dtype but got ",
                dtype_set(reduce_dtypes));
   HP_CHECK_ARG(!mp.apply_grad_on_fp32_main_grad || reduce_dtypes.empty() ||
                    *reduce_dtypes.begin() == at::kFloat,
@@ -209,7 +210,11 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<nn::Module>>& modules,
   auto roots = root_modules(modules);
   const int64_t shard_size = options.mesh ? fsdp::MeshInfo::checked_shard_size(*options.mesh)
                                           : dist::get_world_size();
-  auto plans = plan_params(roots, options, shard_size);
+  // The mode the mesh selects, for messages (options.h).
+  const char* mode = !options.mesh || options.mesh->ndim() == 1 ? "FSDP"
+                     : shard_size == 1                          ? "DDP"
+                                                                : "HSDP";
+  auto plans = plan_params(roots, options, shard_size, mode);
   int64_t regather_ranks = shard_size;
   if (auto* keep = std::get_if<bool>(&options.reshard_after_forward)) {
     regather_ranks = *keep ? shard_size : 1;

@@ -254,13 +254,26 @@ TEST(CollectivesHalf, AllReduceMatchesTheFp32Result) {
 
 TEST(CollectivesEmpty, ZeroElementCollectivesComplete) {
   Group& g = *world_group();
+  const uint64_t before = g.sequence_number();
   at::Tensor in = at::empty({0});
   at::Tensor out = at::empty({0});
-  all_gather_into(g, out, in).wait();
-  reduce_scatter(g, out, in).wait();
-  all_reduce(g, out).wait();
-  barrier(g).wait();
-  SUCCEED();
+  std::vector<Work> works;
+  works.push_back(all_gather_into(g, out, in));
+  works.push_back(reduce_scatter(g, out, in));
+  works.push_back(all_reduce(g, out));
+  works.push_back(barrier(g));
+  for (size_t i = 0; i < works.size(); ++i) {
+    works[i].wait();
+    EXPECT_TRUE(works[i].is_completed()) << "collective " << i;
+  }
+  EXPECT_EQ(out.sizes(), at::IntArrayRef({0}));
+  EXPECT_EQ(in.sizes(), at::IntArrayRef({0}));
+  // Each counted as one call of the group, on every rank alike: a real
+  // collective right after them still pairs up across ranks.
+  EXPECT_EQ(g.sequence_number(), before + 4);
+  at::Tensor t = at::full({3}, float(g.rank() + 1));
+  all_reduce(g, t).wait();
+  EXPECT_TRUE(tensors_equal(t, at::full({3}, float(g.size() * (g.size() + 1) / 2))));
 }
 
 TEST(CollectivesSequence, EveryCollectiveAdvancesTheSequenceNumber) {

@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include "hp/dist/collectives.h"
 #include "hp/dist/world.h"
 #include "hp/util/error.h"
@@ -69,19 +71,32 @@ TEST(Groups, TaggedGroupsAreIndependentStreams) {
   std::vector<int> all;
   for (int r = 0; r < get_world_size(); ++r) all.push_back(r);
   GroupPtr a = new_group(all, {"stream-a"});
-  GroupPtr b = new_group(all, {"stream-b"});
+  // A bounded timeout: if the tags shared one stream, the test fails with
+  // b's timeout instead of hanging.
+  GroupPtr b = new_group(all, {"stream-b", std::chrono::seconds(20)});
   EXPECT_NE(a, b);
   EXPECT_NE(a, world_group());
   EXPECT_EQ(a->name(), "world#stream-a");
-  // A collective in flight on one stream does not block one on the other.
+  // A collective in flight on one stream does not block one on the other:
+  // every rank but 0 issues a's all-reduce and then b's; rank 0 joins a's
+  // only after b's completed and everyone has looked at a's. Were a and b
+  // one stream, b's would queue behind a's, which waits for rank 0, which
+  // waits for b's.
+  const int me = get_rank(), n = get_world_size();
   at::Tensor x = at::ones({1 << 16});
   at::Tensor y = at::ones({8});
-  Work wx = all_reduce(*a, x);
+  Work wx;
+  if (me != 0) wx = all_reduce(*a, x);
   Work wy = all_reduce(*b, y);
   wy.wait();
+  EXPECT_TRUE(tensors_equal(y, at::full({8}, float(n))));
+  if (me != 0 && n > 1) {
+    EXPECT_FALSE(wx.is_completed()) << "a's all-reduce cannot finish before rank 0 joins it";
+  }
+  barrier(*world_group()).wait();
+  if (me == 0) wx = all_reduce(*a, x);
   wx.wait();
-  EXPECT_TRUE(tensors_equal(y, at::full({8}, float(get_world_size()))));
-  EXPECT_TRUE(tensors_equal(x, at::full({1 << 16}, float(get_world_size()))));
+  EXPECT_TRUE(tensors_equal(x, at::full({1 << 16}, float(n))));
 }
 
 // A group of one completes every collective locally, without the backend;

@@ -99,7 +99,12 @@ TEST(FullyShardStateDict, Rank0OnlyAndStrictKeys) {
             "get_model_state_dict: rank0_only=true needs full_state_dict=true (only whole tensors "
             "can be kept on rank 0 alone), got full_state_dict=false");
 
-  StateDict sd = root.state_dict();
+  // Values of another model (every one differs), less one key, plus one.
+  const auto before = test::full_parameters(*model);
+  auto other = test::make_gpt(/*seed=*/2);
+  FSDPModule other_root = test::shard_gpt(other, {});
+  const auto other_values = test::full_parameters(*other);
+  StateDict sd = other_root.state_dict();
   sd.erase(std::remove_if(sd.begin(), sd.end(),
                           [](const auto& e) { return e.first == "h.0.ln_1.weight"; }),
            sd.end());
@@ -108,8 +113,14 @@ TEST(FullyShardStateDict, Rank0OnlyAndStrictKeys) {
   EXPECT_EQ(m,
             "Error(s) in loading state_dict for GPT:\n\tMissing key(s): 'h.0.ln_1.weight'\n\t"
             "Unexpected key(s): 'h.9.bogus'");
-  // Not strict: the unexpected key is ignored, the rest loads.
-  EXPECT_NO_THROW(root.load_state_dict(sd, /*strict=*/false));
+  // Not strict: the unexpected key is ignored, the rest loads, and the
+  // missing parameter keeps its value.
+  root.load_state_dict(sd, /*strict=*/false);
+  auto loaded = test::full_parameters(*model);
+  for (const auto& [name, value] : other_values) {
+    const at::Tensor& expected = name == "h.0.ln_1.weight" ? before.at(name) : value;
+    EXPECT_TRUE(tensors_equal(loaded.at(name), expected)) << name;
+  }
 
   StateDict wrong = {{"wte.weight", at::zeros({3, 3})}};
   m = error_of([&] { root.load_state_dict(wrong, /*strict=*/false); });
@@ -210,11 +221,42 @@ TEST(FullyShardApi, ReshardAfterForwardSetterIsRecursive) {
   loss = test::gpt_loss(model, test::token_batch(0), 0, 4);
   EXPECT_FALSE(fsdp::storage_is_allocated(model->blocks()[0]->mlp->c_fc->weight));
   loss.backward();
-  // Not recursive: only the root's own flag changes.
-  root.set_reshard_after_forward(false, /*recurse=*/false);
+  // Not recursive, on an inner unit: block 0 keeps its parameters gathered
+  // after forward, block 1 still reshards.
+  nn::Block b0 = model->blocks()[0], b1 = model->blocks()[1];
+  FSDPModule(b0.ptr()).set_reshard_after_forward(false, /*recurse=*/false);
   loss = test::gpt_loss(model, test::token_batch(0), 0, 4);
-  EXPECT_FALSE(fsdp::storage_is_allocated(model->blocks()[0]->mlp->c_fc->weight));
+  EXPECT_TRUE(fsdp::storage_is_allocated(b0->mlp->c_fc->weight));
+  EXPECT_FALSE(fsdp::storage_is_allocated(b1->mlp->c_fc->weight));
   loss.backward();
+  // The root of other units never reshards after forward (backward would
+  // gather it right away), whatever its flag: its parameters stay gathered.
+  root.set_reshard_after_forward(true);
+  loss = test::gpt_loss(model, test::token_batch(0), 0, 4);
+  EXPECT_EQ(model->wte->weight.size(0), 50);
+  EXPECT_TRUE(fsdp::storage_is_allocated(model->wte->weight));
+  loss.backward();
+}
+
+TEST(FullyShardApi, ReshardAfterForwardSetterOnASingleUnitRoot) {
+  // A root without inner units reshards after forward like any unit, so
+  // the non-recursive setter's effect on the root itself shows.
+  if (dist::get_world_size() < 2) GTEST_SKIP();
+  const int64_t world = dist::get_world_size(), rank = dist::get_rank();
+  auto model = test::make_toy_model();
+  FSDPModule root = fully_shard(model.ptr());
+  auto [x, y] = test::global_batch(0);
+  const at::Tensor& w = model->embed->weight;
+  for (bool reshard : {true, false, true}) {
+    SCOPED_TRACE(reshard ? "reshard" : "keep");
+    root.set_reshard_after_forward(reshard, /*recurse=*/false);
+    at::Tensor loss =
+        torch::mse_loss(model(test::rows_for(x, rank, world)), test::rows_for(y, rank, world));
+    EXPECT_EQ(w.size(0), 10);
+    EXPECT_EQ(fsdp::storage_is_allocated(w), !reshard);
+    loss.backward();
+    EXPECT_EQ(w.size(0), chunk_span(10, world, rank).size);
+  }
 }
 
 TEST(FullyShardApi, ZeroGradDropsGradients) {
@@ -387,8 +429,18 @@ TEST(FullyShardErrors, LateValidationErrorLeavesTheModelUntouched) {
 
   // A dtype that differs, seen last.
   model->head->weight.set_data(model->head->weight.detach().to(at::kDouble));
+  // The message names the mode the mesh selects.
   m = error_of([&] { fully_shard(model.ptr(), FullyShardOptions{}); });
-  EXPECT_TRUE(contains(m, "hsdp expects uniform original parameter dtype but got")) << m;
+  EXPECT_TRUE(contains(m, "FSDP expects uniform original parameter dtype but got")) << m;
+  options = {};
+  options.mesh = init_device_mesh("cpu", {world, 1}, {"replicate", "shard"});
+  m = error_of([&] { fully_shard(model.ptr(), options); });
+  EXPECT_TRUE(contains(m, "DDP expects uniform original parameter dtype but got")) << m;
+  if (world == 4) {
+    options.mesh = init_device_mesh("cpu", {2, 2}, {"replicate", "shard"});
+    m = error_of([&] { fully_shard(model.ptr(), options); });
+    EXPECT_TRUE(contains(m, "HSDP expects uniform original parameter dtype but got")) << m;
+  }
   model->head->weight.set_data(model->head->weight.detach().to(at::kFloat));
   expect_untouched("non-uniform dtype");
 

@@ -8,6 +8,8 @@
 #include <torch/torch.h>
 
 #include "hp/dist/comm_stats.h"
+#include "hp/fsdp/fsdp_param.h"
+#include "hp/fsdp/registry.h"
 #include "hp/fsdp/storage.h"
 #include "hp/util/error.h"
 #include "hp/util/trace.h"
@@ -198,11 +200,20 @@ TEST(ReshardAfterForwardInt, GathersWithinGroupsOfNRanks) {
     // backward's gathers run on the groups of 2.
     auto model = test::make_gpt();
     test::shard_gpt(model, options);
+    const at::Tensor full_w = test::full_parameters(*model).at("h.0.mlp.c_fc.weight");
     trace::enable(dist::get_rank(), "test");
     at::Tensor loss = test::gpt_loss(model, test::token_batch(0), my_first_row(), my_rows());
     const at::Tensor& w = model->blocks()[0]->mlp->c_fc->weight;
     EXPECT_EQ(w.size(0), 256);
     EXPECT_FALSE(fsdp::storage_is_allocated(w));
+    // The piece kept is rows [128 * (rank % 2), +128) of the 256: half.
+    auto managed = fsdp::find_managed(w);
+    ASSERT_TRUE(managed.has_value());
+    const at::Tensor& piece = managed->param->regather_piece();
+    ASSERT_TRUE(piece.defined());
+    EXPECT_EQ(piece.numel(), 128 * 64);
+    EXPECT_TRUE(test::tensors_equal(piece.reshape({128, 64}),
+                                    full_w.narrow(0, 128 * (dist::get_rank() % 2), 128)));
     loss.backward();
     trace::disable();
     int regathers = 0;
@@ -338,7 +349,7 @@ TEST(MixedPrecision, ValidationErrors) {
   auto model = test::make_gpt();
   model->lm_head->weight.set_data(model->lm_head->weight.to(at::kDouble));
   m = test::message_of<ArgumentError>([&] { fully_shard(model.ptr()); });
-  EXPECT_EQ(m, "hsdp expects uniform original parameter dtype but got {Float, Double}");
+  EXPECT_EQ(m, "FSDP expects uniform original parameter dtype but got {Float, Double}");
 }
 
 TEST(CommFusionErrors, EligibilityAndOptions) {

@@ -1,0 +1,301 @@
+// When fully_shard gathers: a list of modules forms one unit, gathered
+// by its first module's forward (and, once unit.cpp is fixed, only then:
+// ModuleListUnit.GathersOncePerForward), and backward prefetch, implicit and
+// explicit, issues the next unit's all-gather before that unit's backward
+// starts.
+// Each case also trains against the single-process model (the toy-model
+// parity tolerances of parity_test.cpp: gradients rtol 1e-5, atol 1e-6, a
+// few ulps of reordered summation).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "hp/dist/comm_stats.h"
+#include "hp/fsdp/fully_shard.h"
+#include "hp/fsdp/storage.h"
+#include "hp/tensor/shard_spec.h"
+#include "tests/fsdp/fsdp_test_util.h"
+#include "tests/fsdp/gpt_fixture.h"
+#include "tests/support/tensor_checks.h"
+
+namespace hp {
+namespace {
+
+// The toy model's residual block, with a probe inside: `probe` runs when
+// the gradient of the block's residual branch arrives, i.e. during this
+// block's backward, after fully_shard's pre-backward hook on the block's
+// output and before the backward of any earlier block.
+struct ProbeBlockImpl : nn::Module {
+  ProbeBlockImpl(int64_t d, int64_t hidden) : nn::Module("ProbeBlock") {
+    fc1 = register_module("fc1", torch::nn::Linear(d, hidden));
+    fc2 = register_module("fc2", torch::nn::Linear(hidden, d));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor branch = fc2(torch::gelu(fc1(x)));
+    if (probe && branch.requires_grad()) {
+      auto run = probe;
+      branch.register_hook([run](const at::Tensor&) { run(); });
+    }
+    return x + branch;
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  std::function<void()> probe;
+};
+HP_MODULE(ProbeBlock);
+
+struct ProbeModelImpl : nn::Module {
+  ProbeModelImpl() : nn::Module("ProbeModel") {
+    embed = register_module("embed", torch::nn::Linear(6, 10));
+    blocks = register_module("blocks", torch::nn::ModuleList());
+    for (int i = 0; i < 3; ++i) {
+      ProbeBlock b(10, 14);
+      blocks->push_back(b);
+      block_list.push_back(b);
+    }
+    head = register_module("head", torch::nn::Linear(torch::nn::LinearOptions(10, 5).bias(false)));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = embed(x);
+    for (auto& b : block_list) h = b(h);
+    return head(h);
+  }
+  torch::nn::Linear embed{nullptr}, head{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+  std::vector<ProbeBlock> block_list;
+};
+HP_MODULE(ProbeModel);
+
+ProbeModel make_model() {
+  torch::manual_seed(1234);
+  return ProbeModel();
+}
+
+// One forward and backward of step `step`'s batch on this rank's rows
+// (`before_backward` runs between them), checked against the reference's
+// gradients shard by shard.
+void expect_step_matches(ProbeModel& model, ProbeModel& reference, int step = 0,
+                         const std::function<void()>& before_backward = {}) {
+  const int64_t rank = dist::get_rank(), world = dist::get_world_size();
+  auto [x, y] = test::global_batch(step);
+  at::Tensor ref_loss = torch::mse_loss(reference(x), y);
+  ref_loss.backward();
+  at::Tensor loss =
+      torch::mse_loss(model(test::rows_for(x, rank, world)), test::rows_for(y, rank, world));
+  if (before_backward) before_backward();
+  loss.backward();
+  EXPECT_NEAR(test::world_mean(loss.item<double>()), ref_loss.item<double>(),
+              1e-5 * ref_loss.item<double>());
+  auto ref_params = reference->named_parameters();
+  auto params = model->named_parameters();
+  for (auto& [name, value] : FSDPModule(model.ptr()).state_dict()) {
+    const DTensor& d = std::get<DTensor>(value);
+    at::Tensor expected = distribute_tensor(ref_params[name].grad(), d.layout()).local();
+    ASSERT_TRUE(params[name].grad().defined()) << name;
+    EXPECT_TRUE(test::tensors_close(params[name].grad(), expected, 1e-5, 1e-6)) << name;
+  }
+}
+
+// All-gathers issued by `block`'s own pre-forward hook in its last forward,
+// counted by hooks registered around fully_shard's.
+std::shared_ptr<int64_t> count_own_all_gathers(ProbeBlock& block) {
+  auto before = std::make_shared<int64_t>(0);
+  auto issued = std::make_shared<int64_t>(-1);
+  block->register_forward_pre_hook(
+      [before](nn::Module&, const nn::TensorList&) -> std::optional<nn::TensorList> {
+        *before = dist::comm_stats().all_gather;
+        return std::nullopt;
+      },
+      /*prepend=*/true);
+  block->register_forward_pre_hook(
+      [before, issued](nn::Module&, const nn::TensorList&) -> std::optional<nn::TensorList> {
+        *issued = dist::comm_stats().all_gather - *before;
+        return std::nullopt;
+      });
+  return issued;
+}
+
+// Blocks 0 and 1 as one unit (block 2 and the root are units of their
+// own), one step checked against the reference; returns the all-gathers
+// each of the two blocks' own pre-forward issued.
+struct PairCounts {
+  int64_t own0 = -1, own1 = -1;
+  bool b1_gathered_in_its_forward = false;
+};
+
+PairCounts run_pair_unit(bool fused) {
+  auto reference = make_model();
+  auto model = make_model();
+  FullyShardOptions options;
+  options.comm_fusion = fused;
+  ProbeBlock b0 = model->block_list[0], b1 = model->block_list[1], b2 = model->block_list[2];
+  FSDPModule pair =
+      fully_shard(std::vector<std::shared_ptr<nn::Module>>{b0.ptr(), b1.ptr()}, options);
+  fully_shard(b2.ptr(), options);
+  FSDPModule root = fully_shard(model.ptr(), options);
+  root.set_implicit_prefetch(false);
+  EXPECT_TRUE(is_fully_sharded(*b1));
+  EXPECT_EQ(&pair.module(), b0.ptr().get());
+  const int64_t world = dist::get_world_size();
+  // Both blocks' parameters are sharded by the one unit.
+  EXPECT_EQ(b1->fc1->weight.size(0), chunk_span(14, world, dist::get_rank()).size);
+
+  PairCounts counts;
+  auto own0 = count_own_all_gathers(b0), own1 = count_own_all_gathers(b1);
+  b1->register_forward_pre_hook(
+      [&](nn::Module&, const nn::TensorList&) -> std::optional<nn::TensorList> {
+        counts.b1_gathered_in_its_forward =
+            b1->fc1->weight.size(0) == 14 && fsdp::storage_is_allocated(b1->fc1->weight);
+        return std::nullopt;
+      });
+  expect_step_matches(model, reference);
+  counts.own0 = *own0;
+  counts.own1 = *own1;
+  // Resharded after backward like any unit.
+  EXPECT_EQ(b1->fc1->weight.size(0), chunk_span(14, world, dist::get_rank()).size);
+  return counts;
+}
+
+TEST(ModuleListUnit, TwoBlocksAsOneUnitTrainLikeOneProcess) {
+  for (bool fused : {false, true}) {
+    SCOPED_TRACE(fused ? "fused" : "per parameter");
+    const PairCounts counts = run_pair_unit(fused);
+    if (dist::get_world_size() == 1) continue;  // nothing to gather
+    // Block 0's forward gathers both blocks: the 8 parameters one all-gather
+    // each, or one fused all-gather; block 1 runs on gathered parameters.
+    EXPECT_EQ(counts.own0, fused ? 1 : 8);
+    EXPECT_TRUE(counts.b1_gathered_in_its_forward);
+  }
+}
+
+TEST(ModuleListUnit, GathersOncePerForward) {
+  if (dist::get_world_size() < 2) GTEST_SKIP() << "one rank gathers nothing";
+  for (bool fused : {false, true}) {
+    SCOPED_TRACE(fused ? "fused" : "per parameter");
+    // Block 1's forward finds the unit gathered by block 0's and issues none.
+    EXPECT_EQ(run_pair_unit(fused).own1, 0);
+  }
+}
+
+// All-gathers issued since `start` when each block's backward reached its
+// probe, and whether the other blocks' parameters were gathered (or being
+// gathered: their unsharded storage exists) at that point.
+struct BackwardObservation {
+  int64_t gathers = -1;
+  std::vector<bool> gathered;
+};
+
+TEST(BackwardPrefetch, NextUnitIsGatheredBeforeItsBackwardStarts) {
+  if (dist::get_world_size() < 2) GTEST_SKIP() << "one rank gathers nothing";
+  enum class Mode { kNone, kImplicit, kExplicit };
+  for (Mode mode : {Mode::kNone, Mode::kImplicit, Mode::kExplicit}) {
+    const char* label = mode == Mode::kNone       ? "no prefetch"
+                        : mode == Mode::kImplicit ? "implicit"
+                                                  : "explicit: block 2 prefetches block 0";
+    SCOPED_TRACE(label);
+    auto reference = make_model();
+    auto model = make_model();
+    std::vector<FSDPModule> units;
+    for (auto& block : model->block_list) units.push_back(fully_shard(block.ptr()));
+    FSDPModule root = fully_shard(model.ptr());
+    root.set_implicit_prefetch(mode == Mode::kImplicit);
+    // Explicit: skip block 1, so the list (not the implicit order) decides.
+    if (mode == Mode::kExplicit) units[2].set_modules_to_backward_prefetch({units[0]});
+
+    // The first step records the execution order (implicit prefetch needs it).
+    expect_step_matches(model, reference);
+    root.zero_grad();
+    reference->zero_grad();
+
+    // All-gathers of the backward only: counted from the end of forward.
+    int64_t start = 0;
+    std::vector<BackwardObservation> seen(3);
+    for (size_t i = 0; i < 3; ++i) {
+      model->block_list[i]->probe = [&, i] {
+        seen[i].gathers = dist::comm_stats().all_gather - start;
+        for (auto& block : model->block_list) {
+          seen[i].gathered.push_back(fsdp::storage_is_allocated(block->fc1->weight) &&
+                                     block->fc1->weight.size(0) == 14);
+        }
+      };
+    }
+    // Prefetching changes when gathers happen, not the gradients.
+    expect_step_matches(model, reference, /*step=*/1,
+                        [&] { start = dist::comm_stats().all_gather; });
+    for (auto& block : model->block_list) block->probe = nullptr;
+
+    // A block unit has 4 parameters, gathered one all-gather each. Backward
+    // runs block 2, 1, 0; the root kept its own parameters from forward.
+    const int64_t unit = 4;
+    std::vector<int64_t> expected;
+    std::vector<std::vector<bool>> gathered;
+    switch (mode) {
+      case Mode::kNone:  // each block gathers in its own pre-backward
+        expected = {3 * unit, 2 * unit, unit};
+        gathered = {{true, false, false}, {false, true, false}, {false, false, true}};
+        break;
+      case Mode::kImplicit:  // block k's pre-backward also starts block k-1
+        expected = {3 * unit, 3 * unit, 2 * unit};
+        gathered = {{true, false, false}, {true, true, false}, {false, true, true}};
+        break;
+      case Mode::kExplicit:  // block 2 starts block 0; block 1 gathers itself
+        expected = {3 * unit, 3 * unit, 2 * unit};
+        gathered = {{true, false, false}, {true, true, false}, {true, false, true}};
+        break;
+    }
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(seen[i].gathers, expected[i]) << "all-gathers before block " << i << "'s backward";
+      EXPECT_EQ(seen[i].gathered, gathered[i]) << "blocks gathered during block " << i
+                                               << "'s backward";
+    }
+  }
+}
+
+// replicate_params on a mesh with replicas (HSDP, DDP) and on FSDP: the
+// parameter stays whole and its gradient is averaged over every rank.
+TEST(ReplicateParams, EveryMeshTrainsLikeOneProcess) {
+  const int64_t rank = dist::get_rank(), world = dist::get_world_size();
+  for (const auto& mesh : test::mesh_configs()) {
+    SCOPED_TRACE(mesh.name);
+    auto reference = make_model();
+    auto model = make_model();
+    // One replicated parameter in a block unit, one in the root's.
+    FullyShardOptions options;
+    options.mesh = test::make_mesh(mesh);
+    for (auto& block : model->block_list) {
+      FullyShardOptions block_options = options;
+      if (block.ptr() == model->block_list[1].ptr()) {
+        block_options.replicate_params = {block->fc1->bias};
+      }
+      fully_shard(block.ptr(), block_options);
+    }
+    options.replicate_params = {model->head->weight};
+    fully_shard(model.ptr(), options);
+    EXPECT_EQ(model->head->weight.sizes().vec(), (std::vector<int64_t>{5, 10}));
+    EXPECT_EQ(model->block_list[1]->fc1->bias.sizes().vec(), (std::vector<int64_t>{14}));
+    auto ref_opt = torch::optim::AdamW(reference->parameters(), torch::optim::AdamWOptions(1e-2));
+    auto opt = torch::optim::AdamW(model->parameters(), torch::optim::AdamWOptions(1e-2));
+    for (int step = 0; step < 3; ++step) {
+      auto [x, y] = test::global_batch(step);
+      torch::mse_loss(reference(x), y).backward();
+      torch::mse_loss(model(test::rows_for(x, rank, world)), test::rows_for(y, rank, world))
+          .backward();
+      EXPECT_TRUE(test::tensors_close(model->head->weight.grad(), reference->head->weight.grad(),
+                                      1e-5, 1e-6))
+          << "step " << step;
+      ref_opt.step();
+      ref_opt.zero_grad();
+      opt.step();
+      opt.zero_grad();
+    }
+    // Whole on every rank, equal to the reference after 3 AdamW steps
+    // (parity_test.cpp's parameter tolerance).
+    EXPECT_TRUE(test::tensors_close(model->head->weight, reference->head->weight, 1e-4, 1e-5));
+    auto gathered = test::full_parameters(*model);
+    for (auto& item : reference->named_parameters()) {
+      EXPECT_TRUE(test::tensors_close(gathered.at(item.key()), item.value(), 1e-4, 1e-5))
+          << item.key();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hp
