@@ -1,4 +1,4 @@
-// fully_shard on the GPT against plain libtorch in one process (issue 3):
+// fully_shard on the GPT against plain libtorch in one process:
 // 3 AdamW steps on FSDP, HSDP and DDP with reshard_after_forward true and
 // false; gradient accumulation without sync; "sum" vs "avg"; distributed
 // gradient clipping.
@@ -6,6 +6,8 @@
 // The reference is plain libtorch in one process that processes the global
 // batch as the ranks' slices (gradient accumulation over D micro-batches,
 // then a division by D), which is the arithmetic data parallelism performs.
+// Training steps each start from the reference's parameters
+// (expect_training_matches says why).
 //
 // Tolerances: none is a constant. Each rank computes its slice bit for bit
 // as the reference does, so losses and gradients may differ only by the

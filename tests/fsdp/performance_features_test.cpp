@@ -1,9 +1,9 @@
-// The performance features of fully_shard (issue 4, SPEC F4, F7, F8, F11,
-// F12): comm_fusion with and without the zero-copy flat buffer, the number
-// of collectives per step, prefetch, reshard_after_forward = N, mixed
-// precision and the offload policy — each against plain libtorch in one
-// process, with the bounds of gpt_training_test.cpp (the same arithmetic,
-// reordered: tests/fsdp/data_parallel_reference.h derives them).
+// The performance features of fully_shard: comm_fusion with and without
+// the zero-copy flat buffer, the number of collectives per step, prefetch,
+// reshard_after_forward = N, mixed precision and the offload policy — each
+// against plain libtorch in one process, with the bounds of
+// gpt_training_test.cpp (the same arithmetic, reordered:
+// tests/fsdp/data_parallel_reference.h derives them).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

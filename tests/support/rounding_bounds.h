@@ -19,10 +19,10 @@ double unit_roundoff(at::ScalarType dtype);
 
 // A floating-point sum of n terms, in any order, with each term or the
 // result scaled once (the 1/n of a mean, applied before or after), is within
-// 2 n u Σ|terms| of the exact value elementwise: recursive summation in any
-// order errs by at most (n - 1) u Σ|terms| (Higham, Accuracy and Stability
-// of Numerical Algorithms, 4.2, to first order), and the scalings add at
-// most n roundings of u Σ|terms| each. `sum_abs_terms` is Σ|terms|
+// 2 n u Σ|terms| of the exact value elementwise: each of the n - 1
+// additions rounds a partial sum no larger than Σ|terms| by at most u times
+// it, whatever the order (to first order in u), and the scalings add at
+// most n such roundings. `sum_abs_terms` is Σ|terms|
 // elementwise (after the scaling), in any dtype; the bound is returned in
 // Double. Integer dtypes sum exactly: the bound is 0.
 at::Tensor summation_bound(const at::Tensor& sum_abs_terms, int64_t n, at::ScalarType dtype);
