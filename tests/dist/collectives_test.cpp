@@ -3,9 +3,9 @@
 // any rank's input: inputs are seeded by rank). Run on 2, 3 and 4 ranks.
 //
 // Inputs are small integers stored in the tested dtype, so sums are exact
-// in every dtype and any reduction order; one test uses real-valued fp32
-// data with a 1e-6 relative tolerance (fp32 sums of <= 4 terms in another
-// order differ by a few ulps at most).
+// in every dtype and any reduction order; averages and one test's
+// real-valued fp32 data are held to summation_bound of their terms
+// (tests/support/rounding_bounds.h).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -15,13 +15,14 @@
 #include "hp/dist/collectives.h"
 #include "hp/dist/world.h"
 #include "hp/util/error.h"
+#include "tests/support/rounding_bounds.h"
 #include "tests/support/tensor_checks.h"
 
 namespace hp::dist {
 namespace {
 
-using test::tensors_close;
 using test::tensors_equal;
+using test::within_bound;
 
 // Rank r's input: integers in [-20, 20) as `dtype`, the same on every process.
 at::Tensor input_of(int r, at::IntArrayRef shape, at::ScalarType dtype, int salt = 0) {
@@ -31,15 +32,21 @@ at::Tensor input_of(int r, at::IntArrayRef shape, at::ScalarType dtype, int salt
   return t.to(dtype);
 }
 
-// Sums of small integers are exact in every dtype; an average over 3 ranks
-// is not, so it is compared within the dtype's rounding (half an ulp).
-double rounding_tolerance(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kBFloat16: return 1e-2;
-    case at::kHalf: return 1e-3;
-    case at::kFloat: return 1e-7;
-    default: return 1e-15;
-  }
+// A collective's sum or average of `terms` (one per rank, in the tested
+// dtype) against the exact value `expected`: within summation_bound of the
+// terms (0 for integer dtypes; integer sums here are exact in every dtype,
+// so for them only the average's scaling rounds). Max and min are exact.
+testing::AssertionResult within_summation_bound(const at::Tensor& actual,
+                                                const at::Tensor& expected,
+                                                const std::vector<at::Tensor>& terms,
+                                                ReduceOp op) {
+  at::Tensor sum_abs = at::zeros(expected.sizes(), at::kDouble);
+  if (op == ReduceOp::kMax || op == ReduceOp::kMin) return within_bound(actual, expected, sum_abs);
+  for (const at::Tensor& t : terms) sum_abs += t.to(at::kDouble).abs();
+  if (op == ReduceOp::kAvg) sum_abs /= static_cast<double>(terms.size());
+  return within_bound(actual, expected,
+                      test::summation_bound(sum_abs, static_cast<int64_t>(terms.size()),
+                                            actual.scalar_type()));
 }
 
 class Collectives : public testing::TestWithParam<at::ScalarType> {
@@ -77,12 +84,14 @@ TEST_P(Collectives, ReduceScatterSumAndAvg) {
     at::Tensor out = at::empty({n}, in.options());
     reduce_scatter(world(), out, in, op).wait();
     at::Tensor total = at::zeros({size() * n}, at::kDouble);
-    for (int r = 0; r < size(); ++r) total += input_of(r, {size() * n}, dtype).to(at::kDouble);
+    std::vector<at::Tensor> terms;
+    for (int r = 0; r < size(); ++r) {
+      terms.push_back(input_of(r, {size() * n}, dtype).narrow(0, rank() * n, n));
+      total += input_of(r, {size() * n}, dtype).to(at::kDouble);
+    }
     at::Tensor expected = total.narrow(0, rank() * n, n);
     if (op == ReduceOp::kAvg) expected = expected / size();
-    // Averages of integers need rounding to the dtype; compare in the dtype's precision.
-    double tol = rounding_tolerance(dtype);
-    EXPECT_TRUE(tensors_close(out, expected, tol, 0)) << "op " << to_string(op);
+    EXPECT_TRUE(within_summation_bound(out, expected, terms, op)) << "op " << to_string(op);
     EXPECT_EQ(out.scalar_type(), dtype);
   }
 }
@@ -116,8 +125,9 @@ TEST_P(Collectives, AllReduceEveryOp) {
                           : op == ReduceOp::kAvg ? stacked.mean(0)
                           : op == ReduceOp::kMax ? stacked.amax(0)
                                                  : stacked.amin(0);
-    double tol = rounding_tolerance(dtype);
-    EXPECT_TRUE(tensors_close(t, expected, tol, 0)) << "op " << to_string(op);
+    std::vector<at::Tensor> terms;
+    for (int r = 0; r < size(); ++r) terms.push_back(input_of(r, {3, 4}, dtype, 5));
+    EXPECT_TRUE(within_summation_bound(t, expected, terms, op)) << "op " << to_string(op);
     EXPECT_EQ(t.scalar_type(), dtype);
   }
 }
@@ -194,8 +204,13 @@ TEST(CollectivesFloat, RealValuedReduceScatterWithinUlps) {
   at::Tensor out = at::empty({n});
   reduce_scatter(g, out, data(g.rank())).wait();
   at::Tensor expected = at::zeros({g.size() * n}, at::kDouble);
-  for (int r = 0; r < g.size(); ++r) expected += data(r).to(at::kDouble);
-  EXPECT_TRUE(tensors_close(out, expected.narrow(0, g.rank() * n, n), 1e-6, 1e-7));
+  std::vector<at::Tensor> terms;
+  for (int r = 0; r < g.size(); ++r) {
+    expected += data(r).to(at::kDouble);
+    terms.push_back(data(r).narrow(0, g.rank() * n, n));
+  }
+  EXPECT_TRUE(within_summation_bound(out, expected.narrow(0, g.rank() * n, n), terms,
+                                     ReduceOp::kSum));
 }
 
 TEST(CollectivesAsync, HandlesOverlapAndCompleteInAnyOrder) {

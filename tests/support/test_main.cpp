@@ -14,6 +14,7 @@
 
 #include "hp/dist/launch_env.h"
 #include "hp/dist/world.h"
+#include "tests/support/rounding_bounds.h"
 
 namespace {
 
@@ -30,6 +31,21 @@ class FailurePrinter : public testing::EmptyTestEventListener {
       std::cerr << "[  FAILED  ] " << info.test_suite_name() << "." << info.name() << std::endl;
     }
   }
+};
+
+// Prints how much of its tolerance each test's closest comparison used
+// (HP_TEST_PRINT_BOUND_USE): the slack the derived bounds leave.
+class BoundUsePrinter : public testing::EmptyTestEventListener {
+ public:
+  explicit BoundUsePrinter(int rank) : rank_(rank) {}
+  void OnTestStart(const testing::TestInfo&) override { hp::test::reset_worst_bound_use(); }
+  void OnTestEnd(const testing::TestInfo& info) override {
+    std::cerr << "[bound use] rank " << rank_ << " " << info.test_suite_name() << "."
+              << info.name() << ": " << hp::test::worst_bound_use() << std::endl;
+  }
+
+ private:
+  int rank_;
 };
 
 }  // namespace
@@ -49,6 +65,10 @@ int main(int argc, char** argv) {
       delete listeners.Release(listeners.default_result_printer());
       listeners.Append(new FailurePrinter);
     }
+  }
+  if (std::getenv("HP_TEST_PRINT_BOUND_USE")) {
+    testing::UnitTest::GetInstance()->listeners().Append(
+        new BoundUsePrinter(distributed ? hp::dist::get_rank() : 0));
   }
   int status = RUN_ALL_TESTS();
   if (distributed) hp::dist::destroy_process_group();
