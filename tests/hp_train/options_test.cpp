@@ -31,7 +31,6 @@ namespace {
 using Args = std::vector<std::string>;
 using testing::AllOf;
 using testing::HasSubstr;
-using testing::Not;
 using testing::ThrowsMessage;
 
 World launched(int size) { return {true, 0, size}; }
