@@ -30,7 +30,9 @@ COLORS = {
 
 def load(path):
     with open(path) as f:
-        trace = json.load(f)["traceEvents"]
+        document = json.load(f)
+    trace = document["traceEvents"]
+    origin = document.get("otherData", {}).get("origin_unix_us")
     events = [e for e in trace if e.get("ph") == "X"]
     names = {}
     for e in trace:
@@ -38,7 +40,7 @@ def load(path):
             names[e["tid"]] = e["args"]["name"]
     for e in events:
         e["lane"] = names.get(e["tid"], str(e["tid"]))
-    return events
+    return events, origin
 
 
 def main(argv):
@@ -48,7 +50,15 @@ def main(argv):
         step = int(argv[i + 1])
         argv = argv[:i] + argv[i + 2:]
     *inputs, out = argv
-    ranks = [load(p) for p in inputs]
+    loaded = [load(p) for p in inputs]
+    ranks = [events for events, _ in loaded]
+    # hp-train's ranks share one time origin (otherData.origin_unix_us);
+    # traces without it, or from different runs, count from each process's
+    # own start and would be drawn out of step.
+    origins = {origin for _, origin in loaded}
+    if len(inputs) > 1 and (None in origins or len(origins) > 1):
+        print("plot_timeline.py: warning: the traces do not share one time origin "
+              "(otherData.origin_unix_us); ranks may be drawn misaligned", file=sys.stderr)
     steps = [e for e in ranks[0] if e["cat"] == "step"]
     chosen = steps[-1] if step is None else next(e for e in steps if e["name"] == f"step {step}")
     t0, t1 = chosen["ts"], chosen["ts"] + chosen["dur"]

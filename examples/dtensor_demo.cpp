@@ -14,6 +14,7 @@
 #include "hp/dist/collectives.h"
 #include "hp/dist/world.h"
 #include "hp/tensor/dtensor.h"
+#include "hp/util/error.h"
 
 namespace {
 
@@ -35,9 +36,7 @@ void say(const std::string& text) {
 
 std::string shape_of(const at::Tensor& t) { return hp::to_string(t.sizes().vec()); }
 
-}  // namespace
-
-int main() {
+int run() {
   at::set_num_threads(1);
   hp::dist::init_process_group();
   const int world = hp::dist::get_world_size();
@@ -123,4 +122,20 @@ int main() {
               " mismatches across ranks)"));
   hp::dist::destroy_process_group();
   return total_failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main() {
+  try {
+    return run();
+  } catch (const hp::ArgumentError& e) {
+    // Started without a launcher, or a launcher's environment that does not
+    // add up: a usage error, as with hprun and hp-train.
+    std::cerr << "dtensor_demo: error: " << e.what() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "dtensor_demo: " << hp::exception_message(e) << std::endl;
+    return 1;
+  }
 }

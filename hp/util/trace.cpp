@@ -3,6 +3,8 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -25,7 +27,12 @@ Recorder& recorder() {
   return *r;
 }
 
-const std::chrono::steady_clock::time_point g_origin = std::chrono::steady_clock::now();
+using Steady = std::chrono::steady_clock;
+
+// The origin as a steady-clock reading (in its ticks), and the wall-clock
+// instant it stands for (0: the process's start, no shared instant).
+std::atomic<Steady::rep> g_origin{Steady::now().time_since_epoch().count()};
+std::atomic<int64_t> g_origin_unix_us{0};
 
 }  // namespace
 
@@ -43,9 +50,26 @@ void enable(int pid, const std::string& process_name) {
 void disable() { g_enabled.store(false); }
 
 int64_t now_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
-                                                               g_origin)
+  const Steady::duration since(Steady::now().time_since_epoch().count() -
+                               g_origin.load(std::memory_order_relaxed));
+  return std::chrono::duration_cast<std::chrono::microseconds>(since).count();
+}
+
+int64_t unix_now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+void set_origin(int64_t unix_us) {
+  // The steady reading that corresponds to `unix_us`: now, less the wall
+  // time elapsed since that instant.
+  const Steady::time_point steady_now = Steady::now();
+  const std::chrono::microseconds elapsed(unix_now_us() - unix_us);
+  g_origin.store((steady_now - std::chrono::duration_cast<Steady::duration>(elapsed))
+                     .time_since_epoch()
+                     .count());
+  g_origin_unix_us.store(unix_us);
 }
 
 void record(std::string name, std::string category, std::string lane, int64_t start_us,
@@ -100,9 +124,17 @@ void write(const std::string& path) {
     out.push_back({{"name", "thread_sort_index"}, {"ph", "M"}, {"pid", r.pid}, {"tid", tid},
                    {"args", {{"sort_index", tid}}}});
   }
+  nlohmann::json document{{"traceEvents", out}, {"displayTimeUnit", "ms"}};
+  if (const int64_t origin = g_origin_unix_us.load(); origin != 0) {
+    document["otherData"] = {{"origin_unix_us", origin}};
+  }
+  errno = 0;
   std::ofstream file(path);
-  if (!file) throw std::runtime_error("trace: cannot open '" + path + "' for writing");
-  file << nlohmann::json{{"traceEvents", out}, {"displayTimeUnit", "ms"}}.dump() << "\n";
+  if (!file) {
+    throw std::runtime_error("trace: cannot open '" + path + "' for writing: " +
+                             std::strerror(errno));
+  }
+  file << document.dump() << "\n";
   if (!file) throw std::runtime_error("trace: writing '" + path + "' failed");
 }
 

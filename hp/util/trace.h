@@ -28,8 +28,19 @@ bool enabled();
 void enable(int pid, const std::string& process_name);
 void disable();
 
-// Microseconds since an arbitrary, process-wide origin.
+// Microseconds since the origin: the process's start until set_origin().
 int64_t now_us();
+
+// Makes now_us() count from `unix_us`, an instant on the wall clock
+// (microseconds since the Unix epoch), from now on; the timestamps stay
+// monotonic (steady clock), only their zero moves. Ranks that set the same
+// instant (rank 0's reading, broadcast) share one time base, so their traces
+// line up in a viewer: on one host exactly, across hosts as well as their
+// clocks agree. write() records the instant as otherData.origin_unix_us.
+void set_origin(int64_t unix_us);
+
+// The wall clock now, in microseconds since the Unix epoch.
+int64_t unix_now_us();
 
 void record(std::string name, std::string category, std::string lane, int64_t start_us,
             int64_t end_us);

@@ -1,5 +1,6 @@
 // hp-train's data: the batch rule (offsets, wrap-around, rank slices), the
 // uint16 token files and the fortunes corpus.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -22,9 +23,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-void expect_contains(const std::string& message, const std::string& part) {
-  EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
-}
+using testing::AllOf;
+using testing::HasSubstr;
+using testing::ThrowsMessage;
 
 // With tokens 0..len-1 every window's first input is its start offset.
 at::Tensor positions(int64_t len) { return at::arange(len, at::kLong); }
@@ -93,22 +94,23 @@ TEST(Batches, RankSlicesConcatenateToTheGlobalBatch) {
 
 TEST(Batches, BadArgumentsNameTheArgumentValueAndExpectation) {
   at::Tensor tokens = positions(100);
-  auto error = [&](int64_t step, int64_t B, int64_t T, int64_t r, int64_t D,
-                   const at::Tensor& t) {
-    return test::message_of<ArgumentError>([&] { batch_for_step(t, step, B, T, r, D); });
+  // batch_for_step's verdict on (step, B, T, r, D, tokens) is an
+  // ArgumentError whose message holds `part`.
+  auto expect_refused = [&](int64_t step, int64_t B, int64_t T, int64_t r, int64_t D,
+                            const at::Tensor& t, const std::string& part) {
+    EXPECT_THAT([&] { batch_for_step(t, step, B, T, r, D); },
+                ThrowsMessage<ArgumentError>(HasSubstr(part)));
   };
-  expect_contains(error(0, 6, 8, 0, 4, tokens),
-                  "global_batch 6 must be divisible by dp_size 4");
-  expect_contains(error(0, 4, 0, 0, 1, tokens), "seq_len must be >= 1 but got 0");
-  expect_contains(error(0, 4, 99, 0, 1, tokens),
-                  "must hold at least seq_len + 2 = 101 tokens but has 100");
-  expect_contains(error(-1, 4, 8, 0, 1, tokens), "step must be >= 0 but got -1");
-  expect_contains(error(0, 0, 8, 0, 1, tokens), "global_batch must be >= 1 but got 0");
-  expect_contains(error(0, 4, 8, 0, 0, tokens), "dp_size must be >= 1 but got 0");
-  expect_contains(error(0, 4, 8, 2, 2, tokens), "dp_rank must be in [0, 2) but got 2");
-  expect_contains(error(0, 4, 8, 0, 1, tokens.to(at::kInt)),
-                  "tokens must be a 1-D int64 CPU tensor but got Int of shape [100]");
-  expect_contains(error(0, 4, 8, 0, 1, tokens.reshape({10, 10})), "Long of shape [10, 10]");
+  expect_refused(0, 6, 8, 0, 4, tokens, "global_batch 6 must be divisible by dp_size 4");
+  expect_refused(0, 4, 0, 0, 1, tokens, "seq_len must be >= 1 but got 0");
+  expect_refused(0, 4, 99, 0, 1, tokens, "must hold at least seq_len + 2 = 101 tokens but has 100");
+  expect_refused(-1, 4, 8, 0, 1, tokens, "step must be >= 0 but got -1");
+  expect_refused(0, 0, 8, 0, 1, tokens, "global_batch must be >= 1 but got 0");
+  expect_refused(0, 4, 8, 0, 0, tokens, "dp_size must be >= 1 but got 0");
+  expect_refused(0, 4, 8, 2, 2, tokens, "dp_rank must be in [0, 2) but got 2");
+  expect_refused(0, 4, 8, 0, 1, tokens.to(at::kInt),
+                 "tokens must be a 1-D int64 CPU tensor but got Int of shape [100]");
+  expect_refused(0, 4, 8, 0, 1, tokens.reshape({10, 10}), "Long of shape [10, 10]");
 }
 
 class TokenFiles : public testing::Test {
@@ -132,8 +134,10 @@ class TokenFiles : public testing::Test {
     }
     return bytes;
   }
-  std::string error(const std::string& path, int64_t vocab) {
-    return test::message_of<ArgumentError>([&] { load_token_file(path, vocab); });
+  // Loading `path` with `vocab` raises an ArgumentError matching `matcher`.
+  template <typename Matcher>
+  void expect_refused(const std::string& path, int64_t vocab, Matcher matcher) {
+    EXPECT_THAT([&] { load_token_file(path, vocab); }, ThrowsMessage<ArgumentError>(matcher));
   }
 
   std::string dir_;
@@ -144,22 +148,21 @@ TEST_F(TokenFiles, ReadsLittleEndianUint16) {
   Corpus c = load_token_file(path, 65536);
   EXPECT_TRUE(test::tensors_equal(c.tokens, at::tensor({0, 1, 255, 256, 50000, 65535}, at::kLong)));
   EXPECT_EQ(c.vocab_size, 65536);
-  expect_contains(c.description, path);
-  expect_contains(c.description, "6 uint16 tokens");
+  EXPECT_THAT(c.description, AllOf(HasSubstr(path), HasSubstr("6 uint16 tokens")));
 }
 
 TEST_F(TokenFiles, RejectsBadFiles) {
   std::string bad = write("bad.bin", uint16s({3, 7, 300, 2, 400}));
-  std::string m = error(bad, 256);
-  expect_contains(m, bad);
-  expect_contains(m, "token at position 2 is 300, not below --vocab 256");
+  expect_refused(bad, 256,
+                 AllOf(HasSubstr(bad),
+                       HasSubstr("token at position 2 is 300, not below --vocab 256")));
 
   std::string odd = write("odd.bin", std::string("\x01\x00\x02", 3));
-  expect_contains(error(odd, 256), "has 3 bytes, an odd number");
-  expect_contains(error(write("empty.bin", ""), 256), "is empty");
-  expect_contains(error(dir_ + "/absent.bin", 256), "absent.bin' is not a readable file");
-  expect_contains(error(bad, 0), "--vocab must be in [1, 65536] for uint16 tokens but got 0");
-  expect_contains(error(bad, 70000), "but got 70000");
+  expect_refused(odd, 256, HasSubstr("has 3 bytes, an odd number"));
+  expect_refused(write("empty.bin", ""), 256, HasSubstr("is empty"));
+  expect_refused(dir_ + "/absent.bin", 256, HasSubstr("absent.bin' is not a readable file"));
+  expect_refused(bad, 0, HasSubstr("--vocab must be in [1, 65536] for uint16 tokens but got 0"));
+  expect_refused(bad, 70000, HasSubstr("but got 70000"));
 }
 
 TEST_F(TokenFiles, FortunesTakesPlainFilesInSortedOrder) {
@@ -173,15 +176,16 @@ TEST_F(TokenFiles, FortunesTakesPlainFilesInSortedOrder) {
   Corpus c = load_fortunes(dir_);
   EXPECT_TRUE(test::tensors_equal(c.tokens, at::tensor({'a', 'b', 'Z', '!'}, at::kLong)));
   EXPECT_EQ(c.vocab_size, 256);
-  expect_contains(c.description, "2 files");
+  EXPECT_THAT(c.description, HasSubstr("2 files"));
 }
 
 TEST_F(TokenFiles, FortunesMissingNamesThePackage) {
-  std::string m = test::message_of<std::runtime_error>([&] { load_fortunes(dir_ + "/nope"); });
-  expect_contains(m, dir_ + "/nope");
-  expect_contains(m, "install the 'fortunes' package: scripts/install-deps.sh");
-  m = test::message_of<std::runtime_error>([&] { load_fortunes(dir_); });
-  expect_contains(m, "holds no fortune files");
+  EXPECT_THAT([&] { load_fortunes(dir_ + "/nope"); },
+              ThrowsMessage<std::runtime_error>(
+                  AllOf(HasSubstr(dir_ + "/nope"),
+                        HasSubstr("install the 'fortunes' package: scripts/install-deps.sh"))));
+  EXPECT_THAT([&] { load_fortunes(dir_); },
+              ThrowsMessage<std::runtime_error>(HasSubstr("holds no fortune files")));
 }
 
 TEST(Fortunes, DebianCorpusLoadsAsBytes) {

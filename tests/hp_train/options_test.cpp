@@ -1,10 +1,14 @@
 // hp-train in-process: flag parsing and validation (each error names the
 // flag, the value and the expectation), mode/mesh defaults, the progress
 // display and --init-from's loader.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,7 +18,9 @@
 #include "hp/util/error.h"
 #include "tests/launcher/process_runner.h"
 #include "tests/support/tensor_checks.h"
+#include "hp/util/trace.h"
 #include "tools/hp_train/init_weights.h"
+#include "tools/hp_train/output_file.h"
 #include "tools/hp_train/progress.h"
 #include "tools/hp_train/report.h"
 #include "tools/hp_train/train_options.h"
@@ -23,10 +29,9 @@ namespace hp::train {
 namespace {
 
 using Args = std::vector<std::string>;
-
-void expect_contains(const std::string& message, const std::string& part) {
-  EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
-}
+using testing::AllOf;
+using testing::HasSubstr;
+using testing::ThrowsMessage;
 
 World launched(int size) { return {true, 0, size}; }
 const World kAlone{false, 0, 1};
@@ -64,7 +69,7 @@ TEST(Flags, DefaultsFollowTheWorld) {
   Parallelism h = resolve_parallelism(hsdp, launched(4));
   EXPECT_EQ(h.mesh_shape, (std::vector<int64_t>{2, 2}));
   EXPECT_EQ(h.dp_size, 4);
-  expect_contains(h.describe(), "2 replicas, each sharded over 2 ranks");
+  EXPECT_THAT(h.describe(), HasSubstr("2 replicas, each sharded over 2 ranks"));
 
   // A launched world of one may still train without a process group.
   EXPECT_EQ(resolve_parallelism(parse_command_line({"--mode", "none"}).options, launched(1)).mode,
@@ -102,19 +107,20 @@ TEST(Flags, ValuesAreParsed) {
   EXPECT_EQ(o.vocab, 1000);
   EXPECT_EQ(check({"--heads", "6", "--d", "48"}, launched(2)), "");
 
-  // fully_shard's flags; the defaults are reshard after forward, prefetch
-  // on, fusion off, fp32 everywhere.
+  // fully_shard's flags; the defaults are the fast path: fusion and
+  // prefetch on, reshard after forward, fp32 everywhere.
   const TrainOptions defaults = parse_command_line({}).options;
-  EXPECT_FALSE(defaults.comm_fusion);
+  EXPECT_TRUE(defaults.comm_fusion);
   EXPECT_TRUE(defaults.prefetch);
   EXPECT_EQ(defaults.reshard_after_forward, -1);
   EXPECT_EQ(defaults.param_dtype, "fp32");
   EXPECT_EQ(defaults.reduce_dtype, "");
+  EXPECT_TRUE(defaults.fully_shard_flags.empty());
   const TrainOptions perf =
-      parse_command_line({"--comm-fusion", "--no-prefetch", "--reshard-after-forward", "2",
+      parse_command_line({"--no-comm-fusion", "--no-prefetch", "--reshard-after-forward", "2",
                           "--param-dtype", "bf16", "--reduce-dtype", "fp32", "--trace", "t.json"})
           .options;
-  EXPECT_TRUE(perf.comm_fusion);
+  EXPECT_FALSE(perf.comm_fusion);
   EXPECT_FALSE(perf.prefetch);
   EXPECT_EQ(perf.reshard_after_forward, 2);
   EXPECT_EQ(perf.param_dtype, "bf16");
@@ -126,6 +132,22 @@ TEST(Flags, ValuesAreParsed) {
             -1);
   // The last of a repeated flag wins.
   EXPECT_EQ(parse_command_line({"--steps", "3", "--steps", "9"}).options.steps, 9);
+  EXPECT_TRUE(parse_command_line({"--no-comm-fusion", "--comm-fusion"}).options.comm_fusion);
+}
+
+// The default run is the fast path: parallelize gets fusion and prefetch
+// from options the user did not have to give.
+TEST(Flags, DefaultsSelectCommFusionAndPrefetch) {
+  const TrainOptions defaults = parse_command_line({}).options;
+  EXPECT_TRUE(defaults.comm_fusion);
+  EXPECT_TRUE(defaults.prefetch);
+  const std::string header = header_text(
+      defaults, resolve_parallelism(defaults, launched(2)),
+      Corpus{at::arange(100, at::kLong), 256, "tiny"}, 1000);
+  EXPECT_THAT(header, HasSubstr("comm fusion on, prefetch on"));
+  EXPECT_THAT(parse_command_line({"--help"}).help_text,
+              AllOf(HasSubstr("(default: on)"), HasSubstr("--no-comm-fusion takes the "
+                                                          "per-parameter path")));
 }
 
 TEST(Flags, BadValuesNameFlagValueAndExpectation) {
@@ -140,11 +162,17 @@ TEST(Flags, BadValuesNameFlagValueAndExpectation) {
       {{"--grad-clip", "x"}, "--grad-clip must be a non-negative number (0 disables clipping)"},
       {{"--temperature", "0"}, "--temperature must be a positive number, got '0'"},
       {{"--top-k", "-1"}, "--top-k must be a non-negative integer, got '-1'"},
-      {{"--threads", "0"}, "--threads must be a positive integer, got '0'"},
+      {{"--threads", "0"}, "--threads must be a positive integer at most 1024, got '0'"},
       {{"--seed", "-1"}, "--seed must be a non-negative integer below 2^64, got '-1'"},
-      {{"--vocab", "70000"}, "--vocab must be at most 65536 (uint16 tokens), got '70000'"},
+      {{"--vocab", "70000"},
+       "--vocab must be a positive integer at most 65536 (uint16 tokens), got '70000'"},
+      {{"--threads", "2000"}, "--threads must be a positive integer at most 1024, got '2000'"},
+      {{"--steps", "0x10"}, "--steps must be a positive integer, got '0x10'"},
+      {{"--steps", "99999999999999999999"}, "got '99999999999999999999'"},
       {{"--mode", "zero3"}, "--mode must be one of fsdp, hsdp, ddp, none, got 'zero3'"},
-      {{"--mesh", "2x"}, "--mesh must be N or RxS with positive integers (e.g. 4 or 2x2), got '2x'"},
+      {{"--mesh", "2x"},
+       "--mesh must be N or RxS (R replicas x S shards) with positive integers, e.g. 4 or 2x2, "
+       "got '2x'"},
       {{"--mesh", "0"}, "got '0'"},
       {{"--mesh", "2x2x1"}, "got '2x2x1'"},
       {{"--log-json", ""}, "--log-json must name a file, got ''"},
@@ -152,71 +180,138 @@ TEST(Flags, BadValuesNameFlagValueAndExpectation) {
       {{"--reshard-after-forward", "yes"},
        "--reshard-after-forward must be true, false or a positive number of ranks, got 'yes'"},
       {{"--reshard-after-forward", "0"}, "got '0'"},
-      {{"--param-dtype", "fp8"}, "--param-dtype must be one of bf16, fp16, fp32, got 'fp8'"},
+      {{"--param-dtype", "fp8"}, "--param-dtype must be one of bf16, fp32, got 'fp8'"},
+      // Offered once, it started and then failed in the first forward.
+      {{"--param-dtype", "fp16"},
+       "--param-dtype fp16 is not supported: libtorch's CPU kernels have no fp16 matmul, "
+       "LayerNorm"},
       {{"--reduce-dtype", "int8"}, "--reduce-dtype must be one of bf16, fp16, fp32, got 'int8'"},
-      {{"--bogus"}, "--bogus"},
+      {{"--bogus"}, "unknown flag '--bogus'; see hp-train --help"},
+      {{"--step", "10"}, "unknown flag '--step' (did you mean --steps?)"},
+      {{"--lr=1e-3", "--layer=2"}, "unknown flag '--layer' (did you mean --layers?)"},
+      {{"--comm-fuse"}, "did you mean --comm-fusion?"},
+      {{"stray"}, "unexpected argument 'stray'"},
   };
   for (const auto& [args, expected] : cases) {
     SCOPED_TRACE(args[0]);
-    expect_contains(check(args, launched(2)), expected);
+    EXPECT_THAT(check(args, launched(2)), HasSubstr(expected));
   }
 }
 
 TEST(Flags, CombinationsAreCheckedAgainstTheWorld) {
-  expect_contains(check({"--batch", "6"}, launched(4)),
-                  "--batch 6 (the global batch) must be divisible by the data-parallel size 4");
-  expect_contains(check({"--mode", "ddp", "--batch", "3"}, launched(2)),
-                  "data-parallel size 2 (ddp on 2 ranks)");
-  expect_contains(check({"--heads", "3", "--d", "32"}, kAlone), "--heads 3 must divide --d 32");
-  expect_contains(check({"--seq", "100", "--ctx", "64"}, kAlone),
-                  "--seq 100 must be at most --ctx 64");
-  expect_contains(check({"--vocab", "300"}, kAlone),
-                  "--vocab 300 does not fit the default corpus (fortunes as bytes: vocab 256)");
+  EXPECT_THAT(
+      check({"--batch", "6"}, launched(4)),
+      HasSubstr("--batch 6 (the global batch) must be divisible by the data-parallel size 4"));
+  EXPECT_THAT(check({"--mode", "ddp", "--batch", "3"}, launched(2)),
+              HasSubstr("data-parallel size 2 (ddp on 2 ranks)"));
+  EXPECT_THAT(check({"--heads", "3", "--d", "32"}, kAlone),
+              HasSubstr("--heads 3 must divide --d 32"));
+  EXPECT_THAT(check({"--seq", "100", "--ctx", "64"}, kAlone),
+              HasSubstr("--seq 100 must be at most --ctx 64"));
+  EXPECT_THAT(
+      check({"--vocab", "300"}, kAlone),
+      HasSubstr("--vocab 300 does not fit the default corpus (fortunes as bytes: vocab 256)"));
   EXPECT_EQ(check({"--vocab", "256"}, kAlone), "");
-  expect_contains(check({"--data-file", "t.bin"}, kAlone),
-                  "--data-file t.bin needs --vocab V");
-  expect_contains(check({"--mode", "fsdp", "--mesh", "2x2"}, launched(4)),
-                  "--mode fsdp needs a 1-D mesh N, got --mesh 2x2");
-  expect_contains(check({"--mode", "ddp", "--mesh", "2x1"}, launched(2)),
-                  "--mode ddp needs a 1-D mesh N, got --mesh 2x1");
-  expect_contains(check({"--mode", "hsdp"}, launched(4)),
-                  "--mode hsdp needs --mesh RxS (replicas x shards, R*S = the world size 4)");
-  expect_contains(check({"--mode", "hsdp", "--mesh", "4"}, launched(4)),
-                  "--mode hsdp needs a 2-D mesh RxS (replicas x shards), got --mesh 4");
-  expect_contains(check({"--mesh", "3"}, launched(2)),
-                  "--mesh 3 holds 3 ranks, but the world has 2 (WORLD_SIZE)");
-  expect_contains(check({"--mode", "hsdp", "--mesh", "2x2"}, launched(2)),
-                  "--mesh 2x2 holds 4 ranks, but the world has 2");
-  expect_contains(check({"--mode", "none"}, launched(2)),
-                  "--mode none trains in one process, but WORLD_SIZE is 2");
-  expect_contains(check({"--mode", "none", "--mesh", "2"}, kAlone),
-                  "--mesh 2 does not apply to --mode none");
-  expect_contains(check({"--mode", "fsdp"}, kAlone),
-                  "--mode fsdp needs one process per rank started by a launcher");
+  EXPECT_THAT(check({"--data-file", "t.bin"}, kAlone),
+              HasSubstr("--data-file t.bin needs --vocab V"));
+  EXPECT_THAT(check({"--mode", "fsdp", "--mesh", "2x2"}, launched(4)),
+              HasSubstr("--mode fsdp needs a 1-D mesh N, got --mesh 2x2"));
+  EXPECT_THAT(check({"--mode", "ddp", "--mesh", "2x1"}, launched(2)),
+              HasSubstr("--mode ddp needs a 1-D mesh N, got --mesh 2x1"));
+  EXPECT_THAT(
+      check({"--mode", "hsdp"}, launched(4)),
+      HasSubstr("--mode hsdp needs --mesh RxS (replicas x shards, R*S = the world size 4)"));
+  EXPECT_THAT(check({"--mode", "hsdp", "--mesh", "4"}, launched(4)),
+              HasSubstr("--mode hsdp needs a 2-D mesh RxS (replicas x shards), got --mesh 4"));
+  EXPECT_THAT(check({"--mesh", "3"}, launched(2)),
+              HasSubstr("--mesh 3 holds 3 ranks, but the world has 2 (WORLD_SIZE)"));
+  EXPECT_THAT(check({"--mode", "hsdp", "--mesh", "2x2"}, launched(2)),
+              HasSubstr("--mesh 2x2 holds 4 ranks, but the world has 2"));
+  EXPECT_THAT(check({"--mode", "none"}, launched(2)),
+              HasSubstr("--mode none trains in one process, but WORLD_SIZE is 2"));
+  EXPECT_THAT(check({"--mode", "none", "--mesh", "2"}, kAlone),
+              HasSubstr("--mesh 2 does not apply to --mode none"));
+  EXPECT_THAT(check({"--mode", "fsdp"}, kAlone),
+              HasSubstr("--mode fsdp needs one process per rank started by a launcher"));
   // fully_shard's flags need fully_shard.
-  for (const Args& args : {Args{"--comm-fusion"}, Args{"--no-prefetch"},
+  for (const Args& args : {Args{"--comm-fusion"}, Args{"--no-comm-fusion"}, Args{"--no-prefetch"},
                            Args{"--reshard-after-forward", "false"},
                            Args{"--param-dtype", "bf16"}, Args{"--reduce-dtype", "fp32"}}) {
-    expect_contains(check(args, kAlone), args[0] + " configures fully_shard and does not apply "
-                                                   "to --mode none");
+    EXPECT_THAT(check(args, kAlone),
+                HasSubstr(args[0] + " configures fully_shard and does not apply "
+                                    "to --mode none"));
   }
   EXPECT_EQ(check({"--param-dtype", "fp32"}, kAlone), "");
-  expect_contains(check({"--reshard-after-forward", "3"}, launched(2)),
-                  "--reshard-after-forward 3 must divide the shard group size 2 of fsdp on mesh "
-                  "[2]");
-  expect_contains(check({"--mode", "hsdp", "--mesh", "2x2", "--reshard-after-forward", "4"},
-                        launched(4)),
-                  "--reshard-after-forward 4 must divide the shard group size 2 of hsdp");
+  EXPECT_THAT(
+      check({"--reshard-after-forward", "3"}, launched(2)),
+      HasSubstr("--reshard-after-forward 3 must divide the shard group size 2 of fsdp on mesh "
+                "[2]"));
+  EXPECT_THAT(
+      check({"--mode", "hsdp", "--mesh", "2x2", "--reshard-after-forward", "4"}, launched(4)),
+      HasSubstr("--reshard-after-forward 4 must divide the shard group size 2 of hsdp"));
   EXPECT_EQ(check({"--reshard-after-forward", "2"}, launched(4)), "");
+  EXPECT_EQ(check({"--reduce-dtype", "fp16"}, launched(2)), "");  // a sum: works in fp16
+}
+
+TEST(Flags, CountsAgreeWithTheirNouns) {
+  const TrainOptions hsdp = parse_command_line({"--mode", "hsdp", "--mesh", "1x2"}).options;
+  EXPECT_THAT(resolve_parallelism(hsdp, launched(2)).describe(),
+              HasSubstr("1 replica, each sharded over 2 ranks"));
+  EXPECT_THAT(check({"--mesh", "1"}, launched(2)), HasSubstr("--mesh 1 holds 1 rank, but"));
+  TrainOptions one = parse_command_line({"--layers", "1", "--heads", "1", "--steps", "1",
+                                         "--batch", "1"}).options;
+  const std::string header = header_text(one, resolve_parallelism(one, kAlone),
+                                         Corpus{at::arange(100, at::kLong), 256, "tiny"}, 1000);
+  EXPECT_THAT(header, HasSubstr("GPT 1 layer, d 128, 1 head,"));
+  EXPECT_THAT(header, HasSubstr("(1 sample per rank), 1 step\n"));
+  EXPECT_THAT(header, HasSubstr("; 1 thread per rank"));
+  EXPECT_THAT(summary_line(5.5, 2.25, 1, 1, 10), HasSubstr("(first -> last of 1 step)"));
+}
+
+TEST(Flags, HelpSaysWhatTheValuesMean) {
+  const std::string help = parse_command_line({"--help"}).help_text;
+  EXPECT_THAT(help, HasSubstr("RxS = R replicas (data-parallel copies) x S shards"));
+  EXPECT_THAT(help, HasSubstr("step (0-based), loss, step_time_s, tokens_per_s, peak_bytes; "
+                              "FILE's folder is created if missing"));
+  EXPECT_THAT(help, HasSubstr("--param-dtype bf16|fp32 "));
+}
+
+TEST(OutputFile, UnwritablePathSaysWhy) {
+  launcher::testing::TempDir dir;
+  // A folder in place of the file: open(2) fails with EISDIR.
+  EXPECT_THAT([&] { open_output_file("--log-json", dir.path()); },
+              ThrowsMessage<ArgumentError>(
+                  HasSubstr("--log-json '" + dir.path() +
+                            "' cannot be opened for writing: Is a directory")));
+}
+
+TEST(Trace, SetOriginMovesTheZeroToAWallClockInstant) {
+  // One second ago on the wall clock: now_us() reads about 1 s. The bound is
+  // the time between the two clock readings in set_origin and now_us here,
+  // far below 0.5 s on any machine that runs the suite.
+  const int64_t origin = trace::unix_now_us() - 1000000;
+  trace::set_origin(origin);
+  const int64_t now = trace::now_us();
+  EXPECT_GE(now, 1000000);
+  EXPECT_LT(now, 1500000);
+  launcher::testing::TempDir dir;
+  trace::enable(0, "rank 0");
+  { trace::Span span("step 0", "step", "step"); }
+  trace::disable();
+  trace::write(dir.file("t.json"));
+  std::ifstream in(dir.file("t.json"));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("\"otherData\":{\"origin_unix_us\":" + std::to_string(origin) + "}"));
 }
 
 TEST(Flags, CorpusMustHoldOneWindow) {
   TrainOptions o;
   o.seq = 8;
   Corpus corpus{at::arange(9, at::kLong), 256, "tiny.bin: 9 uint16 tokens"};
-  expect_contains(test::message_of<ArgumentError>([&] { validate_corpus(o, corpus); }),
+  EXPECT_THAT([&] { validate_corpus(o, corpus); },
+              ThrowsMessage<ArgumentError>(HasSubstr(
                   "--seq 8 needs a corpus of at least seq + 2 = 10 tokens, but tiny.bin: 9 "
-                  "uint16 tokens has 9");
+                  "uint16 tokens has 9")));
   corpus.tokens = at::arange(10, at::kLong);
   validate_corpus(o, corpus);
 }
@@ -225,7 +320,8 @@ TEST(Progress, LineShowsStepLossSpeedAndEta) {
   ProgressMeter meter(300, 1000, /*window=*/2);
   meter.record(5.0);  // a slow first step leaves the window
   for (int i = 1; i < 120; ++i) meter.record(0.25);
-  EXPECT_EQ(meter.line(2.34123), "step 120/300 | loss 2.3412 | 4.0k tok/s | 0.25 s/step | ETA 0:45");
+  EXPECT_EQ(meter.line(2.34123),
+            "step 120/300 | loss 2.3412 | 4.0k tok/s | 0.25 s/step | ETA 0:45");
   ProgressMeter short_run(5, 10);
   short_run.record(0.5);
   EXPECT_EQ(short_run.line(5.5), "step 1/5 | loss 5.5000 | 20 tok/s | 0.50 s/step | ETA 0:02");
@@ -247,8 +343,9 @@ TEST(Report, TokensRenderAsBytesOrIds) {
   EXPECT_EQ(render_tokens(at::tensor({'H', 'i', '\n', 1, '\t', '!'}, at::kLong), 256),
             "Hi\n?\t!");
   EXPECT_EQ(render_tokens(at::tensor({3, 0, 999}, at::kLong), 1000), "3 0 999");
-  expect_contains(summary_line(5.5, 2.25, 300, 151, 2040), "loss 5.5000 -> 2.2500");
-  expect_contains(memory_table({1 << 20, 2 << 20}, 1000), "rank 1: 2.0 MiB (2097152 bytes)");
+  EXPECT_THAT(summary_line(5.5, 2.25, 300, 151, 2040), HasSubstr("loss 5.5000 -> 2.2500"));
+  EXPECT_THAT(summary_line(5.5, 2.25, 300, 151, 2040, 1.3), HasSubstr("; sampling took 1.3 s"));
+  EXPECT_THAT(memory_table({1 << 20, 2 << 20}, 1000), HasSubstr("rank 1: 2.0 MiB (2097152 bytes)"));
 }
 
 // --init-from in-process: the file of one seed's model turns another seed's
@@ -278,16 +375,18 @@ class InitFrom : public testing::Test {
     checkpoint::write_safetensors(path, tensors);
     return path;
   }
-  std::string error(const std::string& path) {
+  // Loading `path` raises an ArgumentError whose message matches `matcher`,
+  // and copies nothing.
+  template <typename Matcher>
+  void expect_refused(const std::string& path, Matcher matcher) {
     nn::GPT target = model(2);
     const nn::GPT untouched = model(2);  // the same weights, never loaded into
-    std::string message =
-        test::message_of<ArgumentError>([&] { load_initial_weights(*target, path); });
+    EXPECT_THAT([&] { load_initial_weights(*target, path); },
+                ThrowsMessage<ArgumentError>(matcher));
     const auto expected = untouched->named_parameters();
-    for (const auto& p : target->named_parameters()) {  // nothing copied on failure
+    for (const auto& p : target->named_parameters()) {
       EXPECT_TRUE(test::tensors_equal(p.value(), expected[p.key()])) << p.key();
     }
-    return message;
   }
 
   launcher::testing::TempDir dir_;
@@ -316,31 +415,56 @@ TEST_F(InitFrom, MismatchesNameTheFileAndTheTensor) {
 
   auto missing = all;
   missing.erase(missing.begin() + 3);
-  std::string path = write(missing);
-  std::string m = error(path);
-  expect_contains(m, "--init-from '" + path + "' does not match the model");
-  expect_contains(m, "missing tensor '" + all[3].first + "' (expected shape [");
+  const std::string path = write(missing);
+  expect_refused(path, AllOf(HasSubstr("--init-from '" + path + "' does not match the model"),
+                             HasSubstr("missing tensor '" + all[3].first +
+                                       "' (expected shape [")));
 
   auto extra = all;
   extra.emplace_back("h.9.mlp.c_fc.weight", at::zeros({4, 4}));
-  m = error(write(extra));
-  expect_contains(m, "unexpected tensor 'h.9.mlp.c_fc.weight' of shape [4, 4]");
+  expect_refused(write(extra),
+                 HasSubstr("unexpected tensor 'h.9.mlp.c_fc.weight' of shape [4, 4]"));
 
   auto reshaped = all;
   for (auto& [name, tensor] : reshaped) {
     if (name == "wte.weight") tensor = at::zeros({300, 32});
   }
-  m = error(write(reshaped));
-  expect_contains(m, "tensor 'wte.weight' has shape [300, 32], expected [256, 32]");
+  expect_refused(write(reshaped),
+                 HasSubstr("tensor 'wte.weight' has shape [300, 32], expected [256, 32]"));
 
   auto integers = all;
   integers[0].second = integers[0].second.to(at::kInt);
-  m = error(write(integers));
-  expect_contains(m, "tensor '" + all[0].first + "' has dtype Int, expected a floating dtype");
+  expect_refused(write(integers), HasSubstr("tensor '" + all[0].first +
+                                            "' has dtype Int, expected a floating dtype"));
 
-  m = error(dir_.file("absent.safetensors"));
-  expect_contains(m, "--init-from: ");
-  expect_contains(m, "absent.safetensors");
+  expect_refused(dir_.file("absent.safetensors"),
+                 AllOf(HasSubstr("--init-from: "), HasSubstr("absent.safetensors")));
+}
+
+// A file of another model: a few problems listed, the rest counted, and the
+// shape the file holds named, instead of a line per tensor.
+TEST_F(InitFrom, AnotherModelsFileIsSummarised) {
+  nn::GPTConfig big = config();
+  big.n_layer = 3;
+  big.n_embd = 48;
+  big.n_head = 4;
+  torch::manual_seed(1);
+  nn::GPT other(big);
+  const std::string path = write(weights(other));
+  nn::GPT target = model(2);
+  std::string message;
+  try {
+    load_initial_weights(*target, path);
+  } catch (const ArgumentError& e) {
+    message = e.what();
+  }
+  EXPECT_THAT(message, HasSubstr("does not match the model: "));
+  EXPECT_THAT(message, HasSubstr("problems, the first 5"));
+  EXPECT_THAT(message, HasSubstr("... and "));
+  EXPECT_THAT(message, HasSubstr("the file looks like a GPT of 3 layers, d 48, ctx 16, vocab 256 "
+                                 "(--layers 3 --d 48 --ctx 16)"));
+  // The heading, five problems, the count of the rest, the file's shape.
+  EXPECT_EQ(std::count(message.begin(), message.end(), '\n'), 7) << message;
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 // modes (the ranks' gradients are summed in another order than one big
 // batch; a few ulps that Adam carries on). The same flags twice give the
 // same losses bit for bit.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -12,6 +13,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -19,8 +21,8 @@
 #include "hp/checkpoint/safetensors.h"
 #include "hp/nn/gpt.h"
 #include "hp/nn/loss.h"
+#include "hp/util/trace.h"
 #include "tests/launcher/process_runner.h"
-#include "tests/support/text_checks.h"
 #include "tools/hp_train/batches.h"
 #include "tools/hp_train/corpus.h"
 
@@ -57,7 +59,8 @@ std::string describe(const ProcessResult& r) {
   return text.str();
 }
 
-using test::contains;
+using testing::HasSubstr;
+using testing::Not;
 
 struct Step {
   int64_t step;
@@ -100,10 +103,16 @@ void expect_close(const std::vector<double>& actual, const std::vector<double>& 
   }
 }
 
+// The run a new user starts, shrunk: the defaults (fusion and prefetch on)
+// train, print what they do, sample with the parameters gathered once, and
+// trace every rank on one time base.
 TEST(HpTrain, TinyRunOnTwoRanksLogsEveryStep) {
   TempDir dir;
   const std::string log = dir.file("tiny.jsonl");
-  ProcessResult r = hp_train(2, concat(kTiny, {"--log-json", log}));
+  const std::string trace = dir.file("trace.json");
+  const int64_t launched_us = trace::unix_now_us();
+  ProcessResult r = hp_train(2, concat(kTiny, {"--log-json", log, "--trace", trace}));
+  const int64_t ended_us = trace::unix_now_us();
   ASSERT_TRUE(r.exited && r.exit_code == 0) << describe(r);
 
   std::vector<Step> steps = read_log(log);
@@ -117,14 +126,38 @@ TEST(HpTrain, TinyRunOnTwoRanksLogsEveryStep) {
   EXPECT_LT(steps[4].loss, steps[0].loss - 0.5);
 
   // What rank 0 shows: header, progress, memory of both ranks, sample, summary.
-  for (const char* part :
-       {"[rank 0] hp-train: GPT 2 layers, d 32, 2 heads, ctx 16, vocab 256",
-        "fsdp on mesh [2] ['shard']", "[rank 0] step 1/5 | loss ", "[rank 0] step 5/5 | loss ",
-        " tok/s | ", " s/step | ETA ", "[rank 0]   rank 0: ", "[rank 0]   rank 1: ",
-        "[rank 0] sample (16 tokens", "(first -> last of 5 steps)"}) {
-    EXPECT_TRUE(contains(r.out, part)) << part << "\n" << describe(r);
+  for (const std::string& part : std::vector<std::string>{
+           "[rank 0] hp-train: GPT 2 layers, d 32, 2 heads, ctx 16, vocab 256",
+           "fsdp on mesh [2] ['shard']", "comm fusion on, prefetch on, reshard after forward true",
+        "[rank 0] step 1/5 | loss ", "[rank 0] step 5/5 | loss ", " tok/s | ", " s/step | ETA ",
+        "[rank 0]   rank 0: ", "[rank 0]   rank 1: ", "[rank 0] step log written to " + log,
+        "[rank 0] sampling 16 tokens from the trained model...", "[rank 0] sample (16 tokens",
+        "(first -> last of 5 steps)", "; sampling took "}) {
+    EXPECT_THAT(r.out, HasSubstr(part)) << describe(r);
   }
-  EXPECT_FALSE(contains(r.out, "[rank 1] step")) << "only rank 0 reports";
+  EXPECT_THAT(r.out, Not(HasSubstr("[rank 1] step"))) << "only rank 0 reports";
+
+  // Sampling gathers each unit's parameters once (fused: one all-gather per
+  // unit, the 2 blocks and the root), not once per token (16 x 3).
+  std::smatch gathers;
+  ASSERT_TRUE(std::regex_search(r.out, gathers,
+                                std::regex("; [0-9.]+ s, ([0-9]+) all-gathers? to gather")))
+      << describe(r);
+  EXPECT_LE(std::stoi(gathers[1]), 3) << describe(r);
+
+  // Both ranks count from rank 0's wall-clock reading, taken during the run.
+  std::vector<int64_t> origins;
+  for (int rank : {0, 1}) {
+    const std::string path = dir.file("trace.rank" + std::to_string(rank) + ".json");
+    std::ifstream in(path);
+    ASSERT_TRUE(in.is_open()) << path;
+    const auto document = nlohmann::json::parse(in);
+    ASSERT_TRUE(document.contains("otherData")) << path;
+    origins.push_back(document["otherData"].value("origin_unix_us", int64_t{0}));
+  }
+  EXPECT_EQ(origins[0], origins[1]);
+  EXPECT_GE(origins[0], launched_us);
+  EXPECT_LE(origins[0], ended_us);
 }
 
 TEST(HpTrain, ModesAgreeAndSeedsRepeat) {
@@ -148,15 +181,15 @@ TEST(HpTrain, PerformanceFlagsTrainTheSameModel) {
   const std::vector<double> single = losses(0, concat(kTiny, {"--mode", "none"}), dir, "none");
   ASSERT_EQ(single.size(), 5u);
 
-  // Fusion, no prefetch, parameters kept after forward: the same arithmetic
-  // (fp32 parity tolerance), and one trace per rank, in a folder the run
-  // creates.
+  // The per-parameter path, no prefetch, parameters kept after forward: the
+  // same arithmetic (fp32 parity tolerance), and one trace per rank, in a
+  // folder the run creates.
   const std::string trace = dir.file("traces/step.json");
   expect_close(losses(2,
-                      concat(kTiny, {"--comm-fusion", "--no-prefetch", "--reshard-after-forward",
-                                     "false", "--trace", trace}),
-                      dir, "fused"),
-               single, "fused, no prefetch, kept after forward");
+                      concat(kTiny, {"--no-comm-fusion", "--no-prefetch",
+                                     "--reshard-after-forward", "false", "--trace", trace}),
+                      dir, "per_parameter"),
+               single, "per-parameter, no prefetch, kept after forward");
   for (int rank : {0, 1}) {
     const std::string path = dir.file("traces/step.rank" + std::to_string(rank) + ".json");
     std::ifstream in(path);
@@ -226,10 +259,19 @@ TEST(HpTrain, InitFromMismatchFailsEveryRankWithTheName) {
   ProcessResult r = hp_train(2, concat(kTiny, {"--init-from", weights, "--layers", "3"}));
   ASSERT_TRUE(r.exited) << describe(r);
   EXPECT_EQ(r.exit_code, 2) << describe(r);
-  EXPECT_TRUE(contains(r.err, "--init-from '" + weights + "' does not match the model"))
+  EXPECT_THAT(r.err, HasSubstr("--init-from '" + weights + "' does not match the model"))
       << describe(r);
-  EXPECT_TRUE(contains(r.err, "missing tensor 'h.2.ln_1.weight' (expected shape [32])"))
+  EXPECT_THAT(r.err, HasSubstr("missing tensor 'h.2.ln_1.weight' (expected shape [32])"))
       << describe(r);
+  // Summarised (8 problems, 5 listed), with the shape the file holds.
+  EXPECT_THAT(r.err, HasSubstr("the file looks like a GPT of 2 layers, d 32, ctx 16, vocab 256"))
+      << describe(r);
+  const std::string rank0 = "[rank 0] ";
+  size_t rank0_lines = 0;
+  for (size_t at = r.err.find(rank0); at != std::string::npos; at = r.err.find(rank0, at + 1)) {
+    ++rank0_lines;
+  }
+  EXPECT_LE(rank0_lines, 8u) << describe(r);
 }
 
 TEST(HpTrain, DataFileOfUint16Tokens) {
@@ -254,12 +296,12 @@ TEST(HpTrain, DataFileOfUint16Tokens) {
   ASSERT_EQ(steps.size(), 8u);
   EXPECT_NEAR(steps[0].loss, std::log(50.0), 0.3);
   EXPECT_LT(steps[7].loss, steps[0].loss - 0.5);
-  EXPECT_TRUE(contains(r.out, "tokens.bin: 2000 uint16 tokens, vocab 50")) << describe(r);
+  EXPECT_THAT(r.out, HasSubstr("tokens.bin: 2000 uint16 tokens, vocab 50")) << describe(r);
 
   // Ids at or above --vocab are refused, naming the first one.
   r = hp_train(2, concat(kTiny, {"--data-file", path, "--vocab", "10"}));
   EXPECT_EQ(r.exit_code, 2) << describe(r);
-  EXPECT_TRUE(contains(r.err, "not below --vocab 10")) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("not below --vocab 10")) << describe(r);
 }
 
 TEST(HpTrain, BadFlagsEndEveryRankBeforeAnyCollective) {
@@ -267,19 +309,40 @@ TEST(HpTrain, BadFlagsEndEveryRankBeforeAnyCollective) {
   ProcessResult r = hp_train(2, concat(kTiny, {"--batch", "3"}));
   ASSERT_TRUE(r.exited && !r.timed_out) << describe(r);
   EXPECT_EQ(r.exit_code, 2) << describe(r);
-  EXPECT_TRUE(contains(r.err, "hp-train: error: --batch 3 (the global batch) must be divisible "
+  EXPECT_THAT(r.err, HasSubstr("hp-train: error: --batch 3 (the global batch) must be divisible "
                               "by the data-parallel size 2"))
       << describe(r);
   EXPECT_LT(r.seconds, 30);
 
   r = hp_train(0, {"--mode", "fsdp"});
   EXPECT_EQ(r.exit_code, 2) << describe(r);
-  EXPECT_TRUE(contains(r.err, "--mode fsdp needs one process per rank started by a launcher"))
+  EXPECT_THAT(r.err, HasSubstr("--mode fsdp needs one process per rank started by a launcher"))
       << describe(r);
+
+  // fp16 compute has no CPU kernels: refused up front with the flag, not a
+  // crash in the first forward with a C++ backtrace on every rank.
+  r = hp_train(2, concat(kTiny, {"--param-dtype", "fp16"}));
+  ASSERT_TRUE(r.exited && !r.timed_out) << describe(r);
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("hp-train: error: --param-dtype fp16 is not supported"))
+      << describe(r);
+  EXPECT_THAT(r.err, Not(HasSubstr("frame #"))) << describe(r);
+  EXPECT_THAT(r.out, Not(HasSubstr("step 1/"))) << "refused before training";
 
   r = hp_train(0, {"--help"});
   EXPECT_EQ(r.exit_code, 0) << describe(r);
-  EXPECT_TRUE(contains(r.out, "--init-from")) << describe(r);
+  EXPECT_THAT(r.out, HasSubstr("--init-from")) << describe(r);
+}
+
+// The DTensor demo needs ranks; started on its own it says so and exits 2
+// (a usage error), not abort() on an uncaught exception.
+TEST(DtensorDemo, StartedWithoutALauncherExitsTwo) {
+  ProcessResult r = run_process({DTENSOR_DEMO_PATH}, {"OMP_NUM_THREADS=1"}, /*limit_s=*/60);
+  ASSERT_TRUE(r.exited) << describe(r);
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("dtensor_demo: error: init_process_group: RANK is not set"))
+      << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("hprun -n N")) << describe(r);
 }
 
 }  // namespace

@@ -12,10 +12,10 @@
 #include <thread>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "tests/launcher/process_runner.h"
-#include "tests/support/text_checks.h"
 
 namespace hp::launcher::testing {
 namespace {
@@ -42,7 +42,8 @@ std::vector<std::string> lines_of(const std::string& text) {
   return lines;
 }
 
-using hp::test::contains;
+using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string describe(const ProcessResult& r) {
   std::ostringstream text;
@@ -103,7 +104,7 @@ TEST(Hprun, FailingRankIsReportedAndTheOthersTerminated) {
   EXPECT_LT(r.err.find("[rank 1] dying"), r.err.find("hprun: rank 1")) << describe(r);
   // Ranks killed by the teardown are not reported as failures.
   for (const char* other : {"rank 0 (pid", "rank 2 (pid", "rank 3 (pid"}) {
-    EXPECT_FALSE(contains(r.err, other)) << describe(r);
+    EXPECT_THAT(r.err, Not(HasSubstr(other))) << describe(r);
   }
 }
 
@@ -112,8 +113,8 @@ TEST(Hprun, RankKilledBySignalIsReported) {
   ASSERT_FALSE(r.timed_out) << describe(r);
   EXPECT_LT(r.seconds, 10) << describe(r);
   EXPECT_TRUE(r.exited && r.exit_code == 128 + 9) << describe(r);
-  EXPECT_TRUE(contains(r.err, "rank 2 (pid ")) << describe(r);
-  EXPECT_TRUE(contains(r.err, "was killed by signal 9 (SIGKILL)")) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("rank 2 (pid ")) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("was killed by signal 9 (SIGKILL)")) << describe(r);
 }
 
 TEST(Hprun, RanksIgnoringSigtermAreKilled) {
@@ -129,8 +130,8 @@ TEST(Hprun, RanksIgnoringSigtermAreKilled) {
   ASSERT_FALSE(r.timed_out) << describe(r);
   EXPECT_LT(r.seconds, 10) << describe(r);
   EXPECT_TRUE(r.exited && r.exit_code == 5) << describe(r);
-  EXPECT_TRUE(contains(r.err, "rank 1 (pid ")) << describe(r);
-  EXPECT_TRUE(contains(r.err, "sending SIGKILL")) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("rank 1 (pid ")) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("sending SIGKILL")) << describe(r);
   std::vector<long> pids;
   for (int rank : {0, 2}) {
     for (const char* kind : {"leader.", "child."}) {
@@ -294,15 +295,20 @@ TEST(Hprun, UsageErrorsExitTwoBeforeStartingAnything) {
       {{"-n", "2", "--nnodes", "2", "--node-rank", "1"}, {"--master-port", "--nnodes 2"}},
       {{"-n", "2", "--master-port", "65536"}, {"--master-port", "'65536'"}},
       {{"-n", "2", "--frobnicate"}, {"'--frobnicate'"}},
+      // Plain decimals only: CLI11's own conversion would read 0x10 as 16.
+      {{"-n", "0x10"}, {"-n must be a positive integer, got '0x10'"}},
+      {{"-n", "99999999999999999999"}, {"must be at most 65536, got '99999999999999999999'"}},
+      {{"-n", "2", "--timeout", "0"}, {"--timeout must be a positive number of seconds, got '0'"}},
+      {{"-n", "2", "--timeout", "inf"}, {"--timeout", "'inf'"}},
   };
   for (const Case& c : cases) {
     Args args = c.options;
     if (c.with_program) args.insert(args.end(), program.begin(), program.end());
     ProcessResult r = run_process(hprun(args));
     EXPECT_TRUE(r.exited && r.exit_code == 2) << describe(r);
-    EXPECT_TRUE(contains(r.err, "hprun: ")) << describe(r);
+    EXPECT_THAT(r.err, HasSubstr("hprun: ")) << describe(r);
     for (const std::string& fragment : c.fragments) {
-      EXPECT_TRUE(contains(r.err, fragment)) << "missing '" << fragment << "'\n" << describe(r);
+      EXPECT_THAT(r.err, HasSubstr(fragment)) << "missing '" << fragment << "'\n" << describe(r);
     }
   }
   EXPECT_NE(::access(marker.c_str(), F_OK), 0) << "a usage error still started the program";
@@ -312,7 +318,7 @@ TEST(Hprun, ProgramThatCannotBeExecutedFailsTheJob) {
   ProcessResult r = run_process(hprun({"-n", "2", "hprun-test-no-such-program", "--flag"}));
   ASSERT_FALSE(r.timed_out) << describe(r);
   EXPECT_TRUE(r.exited && r.exit_code == 127) << describe(r);
-  EXPECT_TRUE(contains(r.err, "cannot execute 'hprun-test-no-such-program': No such file"))
+  EXPECT_THAT(r.err, HasSubstr("cannot execute 'hprun-test-no-such-program': No such file"))
       << describe(r);
   EXPECT_TRUE(std::regex_search(r.err, std::regex("rank [01] \\(pid [0-9]+\\) exited with "
                                                   "status 127")))
@@ -328,7 +334,7 @@ TEST(Hprun, SigtermIsForwardedAndNoProcessSurvives) {
   ProcessResult r = process.wait(20);
   ASSERT_FALSE(r.timed_out) << describe(r);
   EXPECT_TRUE(r.exited && r.exit_code != 0) << describe(r);
-  EXPECT_TRUE(contains(r.err, "received SIGTERM")) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("received SIGTERM")) << describe(r);
   expect_all_dead(pids);
 }
 
@@ -358,10 +364,34 @@ TEST(Hprun, SecondSigintEscalatesToSigkill) {
   ProcessResult r = process.wait(20);
   ASSERT_FALSE(r.timed_out) << describe(r);
   EXPECT_TRUE(r.exited && r.exit_code == 128 + SIGINT) << describe(r);
-  EXPECT_TRUE(contains(r.err, "sending SIGKILL")) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("sending SIGKILL")) << describe(r);
   // Well inside the 3 s SIGTERM grace: the second signal did the killing.
   EXPECT_LT(now_seconds() - second, 2.5) << describe(r);
   expect_all_dead(pids);
+}
+
+// The grace message names the signal hprun forwarded, not always SIGTERM.
+TEST(Hprun, ForwardedSigintIsNamedWhenItsGraceRunsOut) {
+  TempDir dir;
+  // The ranks ignore SIGINT: only the SIGKILL after the 3 s grace stops them.
+  RunningProcess process(hprun_sh(2, pid_writing_script(dir, "trap '' INT; ")));
+  std::vector<long> pids = wait_for_pids(dir, 2);
+  for (long pid : pids) ASSERT_GT(pid, 0) << "ranks did not start";
+  ::kill(process.pid(), SIGINT);
+  ProcessResult r = process.wait(20);
+  ASSERT_FALSE(r.timed_out) << describe(r);
+  EXPECT_TRUE(r.exited && r.exit_code == 128 + SIGINT) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("received SIGINT; forwarding it to 2 ranks")) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("still running 3 s after SIGINT; sending SIGKILL")) << describe(r);
+  EXPECT_THAT(r.err, Not(HasSubstr("after SIGTERM"))) << describe(r);
+  expect_all_dead(pids);
+}
+
+TEST(Hprun, HelpGivesTimeoutsDefaultAndExitStatus) {
+  ProcessResult r = run_process(hprun({"--help"}));
+  ASSERT_TRUE(r.exited && r.exit_code == 0) << describe(r);
+  EXPECT_THAT(r.out, HasSubstr("exit with status 124")) << describe(r);
+  EXPECT_THAT(r.out, HasSubstr("(default: no limit)")) << describe(r);
 }
 
 TEST(Hprun, RanksDieWithAKilledHprun) {
@@ -385,7 +415,7 @@ TEST(Hprun, TimeoutEndsTheJob) {
   ASSERT_FALSE(r.timed_out) << describe(r);
   EXPECT_LT(r.seconds, 10) << describe(r);
   EXPECT_TRUE(r.exited && r.exit_code == 124) << describe(r);
-  EXPECT_TRUE(contains(r.err, "--timeout 1 s")) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("--timeout 1 s")) << describe(r);
 }
 
 }  // namespace

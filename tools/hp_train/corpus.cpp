@@ -1,8 +1,11 @@
 #include "tools/hp_train/corpus.h"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -19,10 +22,11 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string read_bytes(const std::string& path) {
+  errno = 0;
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(cat("cannot open '", path, "'"));
+  if (!in) throw std::runtime_error(fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw std::runtime_error(cat("cannot read '", path, "'"));
+  if (in.bad()) throw std::runtime_error(fmt::format("cannot read '{}'", path));
   return bytes;
 }
 
@@ -32,7 +36,8 @@ Corpus load_fortunes(const std::string& dir) {
   const std::string install = "install the 'fortunes' package: scripts/install-deps.sh";
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
-    throw std::runtime_error(cat("fortunes corpus: directory '", dir, "' not found; ", install));
+    throw std::runtime_error(
+        fmt::format("fortunes corpus: directory '{}' not found; {}", dir, install));
   }
   // The plain text is in the files without an extension: "x.dat" is the
   // index strfile builds and "x.u8" a link to x; off/ holds offensive ones.
@@ -42,7 +47,8 @@ Corpus load_fortunes(const std::string& dir) {
     if (name.find('.') == std::string::npos && entry.is_regular_file()) names.push_back(name);
   }
   if (names.empty()) {
-    throw std::runtime_error(cat("fortunes corpus: '", dir, "' holds no fortune files; ", install));
+    throw std::runtime_error(
+        fmt::format("fortunes corpus: '{}' holds no fortune files; {}", dir, install));
   }
   std::sort(names.begin(), names.end());  // byte-wise, independent of the locale
 
@@ -52,8 +58,8 @@ Corpus load_fortunes(const std::string& dir) {
   int64_t* out = tokens.data_ptr<int64_t>();
   for (size_t i = 0; i < text.size(); ++i) out[i] = static_cast<unsigned char>(text[i]);
   return {tokens, 256,
-          cat("fortunes (", dir, ", ", names.size(), " files): ", text.size(),
-              " byte tokens, vocab 256")};
+          fmt::format("fortunes ({}, {} files): {} byte tokens, vocab 256", dir, names.size(),
+                      text.size())};
 }
 
 Corpus load_token_file(const std::string& path, int64_t vocab_size) {
@@ -78,7 +84,7 @@ Corpus load_token_file(const std::string& path, int64_t vocab_size) {
     out[i] = token;
   }
   return {tokens, vocab_size,
-          cat(path, ": ", count, " uint16 tokens, vocab ", vocab_size)};
+          fmt::format("{}: {} uint16 tokens, vocab {}", path, count, vocab_size)};
 }
 
 }  // namespace hp::train

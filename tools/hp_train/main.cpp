@@ -22,7 +22,10 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "hp/dist/collectives.h"
+#include "hp/dist/comm_stats.h"
 #include "hp/dist/launch_env.h"
 #include "hp/dist/world.h"
 #include "hp/nn/gpt.h"
@@ -30,6 +33,7 @@
 #include "hp/util/memory_stats.h"
 #include "hp/util/trace.h"
 #include "tools/hp_train/corpus.h"
+#include "tools/hp_train/gathered_for_inference.h"
 #include "tools/hp_train/init_weights.h"
 #include "tools/hp_train/output_file.h"
 #include "tools/hp_train/parallelize.h"
@@ -68,7 +72,7 @@ std::string trace_path(const std::string& path, int rank) {
   const bool has_extension = dot != std::string::npos && (slash == std::string::npos || dot > slash);
   const std::string stem = has_extension ? path.substr(0, dot) : path;
   const std::string extension = has_extension ? path.substr(dot) : ".json";
-  return hp::cat(stem, ".rank", rank, extension);
+  return fmt::format("{}.rank{}{}", stem, rank, extension);
 }
 
 void say(bool root, const std::string& text) {
@@ -118,7 +122,14 @@ int run(const TrainOptions& options) {
   const bool distributed = parallelism.mode != Mode::kNone;
   if (distributed) hp::dist::init_process_group();
   std::optional<hp::FSDPModule> fsdp = parallelize(model, parallelism, options);
-  if (!options.trace.empty()) hp::trace::enable(world.rank, hp::cat("rank ", world.rank));
+  if (!options.trace.empty()) {
+    // Each rank's clock starts with its own process; one origin for all,
+    // rank 0's wall clock now, lines the ranks' timelines up.
+    at::Tensor origin = torch::tensor({hp::trace::unix_now_us()}, torch::kLong);
+    if (distributed) hp::dist::broadcast(*hp::dist::world_group(), origin, 0).wait();
+    hp::trace::set_origin(origin.item<int64_t>());
+    hp::trace::enable(world.rank, fmt::format("rank {}", world.rank));
+  }
   Trainer trainer(model, fsdp, distributed ? hp::dist::world_group() : nullptr, corpus.tokens,
                   options);
 
@@ -130,7 +141,7 @@ int run(const TrainOptions& options) {
   for (int64_t s = 0; s < options.steps; ++s) {
     StepRecord record;
     {
-      hp::trace::Span span(hp::cat("step ", s), "step", "step");
+      hp::trace::Span span(fmt::format("step {}", s), "step", "step");
       record = trainer.step(s);
     }
     for (size_t r = 0; r < rank_peaks.size(); ++r) {
@@ -149,26 +160,47 @@ int run(const TrainOptions& options) {
   if (!options.trace.empty()) {
     hp::trace::disable();
     hp::trace::write(trace_file);
-    std::cout << "trace of rank " << world.rank << " written to " << trace_file << std::endl;
+    std::cout << fmt::format("trace of rank {} written to {}", world.rank, trace_file)
+              << std::endl;
   }
+  if (step_log) say(root, fmt::format("step log written to {}", options.log_json));
   say(root, memory_table(rank_peaks, parameters));
+  double sample_seconds = 0;
   if (options.sample_tokens > 0) {
-    // Every rank generates: a sharded root gathers its parameters in each
-    // forward, collectively. Same generator seed and same logits on every
-    // rank, so the ranks draw the same tokens.
-    model->eval();
-    at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
-    at::Tensor prompt = corpus.tokens.narrow(0, 0, 1).view({1, 1});
-    at::Tensor sample = model->generate(prompt, options.sample_tokens, options.temperature,
-                                        options.top_k, generator);
-    say(root, hp::cat("sample (", options.sample_tokens,
-                      " tokens after the corpus's first token, temperature ",
-                      options.temperature, ", top-k ", options.top_k, "):\n",
-                      render_tokens(sample[0], corpus.vocab_size)));
+    say(root, fmt::format("sampling {} from the trained model...",
+                          plural(options.sample_tokens, "token")));
+    const auto sample_start = std::chrono::steady_clock::now();
+    const int64_t gathers_before = hp::dist::comm_stats().all_gather;
+    at::Tensor sample;
+    {
+      // Every rank generates: the units gather their parameters in the first
+      // forward, collectively, and keep them for the other tokens. Same
+      // generator seed and same logits on every rank, so the ranks draw the
+      // same tokens.
+      std::optional<GatheredForInference> gathered;
+      if (fsdp) gathered.emplace(fully_shard_units(model, *fsdp), options.reshard_after_forward);
+      model->eval();
+      at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
+      at::Tensor prompt = corpus.tokens.narrow(0, 0, 1).view({1, 1});
+      sample = model->generate(prompt, options.sample_tokens, options.temperature, options.top_k,
+                               generator);
+    }
+    sample_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - sample_start).count();
+    const int64_t gathers = hp::dist::comm_stats().all_gather - gathers_before;
+    say(root, fmt::format("sample ({} after the corpus's first token, temperature {:g}, top-k {}; "
+                          "{:.1f} s{}):\n{}",
+                          plural(options.sample_tokens, "token"), options.temperature,
+                          options.top_k, sample_seconds,
+                          fsdp ? fmt::format(", {} to gather the parameters",
+                                             plural(gathers, "all-gather"))
+                               : "",
+                          render_tokens(sample[0], corpus.vocab_size)));
   }
   say(root, summary_line(first_loss, last_loss, options.steps, seconds,
                          static_cast<double>(options.batch * options.seq * options.steps) /
-                             std::max(seconds, 1e-9)));
+                             std::max(seconds, 1e-9),
+                         sample_seconds));
   if (distributed) {
     // Rank 0 hosts the rendezvous store: nobody leaves before all are done.
     hp::dist::barrier(*hp::dist::world_group()).wait();
@@ -184,15 +216,16 @@ int main(int argc, char** argv) {
     const CommandLine command_line =
         parse_command_line(std::vector<std::string>(argv + 1, argv + argc));
     if (command_line.help_requested) {
-      std::fputs(command_line.help_text.c_str(), stdout);
+      fmt::print("{}", command_line.help_text);
       return 0;
     }
     return run(command_line.options);
   } catch (const hp::ArgumentError& e) {
-    std::fprintf(stderr, "hp-train: error: %s\n", e.what());
+    fmt::print(stderr, "hp-train: error: {}\n", e.what());
     return kExitUsage;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "hp-train: %s\n", e.what());
+    // Without the C++ backtrace a c10::Error carries.
+    fmt::print(stderr, "hp-train: {}\n", hp::exception_message(e));
     return 1;
   }
 }

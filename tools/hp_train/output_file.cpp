@@ -1,5 +1,7 @@
 #include "tools/hp_train/output_file.h"
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <system_error>
 
@@ -13,8 +15,11 @@ std::ofstream open_output_file(const std::string& flag, const std::string& path)
   if (!folder.empty()) std::filesystem::create_directories(folder, error);
   HP_CHECK_ARG(!error, flag, " '", path, "': cannot create the folder '", folder.string(),
                "': ", error.message());
+  errno = 0;
   std::ofstream out(path, std::ios::trunc);
-  HP_CHECK_ARG(out.is_open(), flag, " '", path, "' cannot be opened for writing");
+  // std::ofstream keeps the reason to itself; open(2) left it in errno.
+  HP_CHECK_ARG(out.is_open(), flag, " '", path, "' cannot be opened for writing: ",
+               errno != 0 ? std::strerror(errno) : "unknown reason");
   return out;
 }
 

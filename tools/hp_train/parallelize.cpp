@@ -8,8 +8,8 @@ namespace hp::train {
 
 namespace {
 
-// "bf16" -> kBFloat16, "fp16" -> kHalf, "fp32" -> kFloat (validated by the
-// flag parser).
+// "bf16" -> kBFloat16, "fp16" -> kHalf (--reduce-dtype only), "fp32" ->
+// kFloat (validated by the flag parser).
 at::ScalarType dtype_of(const std::string& name) {
   if (name == "bf16") return at::kBFloat16;
   if (name == "fp16") return at::kHalf;
@@ -39,6 +39,12 @@ std::optional<FSDPModule> parallelize(nn::GPT& model, const Parallelism& paralle
   FSDPModule root = fully_shard(model.ptr(), options);
   root.set_implicit_prefetch(train.prefetch);
   return root;
+}
+
+std::vector<FSDPModule> fully_shard_units(nn::GPT& model, const FSDPModule& root) {
+  std::vector<FSDPModule> units{root};
+  for (const nn::Block& block : model->blocks()) units.emplace_back(block.ptr());
+  return units;
 }
 
 }  // namespace hp::train

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <optional>
+#include <vector>
 
 #include "hp/fsdp/fully_shard.h"
 #include "hp/nn/gpt.h"
@@ -20,5 +21,8 @@ namespace hp::train {
 // options; with a low-precision param dtype the root returns fp32 logits.
 std::optional<FSDPModule> parallelize(nn::GPT& model, const Parallelism& parallelism,
                                       const TrainOptions& options);
+
+// Every unit parallelize made: the root, then each block.
+std::vector<FSDPModule> fully_shard_units(nn::GPT& model, const FSDPModule& root);
 
 }  // namespace hp::train

@@ -32,6 +32,8 @@ class ProgressMeter {
   double recent_sum_ = 0;
 };
 
+// (1, "layer") -> "1 layer", (4, "layer") -> "4 layers".
+std::string plural(int64_t count, const std::string& noun);
 // 950 -> "950", 15234 -> "15.2k", 2.5e6 -> "2.50M".
 std::string human_count(double value);
 // 2048 -> "2.0 KiB", 13002342 -> "12.4 MiB".

@@ -27,8 +27,10 @@ std::string memory_table(const std::vector<int64_t>& rank_peak_bytes, int64_t pa
 // ids separated by spaces.
 std::string render_tokens(const at::Tensor& ids, int64_t vocab_size);
 
-// "loss 5.5451 -> 2.3012 (first -> last of 300 steps) in 2:31, 2.0k tok/s".
+// "loss 5.5451 -> 2.3012 (first -> last of 300 steps) in 2:31, 2.0k tok/s",
+// then "; sampling took 1.2 s" when sample_seconds > 0. `seconds` covers
+// the training steps only.
 std::string summary_line(double first_loss, double last_loss, int64_t steps, double seconds,
-                         double tokens_per_s);
+                         double tokens_per_s, double sample_seconds = 0);
 
 }  // namespace hp::train

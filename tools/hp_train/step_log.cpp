@@ -1,5 +1,6 @@
 #include "tools/hp_train/step_log.h"
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <stdexcept>
@@ -19,7 +20,7 @@ void StepLog::write(const StepRecord& record) {
                                  {"tokens_per_s", record.tokens_per_s},
                                  {"peak_bytes", record.peak_bytes}};
   out_ << line.dump() << '\n' << std::flush;
-  if (!out_) throw std::runtime_error(cat("--log-json '", path_, "': write failed"));
+  if (!out_) throw std::runtime_error(fmt::format("--log-json '{}': write failed", path_));
 }
 
 }  // namespace hp::train

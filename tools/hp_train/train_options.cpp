@@ -1,92 +1,193 @@
 #include "tools/hp_train/train_options.h"
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
-#include <cctype>
-#include <cerrno>
+#include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <functional>
-#include <map>
+#include <limits>
 #include <numeric>
-#include <tuple>
 
 #include "hp/util/error.h"
 #include "hp/util/format.h"
+#include "tools/hp_train/progress.h"
 
 namespace hp::train {
 namespace {
 
-// Values are read as strings and converted here rather than by CLI11, so
-// every message has the same shape: flag, value, expectation.
-int64_t parse_int(const std::string& flag, const std::string& value, int64_t min,
-                  const char* expected) {
-  char* end = nullptr;
-  errno = 0;
-  const long long parsed = std::strtoll(value.c_str(), &end, 10);
-  const bool is_integer = !value.empty() && (std::isdigit(static_cast<unsigned char>(value[0])) ||
-                                             value[0] == '-') &&
-                          *end == '\0' && errno == 0;
-  HP_CHECK_ARG(is_integer && parsed >= min, flag, " must be ", expected, ", got '", value, "'");
-  return parsed;
+// Every value is checked by a CLI11 validator before CLI11 converts it into
+// its typed field, so each message has one shape: flag, value, expectation
+// ("--batch must be a positive integer, got '0'"). The validators accept
+// plain decimal numbers only: CLI11's own conversion would also take "0x10"
+// or " 7".
+
+bool is_decimal(const std::string& value, bool allow_minus) {
+  const size_t digits = allow_minus && !value.empty() && value[0] == '-' ? 1 : 0;
+  return value.size() > digits &&
+         std::all_of(value.begin() + static_cast<std::ptrdiff_t>(digits), value.end(),
+                     [](char c) { return c >= '0' && c <= '9'; });
 }
 
-double parse_double(const std::string& flag, const std::string& value, bool allow_zero,
-                    const char* expected) {
-  char* end = nullptr;
-  errno = 0;
-  const double parsed = std::strtod(value.c_str(), &end);
-  const bool ok = !value.empty() && *end == '\0' && errno == 0 && std::isfinite(parsed) &&
-                  (parsed > 0 || (allow_zero && parsed == 0));
-  HP_CHECK_ARG(ok, flag, " must be ", expected, ", got '", value, "'");
-  return parsed;
+// The text of a decimal integer once parsed: false when it does not fit T
+// (strtoll saturates silently, so the value must print back as written).
+template <typename T>
+bool fits(const std::string& value, T parsed) {
+  std::string digits = value[0] == '-' ? value.substr(1) : value;
+  digits.erase(0, std::min(digits.find_first_not_of('0'), digits.size() - 1));
+  return fmt::format("{}{}", value[0] == '-' ? "-" : "", digits) == fmt::format("{}", parsed);
 }
 
-uint64_t parse_seed(const std::string& value) {
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long parsed = std::strtoull(value.c_str(), &end, 10);
-  HP_CHECK_ARG(!value.empty() && std::isdigit(static_cast<unsigned char>(value[0])) &&
-                   *end == '\0' && errno == 0,
-               "--seed must be a non-negative integer below 2^64, got '", value, "'");
-  return parsed;
+CLI::Validator integer_in(int64_t min, int64_t max, std::string expected) {
+  return CLI::Validator(
+      [=](std::string& value) -> std::string {
+        int64_t parsed = 0;
+        const bool ok = is_decimal(value, /*allow_minus=*/true) &&
+                        CLI::detail::lexical_cast(value, parsed) && fits(value, parsed) &&
+                        parsed >= min && parsed <= max;
+        return ok ? std::string() : fmt::format("must be {}, got '{}'", expected, value);
+      },
+      "", "integer_in");
 }
+
+CLI::Validator positive_integer() {
+  return integer_in(1, std::numeric_limits<int64_t>::max(), "a positive integer");
+}
+
+CLI::Validator non_negative_integer() {
+  return integer_in(0, std::numeric_limits<int64_t>::max(), "a non-negative integer");
+}
+
+// Finite numbers above zero, or from zero with allow_zero.
+CLI::Validator number(bool allow_zero, std::string expected) {
+  return CLI::Validator(
+      [=](std::string& value) -> std::string {
+        double parsed = 0;
+        const bool ok = !value.empty() && CLI::detail::lexical_cast(value, parsed) &&
+                        std::isfinite(parsed) && (parsed > 0 || (allow_zero && parsed == 0));
+        return ok ? std::string() : fmt::format("must be {}, got '{}'", expected, value);
+      },
+      "", "number");
+}
+
+CLI::Validator one_of(std::vector<std::string> choices) {
+  return CLI::Validator(
+      [=](std::string& value) -> std::string {
+        if (std::find(choices.begin(), choices.end(), value) != choices.end()) return "";
+        return fmt::format("must be one of {}, got '{}'", fmt::join(choices, ", "), value);
+      },
+      "", "one_of");
+}
+
+const CLI::Validator kFileName(
+    [](std::string& value) -> std::string {
+      return value.empty() ? "must name a file, got ''" : "";
+    },
+    "", "file_name");
 
 Mode parse_mode(const std::string& value) {
   if (value == "none") return Mode::kNone;
-  if (value == "fsdp") return Mode::kFSDP;
   if (value == "hsdp") return Mode::kHSDP;
   if (value == "ddp") return Mode::kDDP;
-  throw_argument_error(cat("--mode must be one of fsdp, hsdp, ddp, none, got '", value, "'"));
+  return Mode::kFSDP;  // the validator admits nothing else
 }
 
-// "4" -> {4}, "2x2" -> {2, 2}.
-std::vector<int64_t> parse_mesh(const std::string& value) {
-  const std::string expected = cat("--mesh must be N or RxS with positive integers (e.g. 4 or ",
-                                   "2x2), got '", value, "'");
+// "4" -> {4}, "2x2" -> {2, 2}; empty when `value` is not of that form.
+std::vector<int64_t> mesh_shape_of(const std::string& value) {
   std::vector<int64_t> shape;
   size_t begin = 0;
-  while (true) {
+  while (shape.size() <= 2) {
     const size_t x = value.find('x', begin);
     const std::string part = value.substr(begin, x == std::string::npos ? x : x - begin);
-    char* end = nullptr;
-    errno = 0;
-    const long long n = std::strtoll(part.c_str(), &end, 10);
-    HP_CHECK_ARG(!part.empty() && std::isdigit(static_cast<unsigned char>(part[0])) &&
-                     *end == '\0' && errno == 0 && n >= 1,
-                 expected);
+    int64_t n = 0;
+    if (!is_decimal(part, false) || !CLI::detail::lexical_cast(part, n) || !fits(part, n) ||
+        n < 1) {
+      return {};
+    }
     shape.push_back(n);
-    if (x == std::string::npos) break;
+    if (x == std::string::npos) return shape.size() <= 2 ? shape : std::vector<int64_t>{};
     begin = x + 1;
   }
-  HP_CHECK_ARG(shape.size() <= 2, expected);
-  return shape;
+  return {};
 }
 
-std::string mesh_text(const std::vector<int64_t>& shape) {
-  std::string text;
-  for (size_t i = 0; i < shape.size(); ++i) text += cat(i ? "x" : "", shape[i]);
-  return text;
+const CLI::Validator kMesh(
+    [](std::string& value) -> std::string {
+      if (!mesh_shape_of(value).empty()) return "";
+      return fmt::format("must be N or RxS (R replicas x S shards) with positive integers, e.g. "
+                         "4 or 2x2, got '{}'",
+                         value);
+    },
+    "", "mesh");
+
+const CLI::Validator kReshardAfterForward(
+    [](std::string& value) -> std::string {
+      if (value == "true" || value == "false") return "";
+      return integer_in(1, std::numeric_limits<int64_t>::max(), "")(value).empty()
+                 ? ""
+                 : fmt::format("must be true, false or a positive number of ranks, got '{}'",
+                               value);
+    },
+    "", "reshard_after_forward");
+
+// libtorch 1.13's CPU kernels (this build's only device) have no fp16
+// matmul, LayerNorm, softmax or GELU: a run would start and then fail in the
+// first forward on every rank. bf16 has the same 16-bit traffic and fp32's
+// exponent range. (fp16 gradient reduction is only a sum, and works.)
+const CLI::Validator kComputeDtype(
+    [](std::string& value) -> std::string {
+      if (value == "bf16" || value == "fp32") return "";
+      if (value == "fp16") {
+        return "fp16 is not supported: libtorch's CPU kernels have no fp16 matmul, LayerNorm, "
+               "softmax or GELU, so every rank would fail in its first forward; use bf16 (the "
+               "same 16-bit all-gathers, fp32's exponent range) or fp32";
+      }
+      return fmt::format("must be one of bf16, fp32, got '{}'", value);
+    },
+    "", "compute_dtype");
+
+// The edit distance between a and b (insertions, deletions, substitutions).
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  std::iota(row.begin(), row.end(), size_t{0});
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t substitution = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
+      diagonal = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, substitution});
+    }
+  }
+  return row[b.size()];
+}
+
+// CLI11 reports every argument it could not place ("The following arguments
+// were not expected: 10 --step"); name the first unknown flag instead and
+// the known one it most likely meant.
+std::string unknown_argument_message(const CLI::App& app) {
+  const std::vector<std::string> extras = app.remaining();
+  const auto flag = std::find_if(extras.begin(), extras.end(), [](const std::string& a) {
+    return a.size() > 1 && a[0] == '-';
+  });
+  if (flag == extras.end()) {
+    return fmt::format("unexpected argument '{}' (hp-train takes flags only)", extras.at(0));
+  }
+  const std::string name = flag->substr(0, flag->find('='));
+  std::string best;
+  size_t best_distance = std::max<size_t>(2, name.size() / 3) + 1;  // a typo, not another word
+  for (const CLI::Option* option : app.get_options()) {
+    for (const std::string& long_name : option->get_lnames()) {
+      const std::string candidate = "--" + long_name;
+      const size_t distance = edit_distance(name, candidate);
+      if (distance < best_distance) {
+        best = candidate;
+        best_distance = distance;
+      }
+    }
+  }
+  return best.empty() ? fmt::format("unknown flag '{}'", name)
+                      : fmt::format("unknown flag '{}' (did you mean {}?)", name, best);
 }
 
 }  // namespace
@@ -116,58 +217,109 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
       "  hp-train --mode none --steps 50          one process\n"
       "Every flag is validated before any communication; errors name the flag.\n");
 
-  const TrainOptions defaults;
-  std::map<std::string, std::string> values;
-  // Each flag: name, value name, help. Defaults are shown in the help text.
-  const std::vector<std::tuple<std::string, std::string, std::string>> flags = {
-      {"--layers", "L", cat("transformer blocks (default ", defaults.layers, ")")},
-      {"--d", "D", cat("model width (default ", defaults.d, ")")},
-      {"--heads", "H", cat("attention heads, dividing --d (default ", defaults.heads, ")")},
-      {"--ctx", "C", cat("context length of the model (default ", defaults.ctx, ")")},
-      {"--data-file", "FILE", "raw little-endian uint16 tokens (default: fortunes as bytes)"},
-      {"--vocab", "V", "vocabulary size; required with --data-file (bytes: 256)"},
-      {"--batch", "B", cat("GLOBAL batch, split over data-parallel ranks (default ",
-                           defaults.batch, ")")},
-      {"--seq", "T", cat("tokens per sample, at most --ctx (default ", defaults.seq, ")")},
-      {"--steps", "S", cat("optimizer steps (default ", defaults.steps, ")")},
-      {"--lr", "X", cat("constant AdamW learning rate (default ", defaults.lr, ")")},
-      {"--weight-decay", "W", cat("AdamW weight decay, all parameters (default ",
-                                  defaults.weight_decay, ")")},
-      {"--grad-clip", "C", cat("clip the global gradient norm; 0 disables (default ",
-                               defaults.grad_clip, ")")},
-      {"--seed", "S", cat("seeds the weights and the sample (default ", defaults.seed, ")")},
-      {"--mode", "M", "fsdp | hsdp | ddp | none (default: fsdp under a launcher, else none)"},
-      {"--mesh", "N|RxS", "mesh shape; its product is the world size (default: world size)"},
-      {"--init-from", "FILE", "initial weights (.safetensors) by parameter name"},
-      {"--log-json", "FILE", "rank 0 writes one JSON object per step"},
-      {"--threads", "N", cat("torch intra-op threads per rank (default ", defaults.threads, ")")},
-      {"--log-every", "N", cat("progress line every N steps (default ", defaults.log_every, ")")},
-      {"--sample-tokens", "N", cat("tokens to sample at the end; 0 disables (default ",
-                                   defaults.sample_tokens, ")")},
-      {"--temperature", "X", cat("sampling temperature (default ", defaults.temperature, ")")},
-      {"--top-k", "K", cat("sample among the K likeliest tokens; 0 = all (default ",
-                           defaults.top_k, ")")},
-      {"--reshard-after-forward", "true|false|N",
-       "after forward, free gathered parameters (true, default), keep them (false), or keep "
-       "them gathered within groups of N ranks"},
-      {"--param-dtype", "bf16|fp16|fp32", "compute and all-gather dtype (default fp32)"},
-      {"--reduce-dtype", "bf16|fp16|fp32", "gradient reduction dtype (default: --param-dtype)"},
-      {"--trace", "FILE", "Chrome trace JSON per rank: FILE with .rank<r> before the extension"},
-  };
-  for (const auto& [name, type, help] : flags) {
-    // A repeated flag takes its last value, so a script can append overrides.
-    app.add_option(name, values[name], help)
-        ->type_name(type)
-        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  }
-
-  bool comm_fusion = false, no_prefetch = false;
-  app.add_flag("--comm-fusion", comm_fusion,
-               "one all-gather and one reduce-scatter per unit (zero-copy flat buffers)");
-  app.add_flag("--no-prefetch", no_prefetch,
-               "do not gather the next unit while this one computes");
-
   CommandLine result;
+  TrainOptions& o = result.options;
+  const TrainOptions defaults;
+  std::string mode, reshard_after_forward;
+
+  // A repeated flag takes its last value, so a script can append overrides.
+  auto option = [&](const std::string& name, auto& field, const std::string& help,
+                    const std::string& value_name, const CLI::Validator& validator) {
+    return app.add_option(name, field, help)
+        ->type_name(value_name)
+        ->check(validator)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  };
+  option("--layers", o.layers, fmt::format("transformer blocks (default {})", defaults.layers),
+         "L", positive_integer());
+  option("--d", o.d, fmt::format("model width (default {})", defaults.d), "D",
+         positive_integer());
+  option("--heads", o.heads,
+         fmt::format("attention heads, dividing --d (default {})", defaults.heads), "H",
+         positive_integer());
+  option("--ctx", o.ctx, fmt::format("context length of the model (default {})", defaults.ctx),
+         "C", positive_integer());
+  option("--data-file", o.data_file,
+         "raw little-endian uint16 tokens (default: fortunes as bytes)", "FILE", kFileName);
+  option("--vocab", o.vocab, "vocabulary size; required with --data-file (bytes: 256)", "V",
+         integer_in(1, 65536, "a positive integer at most 65536 (uint16 tokens)"));
+  option("--batch", o.batch,
+         fmt::format("GLOBAL batch, split over data-parallel ranks (default {})", defaults.batch),
+         "B", positive_integer());
+  option("--seq", o.seq,
+         fmt::format("tokens per sample, at most --ctx (default {})", defaults.seq), "T",
+         positive_integer());
+  option("--steps", o.steps, fmt::format("optimizer steps (default {})", defaults.steps), "S",
+         positive_integer());
+  option("--lr", o.lr, fmt::format("constant AdamW learning rate (default {})", defaults.lr),
+         "X", number(false, "a positive number"));
+  option("--weight-decay", o.weight_decay,
+         fmt::format("AdamW weight decay, all parameters (default {})", defaults.weight_decay),
+         "W", number(true, "a non-negative number"));
+  option("--grad-clip", o.grad_clip,
+         fmt::format("clip the global gradient norm; 0 disables (default {})", defaults.grad_clip),
+         "C", number(true, "a non-negative number (0 disables clipping)"));
+  option("--seed", o.seed,
+         fmt::format("seeds the weights and the sample (default {})", defaults.seed), "S",
+         CLI::Validator(
+             [](std::string& value) -> std::string {
+               uint64_t parsed = 0;
+               const bool ok = is_decimal(value, false) &&
+                               CLI::detail::lexical_cast(value, parsed) && fits(value, parsed);
+               return ok ? "" : fmt::format("must be a non-negative integer below 2^64, got '{}'",
+                                            value);
+             },
+             "", "seed"));
+  option("--mode", mode, "fsdp | hsdp | ddp | none (default: fsdp under a launcher, else none)",
+         "M", one_of({"fsdp", "hsdp", "ddp", "none"}));
+  option("--mesh", o.mesh,
+         "mesh shape: N ranks, or RxS = R replicas (data-parallel copies) x S shards each, for "
+         "--mode hsdp; its product is the world size (default: the world size)",
+         "N|RxS", kMesh);
+  option("--init-from", o.init_from, "initial weights (.safetensors) by parameter name", "FILE",
+         kFileName);
+  option("--log-json", o.log_json,
+         "rank 0 writes one JSON object per step, one per line: step (0-based), loss, "
+         "step_time_s, tokens_per_s, peak_bytes; FILE's folder is created if missing",
+         "FILE", kFileName);
+  option("--threads", o.threads,
+         fmt::format("torch intra-op threads per rank (default {})", defaults.threads), "N",
+         integer_in(1, 1024, "a positive integer at most 1024"));
+  option("--log-every", o.log_every,
+         fmt::format("progress line every N steps (default {})", defaults.log_every), "N",
+         positive_integer());
+  option("--sample-tokens", o.sample_tokens,
+         fmt::format("tokens to sample at the end; 0 disables (default {})",
+                     defaults.sample_tokens),
+         "N", non_negative_integer());
+  option("--temperature", o.temperature,
+         fmt::format("sampling temperature (default {})", defaults.temperature), "X",
+         number(false, "a positive number"));
+  option("--top-k", o.top_k,
+         fmt::format("sample among the K likeliest tokens; 0 = all (default {})", defaults.top_k),
+         "K", non_negative_integer());
+  // fully_shard's flags.
+  auto* comm_fusion = app.add_flag(
+      "--comm-fusion,!--no-comm-fusion", o.comm_fusion,
+      "one all-gather and one reduce-scatter per unit over flat buffers (default: on). "
+      "--no-comm-fusion takes the per-parameter path (FSDP2's default): one all-gather and one "
+      "reduce-scatter per parameter, slower; for comparing against that path or seeing each "
+      "parameter's collectives in a --trace");
+  auto* no_prefetch = app.add_flag("--no-prefetch", "do not gather the next unit while this one "
+                                   "computes (prefetch is on by default)");
+  option("--reshard-after-forward", reshard_after_forward,
+         "after forward, free gathered parameters (true, default), keep them (false), or keep "
+         "them gathered within groups of N ranks",
+         "true|false|N", kReshardAfterForward);
+  option("--param-dtype", o.param_dtype, "compute and all-gather dtype (default fp32)",
+         "bf16|fp32", kComputeDtype);
+  option("--reduce-dtype", o.reduce_dtype, "gradient reduction dtype (default: --param-dtype)",
+         "bf16|fp16|fp32", one_of({"bf16", "fp16", "fp32"}));
+  option("--trace", o.trace,
+         "Chrome trace JSON per rank: FILE with .rank<r> before the extension; every rank's "
+         "timestamps count from the same instant",
+         "FILE", kFileName);
+
   std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11's convention
   try {
     app.parse(reversed);
@@ -175,111 +327,60 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
     result.help_requested = true;
     result.help_text = app.help();
     return result;
+  } catch (const CLI::ExtrasError&) {
+    throw_argument_error(fmt::format("{}; see hp-train --help", unknown_argument_message(app)));
+  } catch (const CLI::ValidationError& e) {
+    // CLI11 writes "--batch: must be ..."; the flag starts our sentence.
+    std::string message = e.what();
+    const size_t colon = message.find(": ");
+    if (colon != std::string::npos) message.replace(colon, 2, " ");
+    throw_argument_error(message);
   } catch (const CLI::ParseError& e) {
-    throw_argument_error(cat(e.what(), "; see hp-train --help"));
+    throw_argument_error(fmt::format("{}; see hp-train --help", e.what()));
   }
 
-  TrainOptions& o = result.options;
-  auto given = [&](const std::string& name) { return app.count(name) > 0; };
-  auto positive = [&](const std::string& name, int64_t& field) {
-    if (given(name)) field = parse_int(name, values[name], 1, "a positive integer");
-  };
-  auto non_negative = [&](const std::string& name, int64_t& field) {
-    if (given(name)) field = parse_int(name, values[name], 0, "a non-negative integer");
-  };
-  positive("--layers", o.layers);
-  positive("--d", o.d);
-  positive("--heads", o.heads);
-  positive("--ctx", o.ctx);
-  positive("--batch", o.batch);
-  positive("--seq", o.seq);
-  positive("--steps", o.steps);
-  positive("--log-every", o.log_every);
-  non_negative("--sample-tokens", o.sample_tokens);
-  non_negative("--top-k", o.top_k);
-  if (given("--vocab")) {
-    o.vocab = parse_int("--vocab", values["--vocab"], 1, "a positive integer");
-    HP_CHECK_ARG(o.vocab <= 65536, "--vocab must be at most 65536 (uint16 tokens), got '",
-                 values["--vocab"], "'");
-  }
-  if (given("--threads")) {
-    const int64_t threads = parse_int("--threads", values["--threads"], 1, "a positive integer");
-    HP_CHECK_ARG(threads <= 1024, "--threads must be at most 1024, got '", values["--threads"],
-                 "'");
-    o.threads = static_cast<int>(threads);
-  }
-  if (given("--lr")) o.lr = parse_double("--lr", values["--lr"], false, "a positive number");
-  if (given("--weight-decay")) {
-    o.weight_decay = parse_double("--weight-decay", values["--weight-decay"], true,
-                                  "a non-negative number");
-  }
-  if (given("--grad-clip")) {
-    o.grad_clip = parse_double("--grad-clip", values["--grad-clip"], true,
-                               "a non-negative number (0 disables clipping)");
-  }
-  if (given("--temperature")) {
-    o.temperature =
-        parse_double("--temperature", values["--temperature"], false, "a positive number");
-  }
-  if (given("--seed")) o.seed = parse_seed(values["--seed"]);
-  if (given("--mode")) {
-    o.mode = parse_mode(values["--mode"]);
+  if (!mode.empty()) {
+    o.mode = parse_mode(mode);
     o.mode_given = true;
   }
-  if (given("--mesh")) {
-    parse_mesh(values["--mesh"]);  // the form is checked now, the fit in resolve_parallelism
-    o.mesh = values["--mesh"];
+  o.prefetch = no_prefetch->count() == 0;
+  if (reshard_after_forward == "true") {
+    o.reshard_after_forward = -1;
+  } else if (reshard_after_forward == "false") {
+    o.reshard_after_forward = 0;
+  } else if (!reshard_after_forward.empty()) {
+    CLI::detail::lexical_cast(reshard_after_forward, o.reshard_after_forward);
   }
-  o.comm_fusion = comm_fusion;
-  o.prefetch = !no_prefetch;
-  if (given("--reshard-after-forward")) {
-    const std::string& v = values["--reshard-after-forward"];
-    if (v == "true") {
-      o.reshard_after_forward = -1;
-    } else if (v == "false") {
-      o.reshard_after_forward = 0;
-    } else {
-      o.reshard_after_forward = parse_int("--reshard-after-forward", v, 1,
-                                          "true, false or a positive number of ranks");
-    }
+  if (comm_fusion->count() > 0) {
+    o.fully_shard_flags.push_back(o.comm_fusion ? "--comm-fusion" : "--no-comm-fusion");
   }
-  for (const auto& [name, field] : {std::make_pair("--param-dtype", &o.param_dtype),
-                                    std::make_pair("--reduce-dtype", &o.reduce_dtype)}) {
-    if (!given(name)) continue;
-    const std::string& v = values[name];
-    HP_CHECK_ARG(v == "bf16" || v == "fp16" || v == "fp32", name,
-                 " must be one of bf16, fp16, fp32, got '", v, "'");
-    *field = v;
+  for (const char* name : {"--no-prefetch", "--reshard-after-forward", "--reduce-dtype"}) {
+    if (app.count(name) > 0) o.fully_shard_flags.push_back(name);
   }
-  for (const auto& [name, field] : {std::make_pair("--data-file", &o.data_file),
-                                    std::make_pair("--init-from", &o.init_from),
-                                    std::make_pair("--log-json", &o.log_json),
-                                    std::make_pair("--trace", &o.trace)}) {
-    if (!given(name)) continue;
-    HP_CHECK_ARG(!values[name].empty(), name, " must name a file, got ''");
-    *field = values[name];
-  }
+  // fp32 is what one process computes in anyway.
+  if (o.param_dtype != "fp32") o.fully_shard_flags.push_back("--param-dtype");
   return result;
 }
 
 std::string Parallelism::describe() const {
   if (mode == Mode::kNone) return "none (one process, no process group)";
-  std::string text = cat(mode_name(mode), " on mesh ", to_string(mesh_shape), " ",
-                         to_string(mesh_names));
+  std::string text = fmt::format("{} on mesh {} {}", mode_name(mode), to_string(mesh_shape),
+                                 to_string(mesh_names));
   switch (mode) {
     case Mode::kFSDP:
-      text += cat(": parameters sharded over ", mesh_shape[0], " ranks");
+      text += fmt::format(": parameters sharded over {}", plural(mesh_shape[0], "rank"));
       break;
     case Mode::kHSDP:
-      text += cat(": ", mesh_shape[0], " replicas, each sharded over ", mesh_shape[1], " ranks");
+      text += fmt::format(": {}, each sharded over {}", plural(mesh_shape[0], "replica"),
+                          plural(mesh_shape[1], "rank"));
       break;
     case Mode::kDDP:
-      text += cat(": parameters replicated on ", mesh_shape[0], " ranks");
+      text += fmt::format(": parameters replicated on {}", plural(mesh_shape[0], "rank"));
       break;
     case Mode::kNone:
       break;
   }
-  return text + cat(", data-parallel size ", dp_size);
+  return text + fmt::format(", data-parallel size {}", dp_size);
 }
 
 Parallelism resolve_parallelism(const TrainOptions& options, const World& world) {
@@ -288,7 +389,7 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
   const std::string mode = mode_name(p.mode);
   const std::vector<int64_t> shape = options.mesh.empty()
                                          ? std::vector<int64_t>{world.size}
-                                         : parse_mesh(options.mesh);
+                                         : mesh_shape_of(options.mesh);
 
   if (p.mode == Mode::kNone) {
     HP_CHECK_ARG(world.size == 1, "--mode none trains in one process, but WORLD_SIZE is ",
@@ -312,8 +413,8 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
   }
   const int64_t product = std::accumulate(shape.begin(), shape.end(), int64_t{1},
                                           std::multiplies<int64_t>());
-  HP_CHECK_ARG(product == world.size, "--mesh ", mesh_text(shape), " holds ", product,
-               " ranks, but the world has ", world.size,
+  HP_CHECK_ARG(product == world.size, "--mesh ", fmt::format("{}", fmt::join(shape, "x")),
+               " holds ", plural(product, "rank"), ", but the world has ", world.size,
                " (WORLD_SIZE); the mesh's product must equal the world size");
   switch (p.mode) {
     case Mode::kFSDP:
@@ -344,19 +445,14 @@ void validate_options(const TrainOptions& o, const Parallelism& parallelism) {
   HP_CHECK_ARG(o.batch % parallelism.dp_size == 0, "--batch ", o.batch,
                " (the global batch) must be divisible by the data-parallel size ",
                parallelism.dp_size, " (", mode_name(parallelism.mode), " on ",
-               parallelism.dp_size, " ranks)");
+               plural(parallelism.dp_size, "rank"), ")");
   if (parallelism.mode == Mode::kNone) {
     // These configure fully_shard; a single process has none, and taking
     // them silently would train in another precision than asked for.
-    const char* flag = o.comm_fusion                   ? "--comm-fusion"
-                       : !o.prefetch                   ? "--no-prefetch"
-                       : o.reshard_after_forward != -1 ? "--reshard-after-forward"
-                       : o.param_dtype != "fp32"       ? "--param-dtype"
-                       : !o.reduce_dtype.empty()       ? "--reduce-dtype"
-                                                       : nullptr;
-    HP_CHECK_ARG(flag == nullptr, flag, " configures fully_shard and does not apply to --mode "
-                 "none (one process, plain libtorch); leave it out, or start ranks with hprun "
-                 "and --mode fsdp, hsdp or ddp");
+    HP_CHECK_ARG(o.fully_shard_flags.empty(), o.fully_shard_flags.front(),
+                 " configures fully_shard and does not apply to --mode none (one process, plain "
+                 "libtorch); leave it out, or start ranks with hprun and --mode fsdp, hsdp or "
+                 "ddp");
   }
   if (o.reshard_after_forward > 0 && parallelism.mode != Mode::kNone) {
     const int64_t shard_size =

@@ -55,13 +55,19 @@ struct TrainOptions {
   std::string init_from;  // a .safetensors file of the full initial weights
   std::string log_json;   // rank 0 appends one JSON object per step
 
-  // fully_shard's performance options (refused with --mode none).
-  bool comm_fusion = false;          // --comm-fusion
+  // fully_shard's performance options (refused with --mode none). The
+  // defaults are the fastest correct configuration: one all-gather and one
+  // reduce-scatter per unit over flat buffers, the next unit gathered while
+  // this one computes.
+  bool comm_fusion = true;           // --no-comm-fusion clears it
   bool prefetch = true;              // --no-prefetch clears it
   int64_t reshard_after_forward = -1;  // -1: true; 0: false; N: groups of N ranks
   std::string param_dtype = "fp32";  // --param-dtype bf16|fp16|fp32
   std::string reduce_dtype;          // --reduce-dtype (default: the param dtype)
   std::string trace;                 // --trace FILE: Chrome trace per rank
+  // The fully_shard flags given on the command line, as written (e.g.
+  // "--no-comm-fusion"): --mode none refuses them rather than ignore them.
+  std::vector<std::string> fully_shard_flags;
 
   int threads = 1;
   int64_t log_every = 20;

@@ -3,43 +3,44 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
-#include <cctype>
-#include <cerrno>
 #include <cmath>
-#include <cstdlib>
 #include <memory>
 
 namespace hp::launcher {
 namespace {
 
-// Options are read as strings and converted here rather than by CLI11, so
-// every message has the same shape: option, value, expectation.
-int parse_int(const std::string& option, const std::string& value, long min, long max,
-              const char* expected) {
-  char* end = nullptr;
-  errno = 0;
-  long parsed = std::strtol(value.c_str(), &end, 10);
-  bool is_integer = !value.empty() && std::isdigit(static_cast<unsigned char>(value[0])) &&
-                    *end == '\0' && errno == 0;
-  if (is_integer && parsed > max) {
-    throw UsageError(option + " must be at most " + std::to_string(max) + ", got '" + value +
-                     "'");
-  }
-  if (!is_integer || parsed < min) {
-    throw UsageError(option + " must be " + expected + ", got '" + value + "'");
-  }
-  return static_cast<int>(parsed);
+// Each value is checked by a CLI11 validator before CLI11 converts it into
+// its typed field, so every message has one shape: option, value,
+// expectation. Plain decimal numbers only: CLI11's conversion alone would
+// also take "0x10" or " 7".
+bool is_decimal(const std::string& value) {
+  return !value.empty() &&
+         std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-double parse_seconds(const std::string& option, const std::string& value) {
-  char* end = nullptr;
-  errno = 0;
-  double parsed = std::strtod(value.c_str(), &end);
-  if (value.empty() || *end != '\0' || errno != 0 || !std::isfinite(parsed) || parsed <= 0) {
-    throw UsageError(option + " must be a positive number of seconds, got '" + value + "'");
-  }
-  return parsed;
+CLI::Validator integer_in(long min, long max, const std::string& expected) {
+  return CLI::Validator(
+      [=](std::string& value) -> std::string {
+        // A decimal too long for a long saturates, so it still reads as
+        // above max.
+        long parsed = 0;
+        if (!is_decimal(value) || !CLI::detail::lexical_cast(value, parsed) || parsed < min) {
+          return "must be " + expected + ", got '" + value + "'";
+        }
+        if (parsed > max) return "must be at most " + std::to_string(max) + ", got '" + value + "'";
+        return "";
+      },
+      "", "integer_in");
 }
+
+const CLI::Validator kSeconds(
+    [](std::string& value) -> std::string {
+      double parsed = 0;
+      const bool ok = !value.empty() && CLI::detail::lexical_cast(value, parsed) &&
+                      std::isfinite(parsed) && parsed > 0;
+      return ok ? "" : "must be a positive number of seconds, got '" + value + "'";
+    },
+    "", "seconds");
 
 constexpr const char* kUsage = "usage: hprun -n N [options] prog [args...]";
 
@@ -65,24 +66,33 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
       "LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GROUP_RANK and NODE_RANK set.\n"
       "If a rank fails, the others are terminated and hprun exits with its status.\n");
 
-  std::string nproc, nnodes, node_rank, master_port, timeout;
-  std::string master_addr = "127.0.0.1";
-  bool no_prefix = false;
-  app.add_option("-n,--nproc-per-node", nproc, "ranks to start on this node (required)")
-      ->type_name("N");
-  app.add_option("--nnodes", nnodes, "number of nodes (default 1)")->type_name("K");
-  app.add_option("--node-rank", node_rank, "rank of this node in [0, K) (default 0)")
-      ->type_name("I");
-  app.add_option("--master-addr", master_addr, "rendezvous host (default 127.0.0.1)")
-      ->type_name("ADDR");
-  app.add_option("--master-port", master_port,
-                 "rendezvous port (default: a free port; required with --nnodes > 1)")
-      ->type_name("PORT");
-  app.add_flag("--no-prefix", no_prefix, "do not prefix output lines with [rank r]");
-  app.add_option("--timeout", timeout, "terminate the job after this many seconds")
-      ->type_name("SECONDS");
-
   CommandLine result;
+  LaunchOptions& o = result.options;
+  bool no_prefix = false;
+  auto* nproc = app.add_option("-n,--nproc-per-node", o.nproc_per_node,
+                               "ranks to start on this node (required)")
+                    ->type_name("N")
+                    ->check(integer_in(1, 1 << 16, "a positive integer"));
+  app.add_option("--nnodes", o.nnodes, "number of nodes (default 1)")
+      ->type_name("K")
+      ->check(integer_in(1, 1 << 16, "a positive integer"));
+  app.add_option("--node-rank", o.node_rank, "rank of this node in [0, K) (default 0)")
+      ->type_name("I")
+      ->check(integer_in(0, 1 << 16, "a non-negative integer"));
+  app.add_option("--master-addr", o.master_addr, "rendezvous host (default 127.0.0.1)")
+      ->type_name("ADDR");
+  auto* master_port =
+      app.add_option("--master-port", o.master_port,
+                     "rendezvous port (default: a free port; required with --nnodes > 1)")
+          ->type_name("PORT")
+          ->check(integer_in(1, 65535, "a port in 1..65535"));
+  app.add_flag("--no-prefix", no_prefix, "do not prefix output lines with [rank r]");
+  app.add_option("--timeout", o.timeout_s,
+                 "terminate the job (SIGTERM, then SIGKILL after 3 s) after this many seconds "
+                 "and exit with status 124, as timeout(1) does (default: no limit)")
+      ->type_name("SECONDS")
+      ->check(kSeconds);
+
   std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11's convention
   try {
     app.parse(reversed);
@@ -90,11 +100,19 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
     result.help_requested = true;
     result.help_text = app.help();
     return result;
+  } catch (const CLI::ValidationError& e) {
+    // CLI11 writes "--nnodes: must be ..."; the option starts our sentence.
+    std::string message = e.what();
+    const size_t colon = message.find(": ");
+    if (colon != std::string::npos) message.replace(colon, 2, " ");
+    // CLI11 names an option by its long name; usage and docs write -n.
+    const std::string nproc = "--nproc-per-node ";
+    if (message.compare(0, nproc.size(), nproc) == 0) message.replace(0, nproc.size() - 1, "-n");
+    throw UsageError(message);
   } catch (const CLI::ParseError& e) {
     throw UsageError(std::string(e.what()) + "; " + kUsage);
   }
 
-  LaunchOptions& o = result.options;
   o.command = app.remaining();
   if (!o.command.empty() && o.command.front() == "--") {
     // "hprun -n 2 -- prog": CLI11 hands the separator through; it only
@@ -104,22 +122,14 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
     // prefix_command also collects unknown options that precede the program.
     throw UsageError("unknown option '" + o.command.front() + "'; " + kUsage);
   }
-  if (nproc.empty()) throw UsageError(std::string("-n N is required; ") + kUsage);
-  o.nproc_per_node = parse_int("-n", nproc, 1, 1 << 16, "a positive integer");
-  if (!nnodes.empty()) o.nnodes = parse_int("--nnodes", nnodes, 1, 1 << 16, "a positive integer");
-  if (!node_rank.empty()) {
-    o.node_rank = parse_int("--node-rank", node_rank, 0, 1 << 16, "a non-negative integer");
-  }
+  if (nproc->count() == 0) throw UsageError(std::string("-n N is required; ") + kUsage);
   if (o.node_rank >= o.nnodes) {
-    throw UsageError("--node-rank " + node_rank + " is out of range for --nnodes " +
-                     std::to_string(o.nnodes) + " (expected 0.." +
-                     std::to_string(o.nnodes - 1) + ")");
+    throw UsageError("--node-rank " + std::to_string(o.node_rank) +
+                     " is out of range for --nnodes " + std::to_string(o.nnodes) +
+                     " (expected 0.." + std::to_string(o.nnodes - 1) + ")");
   }
-  if (master_addr.empty()) throw UsageError("--master-addr must not be empty");
-  o.master_addr = master_addr;
-  if (!master_port.empty()) {
-    o.master_port = parse_int("--master-port", master_port, 1, 65535, "a port in 1..65535");
-  } else if (o.nnodes > 1) {
+  if (o.master_addr.empty()) throw UsageError("--master-addr must not be empty");
+  if (master_port->count() == 0 && o.nnodes > 1) {
     // A port picked here would be unknown to the other nodes.
     throw UsageError("--master-port is required with --nnodes " + std::to_string(o.nnodes) +
                      " (every node must be given the same port)");
@@ -130,7 +140,6 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
                      std::to_string(1 << 24));
   }
   o.prefix_output = !no_prefix;
-  if (!timeout.empty()) o.timeout_s = parse_seconds("--timeout", timeout);
   if (o.command.empty()) throw UsageError(std::string("missing the program to run; ") + kUsage);
   return result;
 }

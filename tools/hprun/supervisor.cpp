@@ -126,6 +126,7 @@ class Job {
   int interrupted_by_ = 0;       // signal hprun received, if any
   int first_failure_code_ = -1;  // exit code of the first rank that failed
   bool tearing_down_ = false;
+  int teardown_signal_ = SIGTERM;  // what begin_teardown sent: SIGTERM, or the SIGINT forwarded
   bool killed_ = false;
   bool gave_up_ = false;
   std::optional<Clock::time_point> job_deadline_, kill_at_, give_up_at_;
@@ -329,7 +330,7 @@ void Job::check_deadlines(Clock::time_point now) {
     std::vector<const Rank*> left = running();
     if (!left.empty()) {
       say(list_ranks(left) + " still running " + seconds_text(config_.kill_grace_s) +
-          " after SIGTERM; sending SIGKILL");
+          " after " + signal_name(teardown_signal_) + "; sending SIGKILL");
     }
     kill_all();
   }
@@ -345,6 +346,7 @@ void Job::check_deadlines(Clock::time_point now) {
 void Job::begin_teardown(int signo) {
   if (tearing_down_) return;
   tearing_down_ = true;
+  teardown_signal_ = signo;
   signal_groups(signo);
   kill_at_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                 std::chrono::duration<double>(config_.kill_grace_s));
