@@ -489,7 +489,7 @@ TEST(FullyShardErrors, LazyInitRefusesMetaParameters) {
   fully_shard(meta.ptr());
   std::string m = error_of([&] { meta(torch::ones({1})); });
   EXPECT_EQ(m,
-            "HSDP parameters should be materialized from meta device before training, but the "
+            "FSDP parameters should be materialized from meta device before training, but the "
             "following were still on meta device: ['w']\nFor example, initialize the module "
             "weights on a real device before running training.");
 }
