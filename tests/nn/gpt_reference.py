@@ -9,11 +9,17 @@ model. Usage: gpt_reference.py DIR, where DIR holds
 
 in the raw format of tests/nn/raw_tensors.h. It writes outputs.json (+ .bin):
 
-  init.<name>   the parameters this model initialises under torch.manual_seed(seed)
-  logits, loss  forward of the loaded parameters on idx / targets
-  grad.<name>   d loss / d parameter
-  step.<name>   the parameters after one AdamW step
-  step.loss     the loss on the same batch after that step
+  init.<name>          the parameters this model initialises under
+                       torch.manual_seed(seed) (float32)
+
+and, for each DTYPE in float32 and float64, with the loaded parameters
+converted to DTYPE (model.to(DTYPE) after load_state_dict, as the C++ side
+does):
+
+  DTYPE.logits, DTYPE.loss   forward on idx / targets
+  DTYPE.grad.<name>          d loss / d parameter
+  DTYPE.step.<name>          the parameters after one AdamW step
+  DTYPE.step.loss            the loss on the same batch after that step
 
 Exit status 3 with a message when torch or numpy cannot be imported.
 """
@@ -32,7 +38,7 @@ except ImportError as e:
                      "install python3-torch and python3-numpy (scripts/install-deps.sh)\n")
     sys.exit(3)
 
-DTYPES = {"float32": "<f4", "int64": "<i8"}
+DTYPES = {"float32": "<f4", "float64": "<f8", "int64": "<i8"}
 
 
 def read_tensors(directory, stem):
@@ -49,7 +55,8 @@ def write_tensors(directory, stem, tensors):
     entries = []
     for i, (name, t) in enumerate(tensors.items()):
         a = t.detach().contiguous().numpy()
-        dtype = {np.dtype(np.float32): "float32", np.dtype(np.int64): "int64"}[a.dtype]
+        dtype = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64",
+                 np.dtype(np.int64): "int64"}[a.dtype]
         file = f"{stem}-{i}.bin"
         a.astype(DTYPES[dtype], copy=False).tofile(os.path.join(directory, file))
         entries.append({"name": name, "dtype": dtype, "shape": list(a.shape), "file": file})
@@ -137,6 +144,26 @@ def loss_of(logits, targets):
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
+def forward_backward_step(model, idx, targets, cfg):
+    """Forward, backward and one AdamW step of `model` in its current dtype."""
+    out = {}
+    logits = model(idx)
+    loss = loss_of(logits, targets)
+    loss.backward()
+    out["logits"] = logits.detach().clone()
+    out["loss"] = loss.detach().clone()
+    out.update({"grad." + n: p.grad.clone() for n, p in model.named_parameters()})
+
+    a = cfg["adamw"]
+    opt = torch.optim.AdamW(model.parameters(), lr=a["lr"], betas=(a["beta1"], a["beta2"]),
+                            eps=a["eps"], weight_decay=a["weight_decay"])
+    opt.step()
+    out.update({"step." + n: p.detach().clone() for n, p in model.named_parameters()})
+    with torch.no_grad():
+        out["step.loss"] = loss_of(model(idx), targets)
+    return out
+
+
 def main(directory):
     torch.set_num_threads(1)
     with open(os.path.join(directory, "config.json")) as f:
@@ -148,21 +175,12 @@ def main(directory):
     model = GPT(cfg)
     out = {"init." + n: p.detach().clone() for n, p in model.named_parameters()}
 
-    model.load_state_dict(inputs, strict=True)
-    logits = model(idx)
-    loss = loss_of(logits, targets)
-    loss.backward()
-    out["logits"] = logits
-    out["loss"] = loss
-    out.update({"grad." + n: p.grad for n, p in model.named_parameters()})
-
-    a = cfg["adamw"]
-    opt = torch.optim.AdamW(model.parameters(), lr=a["lr"], betas=(a["beta1"], a["beta2"]),
-                            eps=a["eps"], weight_decay=a["weight_decay"])
-    opt.step()
-    out.update({"step." + n: p for n, p in model.named_parameters()})
-    with torch.no_grad():
-        out["step.loss"] = loss_of(model(idx), targets)
+    for prefix, dtype in (("float32.", torch.float32), ("float64.", torch.float64)):
+        model.load_state_dict(inputs, strict=True)
+        model.zero_grad(set_to_none=True)
+        model.to(dtype)
+        results = forward_backward_step(model, idx, targets, cfg)
+        out.update({prefix + n: t for n, t in results.items()})
     write_tensors(directory, "outputs", out)
 
 

@@ -15,15 +15,18 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "raw tensor files are l
 
 std::string dtype_name(at::ScalarType t) {
   if (t == at::kFloat) return "float32";
+  if (t == at::kDouble) return "float64";
   if (t == at::kLong) return "int64";
   throw std::invalid_argument("write_raw_tensors: dtype " + std::string(c10::toString(t)) +
-                              " is not float32 or int64");
+                              " is not float32, float64 or int64");
 }
 
 at::ScalarType dtype_of(const std::string& name) {
   if (name == "float32") return at::kFloat;
+  if (name == "float64") return at::kDouble;
   if (name == "int64") return at::kLong;
-  throw std::invalid_argument("read_raw_tensors: dtype " + name + " is not float32 or int64");
+  throw std::invalid_argument("read_raw_tensors: dtype " + name +
+                              " is not float32, float64 or int64");
 }
 
 }  // namespace

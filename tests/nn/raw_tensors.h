@@ -3,7 +3,7 @@
 // writes the same format with numpy.fromfile / ndarray.tofile only).
 //
 //   <dir>/<stem>.json      {"tensors": [{"name", "dtype", "shape", "file"}, ...]}
-//   <dir>/<stem>-<i>.bin   raw little-endian, C order; dtype float32 or int64
+//   <dir>/<stem>-<i>.bin   raw little-endian, C order; dtype float32, float64 or int64
 #pragma once
 
 #include <ATen/core/Tensor.h>
