@@ -336,7 +336,7 @@ json compute_targets(const json& rows, const BenchConfig& c) {
     targets["exposed_comm_" + name] = t;
   }
 
-  // The bound is for fusion + zero-copy (fsdp_fused); with prefetch
+  // The bound is for fusion + zero-copy (fsdp_fused); with prefetch
   // one more unit is gathered ahead by design, so that row is reported
   // against the same bound for comparison.
   for (const std::string name : {"fsdp_fused", "fsdp_fused_prefetch"}) {

@@ -34,7 +34,7 @@ void reshard_tree(const nn::Module& model) {
 
 std::string shape_text(at::IntArrayRef shape) { return to_string(shape.vec()); }
 
-// Python-style tuple text, as the seeds' messages print shapes: "(2, 3)".
+// Python-style tuple text, as PyTorch's messages print shapes: "(2, 3)".
 std::string tuple_text(at::IntArrayRef shape) {
   std::string out = "(";
   for (size_t i = 0; i < shape.size(); ++i) {

@@ -1,4 +1,4 @@
-// Errors of the collectives facade (SPEC D3, D5): local argument errors are
+// Errors of the collectives facade (D3, D5): local argument errors are
 // raised before anything reaches the wire; cross-rank mismatches (with
 // checks on) and timeouts become CollectiveErrors that name the op, the
 // group's ranks, the sizes and the sequence number.

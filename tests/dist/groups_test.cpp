@@ -1,4 +1,4 @@
-// Sub-groups (SPEC D2): made collectively, cached, tagged groups are
+// Sub-groups (D2): made collectively, cached, tagged groups are
 // separate process groups, and collectives on a sub-group involve only its
 // members.
 #include <ATen/ATen.h>

@@ -1,6 +1,6 @@
 // read_launch_env and started_by_launcher over a fake environment: both
 // conventions, and every missing, malformed or contradictory variable
-// (SPEC D1).
+// (D1 in docs/features.md).
 #include <gtest/gtest.h>
 
 #include <map>

@@ -1,4 +1,4 @@
-// The fully_shard API around the training loop (SPEC F1, F9, F10, F13,
+// The fully_shard API around the training loop (F1, F9, F10, F13,
 // F14, F15): state dicts in every mode, explicit unshard/reshard, the
 // setters, replicate_params vs ignored_params, zero_grad, and every
 // validation error with its message.

@@ -1,4 +1,4 @@
-// fully_shard on the GPT against plain libtorch in one process (issue 3):
+// fully_shard on the GPT against plain libtorch in one process:
 // 3 AdamW steps on FSDP, HSDP and DDP with reshard_after_forward true and
 // false; gradient accumulation without sync; "sum" vs "avg"; distributed
 // gradient clipping.

@@ -1,4 +1,4 @@
-// Memory of a training step under fully_shard (issue 3), measured with the
+// Memory of a training step under fully_shard, measured with the
 // counting allocator, not estimated.
 //
 // A GPT of 8 equal blocks (each its own unit) with a tiny batch, so that
@@ -78,7 +78,7 @@ StepMemory measure_step(const FullyShardOptions& options, bool prefetch, const c
 }
 
 TEST(FullyShardMemory, PeakOfAStepIsAShardPlusTwoUnits) {
-  // The core lifecycle; prefetch (issue 4) deliberately holds one more unit.
+  // The core lifecycle; prefetch (F11) deliberately holds one more unit.
   const StepMemory m = measure_step({}, /*prefetch=*/false, "core");
   const double world = dist::get_world_size();
   const double bound = 1.1 * (4.0 * m.param_bytes / world + 2.0 * 2.0 * m.unit_bytes);

@@ -1,4 +1,4 @@
-// fully_shard parity on a toy model (SPEC F1-F6): FSDP, HSDP and DDP on
+// fully_shard parity on a toy model (F1-F6): FSDP, HSDP and DDP on
 // real processes, trained 3 AdamW steps, against the same model trained on
 // the whole batch in this process. Also the lifecycle facts the design rests
 // on: parameters keep their identity, hold their shard between steps, and

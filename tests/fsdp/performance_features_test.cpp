@@ -1,4 +1,4 @@
-// The performance features of fully_shard (issue 4, SPEC F4, F7, F8, F11,
+// The performance features of fully_shard (F4, F7, F8, F11,
 // F12): comm_fusion with and without the zero-copy flat buffer, the number
 // of collectives per step, prefetch, reshard_after_forward = N, mixed
 // precision and the offload policy — each against plain libtorch in one

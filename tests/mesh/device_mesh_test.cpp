@@ -1,4 +1,4 @@
-// DeviceMesh (SPEC M1-M3) on 2, 3 and 4 ranks: layouts, coordinates, the
+// DeviceMesh (M1-M3) on 2, 3 and 4 ranks: layouts, coordinates, the
 // groups of each dim, sub-meshes, flattening and every construction error.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -80,7 +80,7 @@ TEST(DeviceMesh, SubMeshesReuseTheParentGroups) {
 }
 
 TEST(DeviceMesh, IndexingWithAListOfNamesIsSub) {
-  // mesh[{"dp", "tp"}] (SPEC M2) must pick the list overload, not build one
+  // mesh[{"dp", "tp"}] (M2) must pick the list overload, not build one
   // std::string from the two literals.
   auto two = init_device_mesh("cpu", two_d_shape(), {"dp", "tp"});
   auto both = (*two)[{"dp", "tp"}];

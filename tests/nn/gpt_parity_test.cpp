@@ -1,4 +1,4 @@
-// Parity with PyTorch (SPEC N2, N3): the same weights and batch give the
+// Parity with PyTorch (N2, N3): the same weights and batch give the
 // same logits, loss, every parameter's gradient and one AdamW step in this
 // GPT and in tests/nn/gpt_reference.py (PyTorch 1.13), and the same seed gives
 // the same initial weights. The reference runs in Debian's /usr/bin/python3;

@@ -1,4 +1,4 @@
-// The GPT and its building blocks (SPEC N2, N3): parameter names, shapes and
+// The GPT and its building blocks (N2, N3): parameter names, shapes and
 // order; seeded initialisation; hooks on blocks and root; generate();
 // cross-entropy; dropout; argument validation. Parity with PyTorch is in
 // gpt_parity_test.cpp.

@@ -1,4 +1,4 @@
-// Gradients through from_local / redistribute / to_local (SPEC T6) against
+// Gradients through from_local / redistribute / to_local (T6) against
 // single-process autograd: every rank computes the whole tensor's gradient
 // for the equivalent global loss and compares its slice with the local
 // gradient. Values are small integers, so gradients are exact. Tests named

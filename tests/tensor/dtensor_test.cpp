@@ -1,4 +1,4 @@
-// The DTensor API (SPEC T3, T5): distribute_tensor, from_local (with and
+// The DTensor API (T3, T5): distribute_tensor, from_local (with and
 // without run_check), shapes and offsets, full_tensor, explain and the plan
 // cache, and the argument errors.
 #include <ATen/ATen.h>

@@ -1,5 +1,5 @@
 // Placements, layouts in their three spellings, the chunk arithmetic and
-// the redistribute planner (SPEC T1, T2, T4, T5).
+// the redistribute planner (T1, T2, T4, T5 in docs/features.md).
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
