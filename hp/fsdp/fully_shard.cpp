@@ -2,8 +2,11 @@
 
 #include <torch/torch.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <set>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -18,12 +21,11 @@ namespace {
 using fsdp::FSDPParam;
 using fsdp::Unit;
 
+// "{Float, Half}"
 std::string dtype_set(const std::set<at::ScalarType>& dtypes) {
-  std::string out = "{";
-  for (auto it = dtypes.begin(); it != dtypes.end(); ++it) {
-    out += cat(it == dtypes.begin() ? "" : ", ", *it);
-  }
-  return out + "}";
+  std::vector<std::string_view> names;
+  for (at::ScalarType dtype : dtypes) names.emplace_back(c10::toString(dtype));
+  return fmt::format("{{{}}}", fmt::join(names, ", "));
 }
 
 void validate_options(const FullyShardOptions& options) {
