@@ -7,6 +7,7 @@
 // data with a 1e-6 relative tolerance (fp32 sums of <= 4 terms in another
 // order differ by a few ulps at most).
 #include <ATen/ATen.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -20,6 +21,8 @@
 namespace hp::dist {
 namespace {
 
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
 using test::tensors_close;
 using test::tensors_equal;
 
@@ -299,10 +302,8 @@ TEST(CollectivesCoalesced, GathersSeveralTensorsIntoStridedViews) {
     EXPECT_TRUE(tensors_equal(wide.narrow(1, 3 * r, 3), input_of(r, {2, 3}, at::kFloat, 21)));
     EXPECT_TRUE(tensors_equal(rows[r], input_of(r, {5}, at::kFloat, 22)));
   }
-  std::string m = test::message_of<ArgumentError>([&] {
-    all_gather_coalesced(g, outputs, {a, b.to(at::kDouble)});
-  });
-  EXPECT_NE(m.find("input 1 is Double but input 0 is Float"), std::string::npos) << m;
+  EXPECT_THAT([&] { all_gather_coalesced(g, outputs, {a, b.to(at::kDouble)}); },
+              ThrowsMessage<ArgumentError>(HasSubstr("input 1 is Double but input 0 is Float")));
 }
 
 }  // namespace
