@@ -1,17 +1,13 @@
 #include "bench/bench_config.h"
 
-#include <sstream>
+#include <fmt/format.h>
 
 namespace hp::bench {
 
 namespace {
 
-std::string str(double v) {
-  std::ostringstream out;
-  out.precision(17);
-  out << v;
-  return out.str();
-}
+// The shortest text that reads back as exactly `v`.
+std::string str(double v) { return fmt::format("{}", v); }
 
 }  // namespace
 

@@ -1,4 +1,4 @@
-// hp-bench's configuration (SPEC A2): what every row of one run shares, and
+// hp-bench's configuration (A2): what every row of one run shares, and
 // how the driver hands it to the worker processes it launches.
 #pragma once
 

@@ -9,16 +9,18 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <stdexcept>
 #include <thread>
 #include <torch/version.h>
 
-#include "bench/child_process.h"
 #include "bench/median.h"
+#include "tools/common/subprocess.h"
 
 #ifndef HP_BENCH_SOURCE_DIR
 #define HP_BENCH_SOURCE_DIR "bench"
@@ -103,11 +105,50 @@ struct RunOutcome {
   double wall_s = 0;
 };
 
+// "a b 'c d'" for logs.
+std::string shell_words(const std::vector<std::string>& argv) {
+  std::string out;
+  for (const auto& a : argv) {
+    if (!out.empty()) out += ' ';
+    const bool plain = !a.empty() && a.find_first_of(" \t\n'\"\\$`*?;&|<>()") == std::string::npos;
+    if (plain) {
+      out += a;
+    } else {
+      out += '\'';
+      for (char c : a) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+      out += '\'';
+    }
+  }
+  return out;
+}
+
+// Runs argv to completion, its stdout and stderr merged into one stream of
+// lines, each passed to on_line as it arrives. The rows bound their own
+// time (hprun --timeout), so the driver sets no limit of its own.
+struct ChildOutcome {
+  tools::ProcessResult result;
+  std::vector<std::string> lines;
+};
+
+ChildOutcome run_child(const std::vector<std::string>& argv,
+                       std::function<void(const std::string&)> on_line) {
+  ChildOutcome child;
+  tools::ProcessOptions options;
+  options.merge_stderr = true;
+  options.on_line = [&](const std::string& line) {
+    child.lines.push_back(line);
+    if (on_line) on_line(line);
+  };
+  tools::RunningProcess process(argv, options);
+  child.result = process.wait(tools::kNoTimeLimit);
+  return child;
+}
+
 RunOutcome launch(const std::string& label, const std::vector<std::string>& argv, bool verbose) {
   RunOutcome outcome;
   std::cerr << "[hp-bench] " << label << ": " << shell_words(argv) << std::endl;
   const auto t0 = Clock::now();
-  ChildResult child;
+  ChildOutcome child;
   try {
     child = run_child(argv, [&](const std::string& line) {
       if (verbose) std::cerr << "  | " << line << "\n";
@@ -128,15 +169,17 @@ RunOutcome launch(const std::string& label, const std::vector<std::string>& argv
     }
     break;
   }
-  if (child.exit_status != 0 || outcome.result.is_null()) {
+  const int status = tools::shell_status(child.result);
+  const std::string how = tools::describe_exit(child.result);
+  if (status != 0 || outcome.result.is_null()) {
     std::string tail;
     const size_t from = child.lines.size() > 15 ? child.lines.size() - 15 : 0;
     for (size_t i = from; i < child.lines.size(); ++i) tail += child.lines[i] + "\n";
-    outcome.error = (child.exit_status != 0 ? child.how : std::string("no result line")) +
+    outcome.error = (status != 0 ? how : std::string("no result line")) +
                     (outcome.error.empty() ? "" : "; " + outcome.error) + "; last output:\n" +
                     tail;
     outcome.result = json();
-    std::cerr << "[hp-bench] " << label << " FAILED (" << child.how << ")\n" << tail;
+    std::cerr << "[hp-bench] " << label << " FAILED (" << how << ")\n" << tail;
     return outcome;
   }
   outcome.ok = true;
@@ -336,7 +379,7 @@ json compute_targets(const json& rows, const BenchConfig& c) {
     targets["exposed_comm_" + name] = t;
   }
 
-  // The issue's bound is for fusion + zero-copy (fsdp_fused); with prefetch
+  // The bound is for fusion + zero-copy (fsdp_fused); with prefetch
   // one more unit is gathered ahead by design, so that row is reported
   // against the same bound for comparison.
   for (const std::string name : {"fsdp_fused", "fsdp_fused_prefetch"}) {
@@ -364,67 +407,59 @@ json compute_targets(const json& rows, const BenchConfig& c) {
   return targets;
 }
 
-std::string fmt(const char* format, double v) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof buffer, format, v);
-  return buffer;
-}
-
 void print_table(const json& report) {
-  std::printf("\n%-20s %5s %10s %9s %10s %10s %6s %6s %6s %8s %8s\n", "row", "ranks",
-              "step_s", "tok/s", "peak_MiB", "coll/step", "AG", "RS", "AR", "exposed", "loss");
+  fmt::print("\n{:<20} {:>5} {:>10} {:>9} {:>10} {:>10} {:>6} {:>6} {:>6} {:>8} {:>8}\n", "row",
+             "ranks", "step_s", "tok/s", "peak_MiB", "coll/step", "AG", "RS", "AR", "exposed",
+             "loss");
   for (const auto& r : report["rows"]) {
     const std::string name = r["name"];
     if (r.contains("error")) {
       const std::string error = r["error"];
-      std::printf("%-20s %5d  FAILED: %s\n", name.c_str(), r["ranks"].get<int>(),
-                  error.substr(0, std::min(error.find('\n'), size_t{70})).c_str());
+      fmt::print("{:<20} {:>5}  FAILED: {}\n", name, r["ranks"].get<int>(),
+                 error.substr(0, std::min(error.find('\n'), size_t{70})));
       continue;
     }
     const json& c = r["collectives_per_step"];
-    const std::string exposed = r["exposed_comm_fraction"].is_null()
-                                    ? "-"
-                                    : fmt("%.1f%%", 100 * r["exposed_comm_fraction"].get<double>());
-    const std::string loss = r["last_loss"].is_null() ? "-" : fmt("%.4f", r["last_loss"].get<double>());
-    std::printf("%-20s %5d %10.4f %9.0f %10.1f %10.1f %6.1f %6.1f %6.1f %8s %8s%s\n",
-                name.c_str(), r["ranks"].get<int>(), r["step_time_s_median"].get<double>(),
-                r["tokens_per_s"].get<double>(),
-                r["peak_bytes_per_rank"].get<double>() / (1 << 20),
-                c["total"].get<double>(), c["all_gather"].get<double>(),
-                c["reduce_scatter"].get<double>(), c["all_reduce"].get<double>(),
-                exposed.c_str(), loss.c_str(),
-                (std::string(name == "torch_ddp" ? "  (peak: RSS delta)" : "") +
-                 (r.contains("failed_rounds") ? "  [a round failed]" : ""))
-                    .c_str());
+    const std::string exposed =
+        r["exposed_comm_fraction"].is_null()
+            ? "-"
+            : fmt::format("{:.1f}%", 100 * r["exposed_comm_fraction"].get<double>());
+    const std::string loss =
+        r["last_loss"].is_null() ? "-" : fmt::format("{:.4f}", r["last_loss"].get<double>());
+    fmt::print("{:<20} {:>5} {:>10.4f} {:>9.0f} {:>10.1f} {:>10.1f} {:>6.1f} {:>6.1f} {:>6.1f} "
+               "{:>8} {:>8}{}{}\n",
+               name, r["ranks"].get<int>(), r["step_time_s_median"].get<double>(),
+               r["tokens_per_s"].get<double>(),
+               r["peak_bytes_per_rank"].get<double>() / (1 << 20), c["total"].get<double>(),
+               c["all_gather"].get<double>(), c["reduce_scatter"].get<double>(),
+               c["all_reduce"].get<double>(), exposed, loss,
+               name == "torch_ddp" ? "  (peak: RSS delta)" : "",
+               r.contains("failed_rounds") ? "  [a round failed]" : "");
   }
-  std::printf("\ntargets:\n");
+  fmt::print("\ntargets:\n");
   for (const auto& [name, t] : report["targets"].items()) {
     const std::string verdict =
         t["pass"].is_null() ? "n/a " : (t["pass"].get<bool>() ? "PASS" : "FAIL");
-    std::string value;
+    std::string value = "-";
     if (t["value"].is_number()) {
-      value = fmt("%.4g", t["value"].get<double>());
+      value = fmt::format("{:.4g}", t["value"].get<double>());
     } else if (t["value"].is_object()) {
-      value = fmt("AG %.1f", t["value"]["all_gather"].get<double>()) +
-              fmt(" RS %.1f", t["value"]["reduce_scatter"].get<double>()) +
-              fmt(" AR %.1f", t["value"]["all_reduce"].get<double>());
-    } else {
-      value = "-";
+      const json& v = t["value"];
+      value = fmt::format("AG {:.1f} RS {:.1f} AR {:.1f}", v["all_gather"].get<double>(),
+                          v["reduce_scatter"].get<double>(), v["all_reduce"].get<double>());
     }
-    std::printf("  %s  %-36s %-26s limit %s\n", verdict.c_str(), name.c_str(), value.c_str(),
-                t["limit"].dump().c_str());
+    fmt::print("  {}  {:<36} {:<26} limit {}\n", verdict, name, value, t["limit"].dump());
   }
   const json& h = report["hook_overhead"];
   if (h.contains("variants")) {
-    std::printf("\nhook overhead (world of 1, %lld tiny units): plain %.1f us/step\n",
-                static_cast<long long>(h["units"].get<int64_t>()),
-                h["plain_step_us"].get<double>());
+    fmt::print("\nhook overhead (world of 1, {} tiny units): plain {:.1f} us/step\n",
+               h["units"].get<int64_t>(), h["plain_step_us"].get<double>());
     for (const auto& [name, v] : h["variants"].items()) {
-      std::printf("  %-26s %9.1f us/step  %+8.2f us per unit per step\n", name.c_str(),
-                  v["step_us"].get<double>(), v["overhead_us_per_unit_per_step"].get<double>());
+      fmt::print("  {:<26} {:>9.1f} us/step  {:>+8.2f} us per unit per step\n", name,
+                 v["step_us"].get<double>(), v["overhead_us_per_unit_per_step"].get<double>());
     }
   } else if (h.contains("error")) {
-    std::printf("\nhook overhead FAILED\n");
+    fmt::print("\nhook overhead FAILED\n");
   }
   std::fflush(stdout);
 }
@@ -513,8 +548,10 @@ int run_driver(DriverOptions o) {
       }
       results[row].push_back(out.result);
       std::cerr << "[hp-bench] " << label << ": median "
-                << fmt("%.4f", median(out.result["step_times_s"].get<std::vector<double>>()))
-                << " s/step (" << fmt("%.1f", out.wall_s) << " s wall)" << std::endl;
+                << fmt::format("{:.4f} s/step ({:.1f} s wall)",
+                               median(out.result["step_times_s"].get<std::vector<double>>()),
+                               out.wall_s)
+                << std::endl;
     }
   }
 
@@ -576,10 +613,11 @@ int run_driver(DriverOptions o) {
   if (!o.png_path.empty()) {
     const fs::path png = o.png_path;
     if (png.has_parent_path()) fs::create_directories(png.parent_path(), ec);
-    ChildResult plot = run_child({o.python, o.plot_script, o.json_path, o.png_path},
-                                 [](const std::string& line) { std::cerr << line << "\n"; });
-    if (plot.exit_status != 0) {
-      std::cerr << "[hp-bench] plot failed (" << plot.how << ")" << std::endl;
+    ChildOutcome plot = run_child({o.python, o.plot_script, o.json_path, o.png_path},
+                                  [](const std::string& line) { std::cerr << line << "\n"; });
+    if (tools::shell_status(plot.result) != 0) {
+      std::cerr << "[hp-bench] plot failed (" << tools::describe_exit(plot.result) << ")"
+                << std::endl;
       plot_failed = true;
     } else {
       std::cout << "wrote " << o.png_path << std::endl;

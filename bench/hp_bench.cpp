@@ -1,4 +1,4 @@
-// hp-bench (SPEC A2): step time, memory and communication of a GPT trained
+// hp-bench (A2): step time, memory and communication of a GPT trained
 // with our fully_shard in every mode, side by side with plain libtorch and
 // PyTorch's DistributedDataParallel, in one run.
 //

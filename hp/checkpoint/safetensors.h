@@ -1,6 +1,6 @@
 // Reading and writing the safetensors format
 // (https://github.com/huggingface/safetensors), so that checkpoints are
-// readable by Python's `safetensors` package and PyTorch (SPEC C1, C3).
+// readable by Python's `safetensors` package and PyTorch (C3 in docs/features.md).
 //
 // A file is an 8-byte little-endian header length N, N bytes of JSON
 //   {"__metadata__": {"k": "v"},

@@ -1,4 +1,4 @@
-// Counters of this process's collectives, for benchmarks (SPEC A2).
+// Counters of this process's collectives, for benchmarks (A2).
 //
 // Every collective issued through the facade is counted by kind; its time
 // from issue to completion (as the backend reports it) is summed into

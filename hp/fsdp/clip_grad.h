@@ -1,4 +1,4 @@
-// Gradient clipping across shards (issue 3).
+// Gradient clipping across shards.
 //
 // The norm of a sharded model's gradient is the norm of all shards
 // together: squared norms of sharded parameters are summed over their shard

@@ -1,5 +1,5 @@
 // One parameter managed by fully_shard: its shard, its unsharded buffer and
-// its gradient bookkeeping (FSDP_MECHANISM.md).
+// its gradient bookkeeping (docs/design.md follows it through a step).
 //
 // The registered parameter's TensorImpl is never replaced, so the user's
 // optimizer keeps working on it. Between steps it holds this rank's shard
@@ -41,8 +41,8 @@ class FSDPParam {
             bool replicated, const MixedPrecisionPolicy& mp);
   // The dtypes a parameter of dtype `orig` computes and reduces in under
   // `mp`: no cast when param_dtype is the parameter's own; gradients are
-  // reduced in reduce_dtype, else in the compute dtype (the seeds'
-  // normalisation). fully_shard checks them before any parameter is built.
+  // reduced in reduce_dtype, else in the compute dtype (F7). fully_shard
+  // checks them before any parameter is built.
   static at::ScalarType compute_dtype_for(at::ScalarType orig, const MixedPrecisionPolicy& mp);
   static at::ScalarType reduce_dtype_for(at::ScalarType orig, const MixedPrecisionPolicy& mp);
 

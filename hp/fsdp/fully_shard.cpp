@@ -2,8 +2,11 @@
 
 #include <torch/torch.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <set>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -18,12 +21,11 @@ namespace {
 using fsdp::FSDPParam;
 using fsdp::Unit;
 
+// "{Float, Half}"
 std::string dtype_set(const std::set<at::ScalarType>& dtypes) {
-  std::string out = "{";
-  for (auto it = dtypes.begin(); it != dtypes.end(); ++it) {
-    out += cat(it == dtypes.begin() ? "" : ", ", *it);
-  }
-  return out + "}";
+  std::vector<std::string_view> names;
+  for (at::ScalarType dtype : dtypes) names.emplace_back(c10::toString(dtype));
+  return fmt::format("{{{}}}", fmt::join(names, ", "));
 }
 
 void validate_options(const FullyShardOptions& options) {
@@ -157,8 +159,8 @@ std::vector<ParamPlan> plan_params(const std::vector<std::shared_ptr<nn::Module>
     plan.shard_dim = plan.keep_whole ? 0 : shard_dim_for(options, param, fqn, shard_size);
     plans.push_back(std::move(plan));
   }
-  // Mixed precision and the fused buffers need one dtype per unit (the
-  // seeds' check, over the parameters that train).
+  // Mixed precision and the fused buffers need one dtype per unit. Only the
+  // parameters that train are reduced, so only they must agree on it.
   const auto& mp = options.mp_policy;
   std::set<at::ScalarType> orig_dtypes, reduce_dtypes, all_dtypes;
   for (const auto& plan : plans) {
@@ -343,9 +345,8 @@ void FSDPModule::set_reshard_after_backward(bool reshard_after_backward, bool re
 }
 
 void FSDPModule::set_is_last_backward(bool is_last_backward) {
-  // One flag per training step (the seeds keep it in the shared scheduler
-  // context): the root's is the one the end of backward reads, whichever
-  // unit of the tree it is set through.
+  // One flag per training step for the whole tree: the root's is the one the
+  // end of backward reads, whichever unit of the tree it is set through.
   for (auto& u : units(true)) {
     u->mutable_flags().is_last_backward = is_last_backward;
     if (u->context()) u->context()->root().mutable_flags().is_last_backward = is_last_backward;

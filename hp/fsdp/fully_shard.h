@@ -1,4 +1,4 @@
-// fully_shard: sharded data parallelism for hookable modules (SPEC F1-F15).
+// fully_shard: sharded data parallelism for hookable modules (F1-F15).
 //
 //   hp::nn::GPT model(config);
 //   for (auto& block : model->blocks()) hp::fully_shard(block.ptr());   // inner units first

@@ -1,4 +1,4 @@
-// Options of fully_shard (SPEC F1, F7, F8).
+// Options of fully_shard (F1, F7, F8 in docs/features.md).
 #pragma once
 
 #include <cstdint>
@@ -23,7 +23,8 @@ struct MixedPrecisionPolicy {
   // Reduced gradients are not cast to the parameter's dtype nor put in
   // .grad: they accumulate, in the reduce dtype (which must then be fp32),
   // in the parameter's main grad (hp::main_grad(param)), and .grad stays
-  // empty, as the seeds' main_grad for low-precision parameters. The
+  // empty: the gradient is kept in fp32 beside low-precision parameters, so
+  // accumulating it over steps and micro-batches loses nothing. The
   // optimizer must then read the main grads (clip_grad_norm_ reads .grad).
   bool apply_grad_on_fp32_main_grad = false;
 };

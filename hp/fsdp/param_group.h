@@ -1,5 +1,5 @@
 // The gathering side of a unit: how its parameters' shards become unsharded
-// buffers (SPEC F4, F12).
+// buffers (F4, F12 in docs/features.md).
 //
 // Without comm_fusion each sharded parameter is gathered by a collective of
 // its own, straight into its unsharded buffer. With comm_fusion the unit

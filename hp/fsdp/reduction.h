@@ -1,4 +1,4 @@
-// Gradient reduction of fully_shard units (SPEC F4, F5, F12).
+// Gradient reduction of fully_shard units (F4, F5, F12 in docs/features.md).
 //
 // A GradReduction carries the full gradients of one parameter, or of a
 // whole unit with comm_fusion, through its collectives:
@@ -13,7 +13,7 @@
 // the previous units' reductions (keeping the unsharded working set near two
 // units); with fusion, issuing unit k moves every older reduction one stage
 // on, so unit k+1's reduce-scatter overlaps unit k's backward and its
-// all-reduce overlaps unit k's reduce-scatter (seed 001's pipeline).
+// all-reduce overlaps unit k's reduce-scatter (F12's pipeline).
 #pragma once
 
 #include <cstdint>

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -34,13 +36,10 @@ void reshard_tree(const nn::Module& model) {
 
 std::string shape_text(at::IntArrayRef shape) { return to_string(shape.vec()); }
 
-// Python-style tuple text, as the seeds' messages print shapes: "(2, 3)".
+// Python-style tuple text, as PyTorch's messages print shapes: "(2, 3)".
 std::string tuple_text(at::IntArrayRef shape) {
-  std::string out = "(";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    out += cat(i ? ", " : "", shape[i]);
-  }
-  return out + (shape.size() == 1 ? ",)" : ")");
+  if (shape.size() == 1) return fmt::format("({},)", shape[0]);
+  return fmt::format("({})", fmt::join(shape, ", "));
 }
 
 // One state-dict entry to load into `target`.

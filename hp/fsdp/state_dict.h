@@ -1,4 +1,4 @@
-// State dicts of sharded models (SPEC F14).
+// State dicts of sharded models (F14 in docs/features.md).
 //
 // A state dict is an ordered list of (fully-qualified name, value); a value
 // is a plain tensor or a DTensor. fully_shard's state_dict() gives each

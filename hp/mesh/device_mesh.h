@@ -1,5 +1,5 @@
 // DeviceMesh: an N-d arrangement of global ranks with named dims and one
-// process group per dim (SPEC M1-M3).
+// process group per dim (M1-M3 in docs/features.md).
 //
 // Ranks are laid out row-major: for shape [2, 3] rank 4 sits at (1, 1).
 // Building a mesh is collective over the whole world, as in
@@ -56,7 +56,7 @@ class DeviceMesh {
   dist::GroupPtr group_ptr(int64_t dim) const;
 
   // The sub-mesh over the named dims (in mesh order) through this rank:
-  // mesh["tp"], mesh[{"dp", "tp"}] (SPEC M2). The list overload is what a
+  // mesh["tp"], mesh[{"dp", "tp"}] (M2). The list overload is what a
   // braced list picks (it is preferred over building one std::string from
   // {"dp", "tp"}, which would read the two literals as an iterator range).
   DeviceMeshPtr operator[](const std::string& name) const { return sub({name}); }

@@ -1,4 +1,4 @@
-// Causal multi-head self-attention, GPT-2's (SPEC N2).
+// Causal multi-head self-attention, GPT-2's (N2 in docs/features.md).
 //
 // forward(x [B, T, n_embd]) -> [B, T, n_embd]. One fused projection c_attn
 // (n_embd -> 3 n_embd, split into q, k, v in that order), scores scaled by

@@ -1,4 +1,4 @@
-// A pre-LayerNorm transformer block, GPT-2's (SPEC N2):
+// A pre-LayerNorm transformer block, GPT-2's (N2 in docs/features.md):
 //   x = x + attn(ln_1(x)); x = x + mlp(ln_2(x))
 // attn and mlp are called through their holders, so hooks registered on them
 // run; the block itself is the usual fully_shard unit.

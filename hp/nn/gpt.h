@@ -1,4 +1,4 @@
-// A GPT-2 language model (SPEC N2, N3).
+// A GPT-2 language model (N2, N3 in docs/features.md).
 //
 // Parameter names are GPT-2's, so weights exchange with PyTorch by name:
 //   wte.weight [vocab, d], wpe.weight [context, d], h.<i>.{ln_1, attn.c_attn,

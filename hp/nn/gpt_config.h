@@ -1,4 +1,4 @@
-// The shape of a GPT-2 style model (SPEC N2).
+// The shape of a GPT-2 style model (N2 in docs/features.md).
 //
 // One struct shared by the model and its building blocks, so that a block
 // built on its own (e.g. by a test or a sharding plan) has the same

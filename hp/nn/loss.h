@@ -1,4 +1,4 @@
-// The language-model loss (SPEC N2).
+// The language-model loss (N2 in docs/features.md).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,4 +1,4 @@
-// GPT-2's feed-forward sub-layer (SPEC N2): c_fc (n_embd -> 4 n_embd), exact
+// GPT-2's feed-forward sub-layer (N2): c_fc (n_embd -> 4 n_embd), exact
 // (erf) GELU, c_proj (4 n_embd -> n_embd). forward(x [..., n_embd]).
 #pragma once
 

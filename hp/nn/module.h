@@ -1,4 +1,4 @@
-// Hookable modules (SPEC N1).
+// Hookable modules (N1 in docs/features.md).
 //
 // libtorch modules have no forward hooks, and fully_shard and shard_module
 // need them: a pre-hook all-gathers a unit's parameters (or redistributes

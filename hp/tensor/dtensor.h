@@ -1,5 +1,5 @@
 // DTensor: a global tensor held as one local shard per rank of a mesh
-// (SPEC T3-T6).
+// (T3-T6 in docs/features.md).
 //
 // Outside, a DTensor has the global shape; inside, the local shard and the
 // Layout that says which slice (or partial value) it is. It is a value type:

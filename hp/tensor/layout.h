@@ -1,4 +1,4 @@
-// Layout: a DeviceMesh plus how each of its dims holds a tensor (SPEC T2).
+// Layout: a DeviceMesh plus how each of its dims holds a tensor (T2).
 //
 // Three equivalent spellings:
 //  - placements: one Placement per mesh dim, e.g. [Shard(0), Replicate()];

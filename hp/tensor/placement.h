@@ -1,4 +1,4 @@
-// How one mesh dim holds a tensor (SPEC T1): Shard(dim) splits tensor dim
+// How one mesh dim holds a tensor (T1): Shard(dim) splits tensor dim
 // `dim` across the mesh dim's ranks (torch.chunk semantics), Replicate()
 // gives every rank the whole tensor, Partial(op) means the tensor is the
 // `op`-reduction of the ranks' local values (sum, avg, max or min).

@@ -1,4 +1,4 @@
-// Planning a redistribute (SPEC T4): the chain of per-mesh-dim moves that
+// Planning a redistribute (T4): the chain of per-mesh-dim moves that
 // turns one ShardSpec into another.
 //
 // Moves, each on one mesh dim m:

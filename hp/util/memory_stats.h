@@ -1,7 +1,8 @@
 // Live CPU memory of this process, as libtorch allocates it.
 //
-// DESIGN's memory invariant (1/N of the parameters, gradients and optimizer
-// state per rank, plus the unsharded working set) is measured, not assumed:
+// The memory invariant of docs/design.md (1/N of the parameters, gradients
+// and optimizer state per rank, plus the unsharded working set) is
+// measured, not assumed:
 // enable_memory_tracking() wraps libtorch's CPU allocator in one that counts
 // the bytes it hands out and takes back. Only memory allocated through it is
 // counted: blocks that existed before tracking was enabled are invisible, and

@@ -1,4 +1,4 @@
-// A process-wide timeline in Chrome's trace-event format (SPEC A3).
+// A process-wide timeline in Chrome's trace-event format (A3).
 //
 // When enabled, the layers record spans: each unit's forward and backward
 // compute, each collective from issue to completion, and the time spent

@@ -1,6 +1,7 @@
 // safetensors files: round trips of every dtype, the layout the format
 // prescribes, every malformed file and bad argument, atomic replacement, and
 // interoperability with an independent Python implementation of the format.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -13,6 +14,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -24,6 +26,11 @@
 
 namespace hp::checkpoint {
 namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::StrEq;
+using ::testing::ThrowsMessage;
 
 namespace fs = std::filesystem;
 using Named = std::vector<std::pair<std::string, at::Tensor>>;
@@ -99,23 +106,20 @@ class SafetensorsTest : public testing::Test {
     std::sort(names.begin(), names.end());
     return names;
   }
-  std::string read_error(const std::string& path) {
-    return test::message_of<SafetensorsError>([&] { read_safetensors(path); });
+  // Reading `path`, as a call for EXPECT_THAT(..., ThrowsMessage<...>(...)).
+  static std::function<void()> reading(const std::string& path) {
+    return [path] { read_safetensors(path); };
   }
-  // Writes a file with this header and `data_bytes` zero bytes of data, and
-  // returns the reader's complaint.
-  std::string read_error_of(const std::string& header, size_t data_bytes = 0) {
+  // Writes a file with this header and `data_bytes` zero bytes of data now,
+  // and returns the call that reads it.
+  std::function<void()> reading_bad(const std::string& header, size_t data_bytes = 0) {
     std::string path = file("bad.safetensors");
     write_raw(path, header, std::string(data_bytes, '\0'));
-    return read_error(path);
+    return reading(path);
   }
 
   std::string dir_;
 };
-
-void expect_contains(const std::string& message, const std::string& part) {
-  EXPECT_NE(message.find(part), std::string::npos) << "'" << part << "' not in: " << message;
-}
 
 TEST_F(SafetensorsTest, RoundTripsEveryDtypeBitExactly) {
   Named tensors = every_dtype();
@@ -226,16 +230,16 @@ TEST_F(SafetensorsTest, BoolBytesOtherThanOneReadAsTrue) {
 // ---- malformed files ---------------------------------------------------------
 
 TEST_F(SafetensorsTest, MissingFile) {
-  std::string m = read_error(file("absent.safetensors"));
-  expect_contains(m, file("absent.safetensors"));
-  expect_contains(m, "No such file");
+  EXPECT_THAT(reading(file("absent.safetensors")),
+              ThrowsMessage<SafetensorsError>(
+                  AllOf(HasSubstr(file("absent.safetensors")), HasSubstr("No such file"))));
 }
 
 TEST_F(SafetensorsTest, TruncatedHeaderLength) {
   std::ofstream(file("short.safetensors"), std::ios::binary) << "abcde";
-  std::string m = read_error(file("short.safetensors"));
-  expect_contains(m, file("short.safetensors"));
-  expect_contains(m, "truncated: 5 bytes");
+  EXPECT_THAT(reading(file("short.safetensors")),
+              ThrowsMessage<SafetensorsError>(
+                  AllOf(HasSubstr(file("short.safetensors")), HasSubstr("truncated: 5 bytes"))));
 }
 
 TEST_F(SafetensorsTest, HeaderLongerThanFile) {
@@ -244,107 +248,121 @@ TEST_F(SafetensorsTest, HeaderLongerThanFile) {
   std::string bytes = slurp(path);
   bytes.resize(40);  // cut inside the header
   std::ofstream(path, std::ios::binary) << bytes;
-  std::string m = read_error(path);
-  expect_contains(m, path);
-  expect_contains(m, "header length 53 is larger than the 32 bytes");
+  EXPECT_THAT(reading(path),
+              ThrowsMessage<SafetensorsError>(AllOf(
+                  HasSubstr(path), HasSubstr("header length 53 is larger than the 32 bytes"))));
 }
 
 TEST_F(SafetensorsTest, BadJson) {
-  std::string m = read_error_of(R"({"a": {"dtype": "F32",)");
-  expect_contains(m, "header is not valid JSON");
-  expect_contains(read_error_of("[1, 2]"), "header must be a JSON object but is a array");
+  EXPECT_THAT(reading_bad(R"({"a": {"dtype": "F32",)"),
+              ThrowsMessage<SafetensorsError>(HasSubstr("header is not valid JSON")));
+  EXPECT_THAT(reading_bad("[1, 2]"), ThrowsMessage<SafetensorsError>(
+                                         HasSubstr("header must be a JSON object but is a array")));
 }
 
 TEST_F(SafetensorsTest, UnknownDtype) {
-  std::string m = read_error_of(R"({"w":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,2]}})", 2);
-  expect_contains(m, "tensor 'w' in ");
-  expect_contains(m, "unknown dtype \"F8_E4M3\"; supported: ['F64', 'F32', 'F16', 'BF16'");
+  EXPECT_THAT(
+      reading_bad(R"({"w":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,2]}})", 2),
+      ThrowsMessage<SafetensorsError>(
+          AllOf(HasSubstr("tensor 'w' in "),
+                HasSubstr("unknown dtype \"F8_E4M3\"; supported: ['F64', 'F32', 'F16', 'BF16'"))));
 }
 
 TEST_F(SafetensorsTest, ShapeThatDisagreesWithOffsets) {
   std::string path = file("bad.safetensors");
-  std::string m = read_error_of(
-      R"({"h.0.attn.c_attn.weight":{"dtype":"F32","shape":[96,32],"data_offsets":[0,100]}})", 100);
-  EXPECT_EQ(m, "tensor 'h.0.attn.c_attn.weight' in " + path +
-                   ": shape [96, 32] of F32 needs 12288 bytes but data_offsets [0, 100] give 100");
+  EXPECT_THAT(
+      reading_bad(
+          R"({"h.0.attn.c_attn.weight":{"dtype":"F32","shape":[96,32],"data_offsets":[0,100]}})",
+          100),
+      ThrowsMessage<SafetensorsError>(
+          StrEq("tensor 'h.0.attn.c_attn.weight' in " + path +
+                ": shape [96, 32] of F32 needs 12288 bytes but data_offsets [0, 100] give 100")));
 }
 
 TEST_F(SafetensorsTest, MalformedEntries) {
-  expect_contains(read_error_of(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,0]}})"),
-                  "shape must hold non-negative integers but has -1");
-  expect_contains(read_error_of(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0]}})"),
-                  "data_offsets must be [begin, end] but is [0]");
-  expect_contains(read_error_of(R"({"w":{"dtype":"F32","data_offsets":[0,4]}})", 4),
-                  "entry has no \"shape\"");
-  expect_contains(read_error_of(R"({"w":{"dtype":"U8","shape":[0],"data_offsets":[4,0]}})", 4),
-                  "data_offsets [4, 0] end before they begin");
-  expect_contains(
-      read_error_of(
-          R"({"w":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,0]}})"),
-      "is too large");
-  expect_contains(read_error_of(R"({"__metadata__":{"step":3}})"),
-                  "__metadata__ values must be strings but 'step' is 3");
+  EXPECT_THAT(reading_bad(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,0]}})"),
+              ThrowsMessage<SafetensorsError>(
+                  HasSubstr("shape must hold non-negative integers but has -1")));
+  EXPECT_THAT(
+      reading_bad(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0]}})"),
+      ThrowsMessage<SafetensorsError>(HasSubstr("data_offsets must be [begin, end] but is [0]")));
+  EXPECT_THAT(reading_bad(R"({"w":{"dtype":"F32","data_offsets":[0,4]}})", 4),
+              ThrowsMessage<SafetensorsError>(HasSubstr("entry has no \"shape\"")));
+  EXPECT_THAT(
+      reading_bad(R"({"w":{"dtype":"U8","shape":[0],"data_offsets":[4,0]}})", 4),
+      ThrowsMessage<SafetensorsError>(HasSubstr("data_offsets [4, 0] end before they begin")));
+  EXPECT_THAT(
+      reading_bad(R"({"w":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,0]}})"),
+      ThrowsMessage<SafetensorsError>(HasSubstr("is too large")));
+  EXPECT_THAT(reading_bad(R"({"__metadata__":{"step":3}})"),
+              ThrowsMessage<SafetensorsError>(
+                  HasSubstr("__metadata__ values must be strings but 'step' is 3")));
 }
 
 TEST_F(SafetensorsTest, OverlappingOffsets) {
-  std::string m = read_error_of(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},
+  EXPECT_THAT(reading_bad(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},
                                     "b":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}})",
-                                6);
-  expect_contains(m, "tensor 'b' in ");
-  expect_contains(m, "data_offsets [2, 6] overlap those of 'a' [0, 4]");
+                          6),
+              ThrowsMessage<SafetensorsError>(
+                  AllOf(HasSubstr("tensor 'b' in "),
+                        HasSubstr("data_offsets [2, 6] overlap those of 'a' [0, 4]"))));
 }
 
 TEST_F(SafetensorsTest, GapsAndTrailingBytes) {
-  std::string gap = read_error_of(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},
+  EXPECT_THAT(
+      reading_bad(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},
                                       "b":{"dtype":"U8","shape":[2],"data_offsets":[3,5]}})",
-                                  5);
-  expect_contains(gap, "tensor 'b' in ");
-  expect_contains(gap, "leave bytes [2, 3) of the data unused");
+                  5),
+      ThrowsMessage<SafetensorsError>(
+          AllOf(HasSubstr("tensor 'b' in "), HasSubstr("leave bytes [2, 3) of the data unused"))));
 
-  std::string start = read_error_of(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}})", 3);
-  expect_contains(start, "leave bytes [0, 1) of the data unused");
+  EXPECT_THAT(reading_bad(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[1,3]}})", 3),
+              ThrowsMessage<SafetensorsError>(HasSubstr("leave bytes [0, 1) of the data unused")));
 
-  std::string trailing =
-      read_error_of(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})", 6);
-  expect_contains(trailing, "data_offsets end at byte 2 but the data section has 6 bytes");
+  EXPECT_THAT(reading_bad(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})", 6),
+              ThrowsMessage<SafetensorsError>(
+                  HasSubstr("data_offsets end at byte 2 but the data section has 6 bytes")));
 
-  std::string missing =
-      read_error_of(R"({"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]}})", 6);
-  expect_contains(missing, "data_offsets end at byte 8 but the data section has 6 bytes");
+  EXPECT_THAT(reading_bad(R"({"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]}})", 6),
+              ThrowsMessage<SafetensorsError>(
+                  HasSubstr("data_offsets end at byte 8 but the data section has 6 bytes")));
 }
 
 TEST_F(SafetensorsTest, NameTwiceInHeader) {
-  std::string m = read_error_of(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},
+  EXPECT_THAT(reading_bad(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},
                                     "a":{"dtype":"U8","shape":[2],"data_offsets":[2,4]}})",
-                                4);
-  expect_contains(m, "header names 'a' twice");
+                          4),
+              ThrowsMessage<SafetensorsError>(HasSubstr("header names 'a' twice")));
 }
 
 // ---- bad arguments to write ----------------------------------------------------
 
 TEST_F(SafetensorsTest, WriteRejectsBadNamesAndTensors) {
-  auto error = [&](const Named& tensors) {
-    return test::message_of<ArgumentError>(
-        [&] { write_safetensors(file("w.safetensors"), tensors); });
+  auto writing = [&](const Named& tensors) {
+    return [this, tensors] { write_safetensors(file("w.safetensors"), tensors); };
   };
-  expect_contains(error({{"a", at::ones({1})}, {"a", at::ones({2})}}),
-                  "tensor name 'a' is given twice; names must be unique");
-  expect_contains(error({{"", at::ones({1})}}), "tensor names must be non-empty");
-  expect_contains(error({{"__metadata__", at::ones({1})}}), "'__metadata__' is reserved");
-  expect_contains(error({{"u", at::Tensor()}}), "tensor 'u' is undefined");
-  std::string complex = error({{"ok", at::ones({1})}, {"c", at::ones({2}, at::kComplexFloat)}});
-  expect_contains(complex, file("w.safetensors"));
-  expect_contains(complex, "tensor 'c' has dtype ComplexFloat, which safetensors cannot hold");
-  expect_contains(error({{"bad\xff", at::ones({1})}}), "must be valid UTF-8");
+  EXPECT_THAT(writing({{"a", at::ones({1})}, {"a", at::ones({2})}}),
+              ThrowsMessage<ArgumentError>(
+                  HasSubstr("tensor name 'a' is given twice; names must be unique")));
+  EXPECT_THAT(writing({{"", at::ones({1})}}),
+              ThrowsMessage<ArgumentError>(HasSubstr("tensor names must be non-empty")));
+  EXPECT_THAT(writing({{"__metadata__", at::ones({1})}}),
+              ThrowsMessage<ArgumentError>(HasSubstr("'__metadata__' is reserved")));
+  EXPECT_THAT(writing({{"u", at::Tensor()}}),
+              ThrowsMessage<ArgumentError>(HasSubstr("tensor 'u' is undefined")));
+  EXPECT_THAT(writing({{"ok", at::ones({1})}, {"c", at::ones({2}, at::kComplexFloat)}}),
+              ThrowsMessage<ArgumentError>(AllOf(
+                  HasSubstr(file("w.safetensors")),
+                  HasSubstr("tensor 'c' has dtype ComplexFloat, which safetensors cannot hold"))));
+  EXPECT_THAT(writing({{"bad\xff", at::ones({1})}}),
+              ThrowsMessage<ArgumentError>(HasSubstr("must be valid UTF-8")));
   EXPECT_EQ(directory_listing(), std::vector<std::string>{});
 }
 
 TEST_F(SafetensorsTest, WriteIntoMissingDirectory) {
   std::string path = file("no/such/dir/x.safetensors");
-  std::string m = test::message_of<SafetensorsError>(
-      [&] { write_safetensors(path, {{"a", at::ones({1})}}); });
-  expect_contains(m, path);
-  expect_contains(m, "cannot create");
+  EXPECT_THAT([&] { write_safetensors(path, {{"a", at::ones({1})}}); },
+              ThrowsMessage<SafetensorsError>(AllOf(HasSubstr(path), HasSubstr("cannot create"))));
 }
 
 // ---- atomic replacement ---------------------------------------------------------
@@ -373,9 +391,8 @@ TEST_F(SafetensorsTest, FailedRenameRemovesTheTemporary) {
   std::string target = file("occupied");
   fs::create_directory(target);
   std::ofstream(target + "/keep") << "x";
-  std::string m = test::message_of<SafetensorsError>(
-      [&] { write_safetensors(target, {{"w", at::ones({1024})}}); });
-  expect_contains(m, "cannot rename");
+  EXPECT_THAT([&] { write_safetensors(target, {{"w", at::ones({1024})}}); },
+              ThrowsMessage<SafetensorsError>(HasSubstr("cannot rename")));
   EXPECT_EQ(directory_listing(), std::vector<std::string>{"occupied"});
   EXPECT_TRUE(fs::exists(target + "/keep"));
 }

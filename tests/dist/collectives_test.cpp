@@ -7,6 +7,7 @@
 // real-valued fp32 data are held to summation_bound of their terms
 // (tests/support/rounding_bounds.h).
 #include <ATen/ATen.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -21,6 +22,8 @@
 namespace hp::dist {
 namespace {
 
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
 using test::tensors_equal;
 using test::within_bound;
 
@@ -327,10 +330,8 @@ TEST(CollectivesCoalesced, GathersSeveralTensorsIntoStridedViews) {
     EXPECT_TRUE(tensors_equal(wide.narrow(1, 3 * r, 3), input_of(r, {2, 3}, at::kFloat, 21)));
     EXPECT_TRUE(tensors_equal(rows[r], input_of(r, {5}, at::kFloat, 22)));
   }
-  std::string m = test::message_of<ArgumentError>([&] {
-    all_gather_coalesced(g, outputs, {a, b.to(at::kDouble)});
-  });
-  EXPECT_NE(m.find("input 1 is Double but input 0 is Float"), std::string::npos) << m;
+  EXPECT_THAT([&] { all_gather_coalesced(g, outputs, {a, b.to(at::kDouble)}); },
+              ThrowsMessage<ArgumentError>(HasSubstr("input 1 is Double but input 0 is Float")));
 }
 
 }  // namespace

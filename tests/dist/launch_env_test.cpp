@@ -1,17 +1,21 @@
 // read_launch_env and started_by_launcher over a fake environment: both
 // conventions, and every missing, malformed or contradictory variable
-// (SPEC D1).
+// (D1 in docs/features.md).
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 
 #include "hp/dist/launch_env.h"
 #include "hp/util/error.h"
-#include "tests/support/tensor_checks.h"
 
 namespace hp::dist {
 namespace {
 
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
 using Env = std::map<std::string, std::string>;
 
 EnvLookup lookup_in(const Env& env) {
@@ -22,8 +26,9 @@ EnvLookup lookup_in(const Env& env) {
   };
 }
 
-std::string error_of(const Env& env) {
-  return test::message_of<ArgumentError>([&] { read_launch_env(lookup_in(env)); });
+// Reading `env`, as a call for EXPECT_THAT(..., ThrowsMessage<...>(...)).
+std::function<void()> reading(const Env& env) {
+  return [env] { read_launch_env(lookup_in(env)); };
 }
 
 const Env kTorchrun = {{"RANK", "2"},           {"WORLD_SIZE", "4"},
@@ -77,67 +82,66 @@ TEST(LaunchEnv, AgreeingConventionsAreAccepted) {
 }
 
 TEST(LaunchEnv, MissingRankNamesTheVariablesAndTheLauncher) {
-  std::string m = error_of({{"WORLD_SIZE", "2"}, {"MASTER_ADDR", "x"}, {"MASTER_PORT", "1"}});
-  EXPECT_NE(m.find("RANK is not set"), std::string::npos) << m;
-  EXPECT_NE(m.find("OMPI_COMM_WORLD_RANK"), std::string::npos) << m;
-  EXPECT_NE(m.find("hprun"), std::string::npos) << m;
-  EXPECT_NE(error_of({}).find("RANK is not set"), std::string::npos);
+  EXPECT_THAT(
+      reading({{"WORLD_SIZE", "2"}, {"MASTER_ADDR", "x"}, {"MASTER_PORT", "1"}}),
+      ThrowsMessage<ArgumentError>(AllOf(HasSubstr("RANK is not set"),
+                                         HasSubstr("OMPI_COMM_WORLD_RANK"), HasSubstr("hprun"))));
+  EXPECT_THAT(reading({}), ThrowsMessage<ArgumentError>(HasSubstr("RANK is not set")));
 }
 
 TEST(LaunchEnv, MissingWorldSize) {
-  std::string m = error_of({{"RANK", "0"}, {"MASTER_ADDR", "x"}, {"MASTER_PORT", "1"}});
-  EXPECT_NE(m.find("WORLD_SIZE is not set"), std::string::npos) << m;
-  EXPECT_NE(m.find("RANK=0"), std::string::npos) << m;
+  EXPECT_THAT(
+      reading({{"RANK", "0"}, {"MASTER_ADDR", "x"}, {"MASTER_PORT", "1"}}),
+      ThrowsMessage<ArgumentError>(AllOf(HasSubstr("WORLD_SIZE is not set"), HasSubstr("RANK=0"))));
 }
 
 TEST(LaunchEnv, MissingMasterAddrAndPort) {
   Env env = kTorchrun;
   env.erase("MASTER_ADDR");
-  EXPECT_NE(error_of(env).find("MASTER_ADDR is not set"), std::string::npos);
+  EXPECT_THAT(reading(env), ThrowsMessage<ArgumentError>(HasSubstr("MASTER_ADDR is not set")));
   env = kTorchrun;
   env.erase("MASTER_PORT");
-  EXPECT_NE(error_of(env).find("MASTER_PORT is not set"), std::string::npos);
+  EXPECT_THAT(reading(env), ThrowsMessage<ArgumentError>(HasSubstr("MASTER_PORT is not set")));
 }
 
 TEST(LaunchEnv, MalformedValuesNameVariableAndValue) {
   Env env = kTorchrun;
   env["WORLD_SIZE"] = "four";
-  std::string m = error_of(env);
-  EXPECT_NE(m.find("WORLD_SIZE must be a positive integer, got 'four'"), std::string::npos) << m;
+  EXPECT_THAT(reading(env), ThrowsMessage<ArgumentError>(
+                                HasSubstr("WORLD_SIZE must be a positive integer, got 'four'")));
   env = kTorchrun;
   env["WORLD_SIZE"] = "0";
-  EXPECT_NE(error_of(env).find("got '0'"), std::string::npos);
+  EXPECT_THAT(reading(env), ThrowsMessage<ArgumentError>(HasSubstr("got '0'")));
   env = kTorchrun;
   env["RANK"] = "-1";
-  EXPECT_NE(error_of(env).find("RANK must be a non-negative integer, got '-1'"),
-            std::string::npos);
+  EXPECT_THAT(reading(env), ThrowsMessage<ArgumentError>(
+                                HasSubstr("RANK must be a non-negative integer, got '-1'")));
   env = kTorchrun;
   env["MASTER_PORT"] = "70000";
-  m = error_of(env);
-  EXPECT_NE(m.find("MASTER_PORT must be a TCP port in 1..65535, got '70000'"), std::string::npos)
-      << m;
+  EXPECT_THAT(reading(env), ThrowsMessage<ArgumentError>(HasSubstr(
+                                "MASTER_PORT must be a TCP port in 1..65535, got '70000'")));
 }
 
 TEST(LaunchEnv, RankOutOfRange) {
   Env env = kTorchrun;
   env["RANK"] = "4";
-  std::string m = error_of(env);
-  EXPECT_NE(m.find("RANK=4 is out of range for WORLD_SIZE=4"), std::string::npos) << m;
+  EXPECT_THAT(reading(env),
+              ThrowsMessage<ArgumentError>(HasSubstr("RANK=4 is out of range for WORLD_SIZE=4")));
   env = kTorchrun;
   env["LOCAL_RANK"] = "2";
-  m = error_of(env);
-  EXPECT_NE(m.find("LOCAL_RANK=2 is out of range for LOCAL_WORLD_SIZE=2"), std::string::npos) << m;
+  EXPECT_THAT(reading(env), ThrowsMessage<ArgumentError>(
+                                HasSubstr("LOCAL_RANK=2 is out of range for LOCAL_WORLD_SIZE=2")));
 }
 
 TEST(LaunchEnv, ContradictoryConventions) {
   Env env = kTorchrun;
   env["OMPI_COMM_WORLD_RANK"] = "1";
-  std::string m = error_of(env);
-  EXPECT_NE(m.find("RANK=2 contradicts OMPI_COMM_WORLD_RANK=1"), std::string::npos) << m;
+  EXPECT_THAT(reading(env),
+              ThrowsMessage<ArgumentError>(HasSubstr("RANK=2 contradicts OMPI_COMM_WORLD_RANK=1")));
   env = kTorchrun;
   env["OMPI_COMM_WORLD_SIZE"] = "8";
-  m = error_of(env);
-  EXPECT_NE(m.find("WORLD_SIZE=4 contradicts OMPI_COMM_WORLD_SIZE=8"), std::string::npos) << m;
+  EXPECT_THAT(reading(env), ThrowsMessage<ArgumentError>(
+                                HasSubstr("WORLD_SIZE=4 contradicts OMPI_COMM_WORLD_SIZE=8")));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // against plain libtorch in one process, with the bounds of
 // gpt_training_test.cpp (the same arithmetic, reordered:
 // tests/fsdp/data_parallel_reference.h derives them).
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -19,6 +20,10 @@
 
 namespace hp {
 namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StrEq;
+using ::testing::ThrowsMessage;
 
 using test::kBatch;
 using test::my_first_row;
@@ -211,15 +216,15 @@ TEST(ReshardAfterForwardInt, GathersWithinGroupsOfNRanks) {
     }
     EXPECT_GE(regathers, 2) << "one per block at least";
   }
-  std::string m = test::message_of<ArgumentError>([] {
-    FullyShardOptions options;
-    options.reshard_after_forward = int64_t{3};
-    auto model = test::make_gpt();
-    test::shard_gpt(model, options);
-  });
-  EXPECT_TRUE(m.find("reshard_after_forward as an int must be a divisor of the shard group size "
-                     "4") != std::string::npos)
-      << m;
+  EXPECT_THAT(
+      [] {
+        FullyShardOptions options;
+        options.reshard_after_forward = int64_t{3};
+        auto model = test::make_gpt();
+        test::shard_gpt(model, options);
+      },
+      ThrowsMessage<ArgumentError>(HasSubstr(
+          "reshard_after_forward as an int must be a divisor of the shard group size 4")));
 }
 
 TEST(MixedPrecision, Bf16ParamsWithFp32ReduceTrackFp32) {
@@ -313,23 +318,26 @@ TEST(MixedPrecision, MainGradsKeepTheReducedGradientsInFp32) {
   low->to(at::kBFloat16);
   FullyShardOptions options;
   options.mp_policy.apply_grad_on_fp32_main_grad = true;
-  std::string m = test::message_of<ArgumentError>([&] { fully_shard(low.ptr(), options); });
-  EXPECT_EQ(m, "MixedPrecisionPolicy.apply_grad_on_fp32_main_grad=true needs gradients reduced in "
-               "fp32 (set reduce_dtype to Float), but they are reduced in {BFloat16}");
-  m = test::message_of<ArgumentError>([&] { main_grad(at::zeros({2, 3})); });
-  EXPECT_EQ(m, "main_grad: the parameter of shape [2, 3] is not managed by fully_shard");
+  EXPECT_THAT([&] { fully_shard(low.ptr(), options); },
+              ThrowsMessage<ArgumentError>(StrEq(
+                  "MixedPrecisionPolicy.apply_grad_on_fp32_main_grad=true needs gradients reduced "
+                  "in fp32 (set reduce_dtype to Float), but they are reduced in {BFloat16}")));
+  EXPECT_THAT([&] { main_grad(at::zeros({2, 3})); },
+              ThrowsMessage<ArgumentError>(
+                  StrEq("main_grad: the parameter of shape [2, 3] is not managed by fully_shard")));
 }
 
 TEST(MixedPrecision, ValidationErrors) {
   FullyShardOptions options;
   options.mp_policy.param_dtype = at::kLong;
-  std::string m = test::message_of<ArgumentError>(
-      [&] { fully_shard(test::make_gpt().ptr(), options); });
-  EXPECT_EQ(m, "MixedPrecisionPolicy.param_dtype must be a floating-point dtype, got Long");
+  EXPECT_THAT([&] { fully_shard(test::make_gpt().ptr(), options); },
+              ThrowsMessage<ArgumentError>(StrEq(
+                  "MixedPrecisionPolicy.param_dtype must be a floating-point dtype, got Long")));
   auto model = test::make_gpt();
   model->lm_head->weight.set_data(model->lm_head->weight.to(at::kDouble));
-  m = test::message_of<ArgumentError>([&] { fully_shard(model.ptr()); });
-  EXPECT_EQ(m, "FSDP expects uniform original parameter dtype but got {Float, Double}");
+  EXPECT_THAT([&] { fully_shard(model.ptr()); },
+              ThrowsMessage<ArgumentError>(
+                  StrEq("FSDP expects uniform original parameter dtype but got {Float, Double}")));
 }
 
 TEST(CommFusionErrors, EligibilityAndOptions) {
@@ -337,13 +345,15 @@ TEST(CommFusionErrors, EligibilityAndOptions) {
   FullyShardOptions options;
   options.comm_fusion = true;
   options.replicate_params = {model->ln_f->weight};
-  std::string m = test::message_of<ArgumentError>([&] { fully_shard(model.ptr(), options); });
-  EXPECT_EQ(m, "comm_fusion does not support parameter ln_f.weight: non-sharded parameters such "
-               "as replicate_params are not supported.");
+  EXPECT_THAT([&] { fully_shard(model.ptr(), options); },
+              ThrowsMessage<ArgumentError>(
+                  StrEq("comm_fusion does not support parameter ln_f.weight: non-sharded "
+                        "parameters such as replicate_params are not supported.")));
   options = {};
   options.comm_fusion_zero_copy = true;
-  m = test::message_of<ArgumentError>([&] { fully_shard(test::make_gpt().ptr(), options); });
-  EXPECT_TRUE(m.find("comm_fusion_zero_copy=true needs comm_fusion=true") != std::string::npos) << m;
+  EXPECT_THAT(
+      [&] { fully_shard(test::make_gpt().ptr(), options); },
+      ThrowsMessage<ArgumentError>(HasSubstr("comm_fusion_zero_copy=true needs comm_fusion=true")));
 }
 
 TEST(OffloadPolicy, AcceptedAsANoOpOnCpu) {

@@ -206,7 +206,7 @@ TEST(HpTrain, PerformanceFlagsTrainTheSameModel) {
   }
 
   // bf16 parameters and compute, fp32 reduction: the fp32 curve within 2%
-  // (the bound for mixed precision; bf16 keeps 8 bits of mantissa).
+  // (bf16 keeps 8 bits of mantissa).
   const std::vector<double> bf16 =
       losses(2, concat(kTiny, {"--param-dtype", "bf16", "--reduce-dtype", "fp32"}), dir, "bf16");
   ASSERT_EQ(bf16.size(), single.size());

@@ -1,54 +1,22 @@
-// Running a program (hprun, in these tests) as a real child process and
-// capturing its stdout, stderr and exit status.
+// What the tests of hprun and hp-train need around real child processes:
+// starting them (tools/common/subprocess.h), watching the processes they
+// leave behind, and scratch directories.
 #pragma once
 
 #include <sys/types.h>
 
 #include <string>
-#include <vector>
+
+#include "tools/common/subprocess.h"
 
 namespace hp::launcher::testing {
 
-struct ProcessResult {
-  int exit_code = -1;    // valid when exited
-  int term_signal = 0;   // valid when killed by a signal
-  bool exited = false;
-  bool timed_out = false;  // did not end within the limit; it was SIGKILLed
-  double seconds = 0;    // from start to exit
-  std::string out;
-  std::string err;
-};
-
-class RunningProcess {
- public:
-  // Starts argv[0] (a path) with the test's environment plus `env`
-  // ("NAME=value", overriding inherited entries of the same name).
-  explicit RunningProcess(const std::vector<std::string>& argv,
-                          const std::vector<std::string>& env = {});
-  ~RunningProcess();
-
-  RunningProcess(const RunningProcess&) = delete;
-  RunningProcess& operator=(const RunningProcess&) = delete;
-
-  pid_t pid() const { return pid_; }
-
-  // Collects output until the process exits and its pipes close; SIGKILLs it
-  // after limit_s. Call once.
-  ProcessResult wait(double limit_s = 30);
-
- private:
-  pid_t pid_ = -1;
-  int out_fd_ = -1;
-  int err_fd_ = -1;
-  double started_ = 0;
-  bool waited_ = false;
-};
-
-ProcessResult run_process(const std::vector<std::string>& argv,
-                          const std::vector<std::string>& env = {}, double limit_s = 30);
-
-// Monotonic clock in seconds.
-double now_seconds();
+// Starting programs is tools/common's (hp-bench shares it); the tests use
+// it under these names.
+using tools::now_seconds;
+using tools::ProcessResult;
+using tools::run_process;
+using tools::RunningProcess;
 
 // True while `pid` exists and is not a zombie (an orphan's zombie may linger
 // when the container's init does not reap).

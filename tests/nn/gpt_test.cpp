@@ -1,8 +1,9 @@
-// The GPT and its building blocks (SPEC N2, N3): parameter names, shapes and
+// The GPT and its building blocks (N2, N3): parameter names, shapes and
 // order; seeded initialisation; hooks on blocks and root; generate();
 // cross-entropy; dropout; argument validation. Parity with PyTorch is in
 // gpt_parity_test.cpp.
 #include <ATen/CPUGeneratorImpl.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -17,6 +18,9 @@
 
 namespace hp::nn {
 namespace {
+
+using ::testing::StrEq;
+using ::testing::ThrowsMessage;
 
 GPTConfig small_config() {
   GPTConfig c;
@@ -244,18 +248,23 @@ TEST(GPT, ConfigValidation) {
   auto message = [](auto mutate) {
     GPTConfig c = small_config();
     mutate(c);
-    return test::message_of<ArgumentError>([&] { GPT model(c); });
+    return [c] { GPT model(c); };
   };
-  EXPECT_EQ(message([](GPTConfig& c) { c.n_embd = 65; }),
-            "GPTConfig.n_embd 65 must be divisible by n_head 4");
-  EXPECT_EQ(message([](GPTConfig& c) { c.vocab_size = 0; }),
-            "GPTConfig.vocab_size 0 must be positive");
-  EXPECT_EQ(message([](GPTConfig& c) { c.context = -1; }), "GPTConfig.context -1 must be positive");
-  EXPECT_EQ(message([](GPTConfig& c) { c.n_layer = 0; }), "GPTConfig.n_layer 0 must be positive");
-  EXPECT_EQ(message([](GPTConfig& c) { c.n_head = 0; }), "GPTConfig.n_head 0 must be positive");
-  EXPECT_EQ(message([](GPTConfig& c) { c.n_embd = 0; }), "GPTConfig.n_embd 0 must be positive");
-  EXPECT_EQ(message([](GPTConfig& c) { c.dropout = 1.0; }),
-            "GPTConfig.dropout 1 must be in [0, 1)");
+  EXPECT_THAT(
+      message([](GPTConfig& c) { c.n_embd = 65; }),
+      ThrowsMessage<ArgumentError>(StrEq("GPTConfig.n_embd 65 must be divisible by n_head 4")));
+  EXPECT_THAT(message([](GPTConfig& c) { c.vocab_size = 0; }),
+              ThrowsMessage<ArgumentError>(StrEq("GPTConfig.vocab_size 0 must be positive")));
+  EXPECT_THAT(message([](GPTConfig& c) { c.context = -1; }),
+              ThrowsMessage<ArgumentError>(StrEq("GPTConfig.context -1 must be positive")));
+  EXPECT_THAT(message([](GPTConfig& c) { c.n_layer = 0; }),
+              ThrowsMessage<ArgumentError>(StrEq("GPTConfig.n_layer 0 must be positive")));
+  EXPECT_THAT(message([](GPTConfig& c) { c.n_head = 0; }),
+              ThrowsMessage<ArgumentError>(StrEq("GPTConfig.n_head 0 must be positive")));
+  EXPECT_THAT(message([](GPTConfig& c) { c.n_embd = 0; }),
+              ThrowsMessage<ArgumentError>(StrEq("GPTConfig.n_embd 0 must be positive")));
+  EXPECT_THAT(message([](GPTConfig& c) { c.dropout = 1.0; }),
+              ThrowsMessage<ArgumentError>(StrEq("GPTConfig.dropout 1 must be in [0, 1)")));
 }
 
 TEST(GPT, InputValidation) {
@@ -263,58 +272,71 @@ TEST(GPT, InputValidation) {
   c.context = 128;
   GPT model(c);
   auto forward_error = [&](const at::Tensor& idx) {
-    return test::message_of<ArgumentError>([&] { model(idx); });
+    return [&model, idx] { model(idx); };
   };
-  EXPECT_EQ(forward_error(torch::zeros({1, 200}, torch::kLong)),
-            "GPT.forward: sequence length 200 exceeds config.context 128");
-  EXPECT_EQ(forward_error(torch::zeros({1, 4}, torch::kInt)),
-            "GPT.forward: idx must be an int64 [B, T] tensor but got Int of shape [1, 4]");
-  EXPECT_EQ(forward_error(torch::zeros({4}, torch::kLong)),
-            "GPT.forward: idx must be an int64 [B, T] tensor but got Long of shape [4]");
-  EXPECT_EQ(forward_error(torch::zeros({1, 0}, torch::kLong)),
-            "GPT.forward: sequence length 0 must be at least 1");
-  EXPECT_EQ(forward_error(torch::full({1, 3}, 50, torch::kLong)),
-            "GPT.forward: token ids must be in [0, 50) but got 50");
-  EXPECT_EQ(forward_error(torch::full({1, 3}, -1, torch::kLong)),
-            "GPT.forward: token ids must be in [0, 50) but got -1");
+  EXPECT_THAT(forward_error(torch::zeros({1, 200}, torch::kLong)),
+              ThrowsMessage<ArgumentError>(
+                  StrEq("GPT.forward: sequence length 200 exceeds config.context 128")));
+  EXPECT_THAT(forward_error(torch::zeros({1, 4}, torch::kInt)),
+              ThrowsMessage<ArgumentError>(StrEq(
+                  "GPT.forward: idx must be an int64 [B, T] tensor but got Int of shape [1, 4]")));
+  EXPECT_THAT(forward_error(torch::zeros({4}, torch::kLong)),
+              ThrowsMessage<ArgumentError>(StrEq(
+                  "GPT.forward: idx must be an int64 [B, T] tensor but got Long of shape [4]")));
+  EXPECT_THAT(
+      forward_error(torch::zeros({1, 0}, torch::kLong)),
+      ThrowsMessage<ArgumentError>(StrEq("GPT.forward: sequence length 0 must be at least 1")));
+  EXPECT_THAT(
+      forward_error(torch::full({1, 3}, 50, torch::kLong)),
+      ThrowsMessage<ArgumentError>(StrEq("GPT.forward: token ids must be in [0, 50) but got 50")));
+  EXPECT_THAT(
+      forward_error(torch::full({1, 3}, -1, torch::kLong)),
+      ThrowsMessage<ArgumentError>(StrEq("GPT.forward: token ids must be in [0, 50) but got -1")));
 
   auto gen = at::detail::createCPUGenerator(0);
   auto generate_error = [&](at::Tensor idx, int64_t n, double temperature, int64_t top_k) {
-    return test::message_of<ArgumentError>(
-        [&] { model->generate(idx, n, temperature, top_k, gen); });
+    return [&model, &gen, idx, n, temperature, top_k] {
+      model->generate(idx, n, temperature, top_k, gen);
+    };
   };
   at::Tensor prompt = torch::zeros({1, 2}, torch::kLong);
-  EXPECT_EQ(generate_error(prompt, -1, 1.0, 0),
-            "GPT.generate: max_new_tokens -1 must be non-negative");
-  EXPECT_EQ(generate_error(prompt, 1, 0.0, 0),
-            "GPT.generate: temperature 0 must be positive and finite");
-  EXPECT_EQ(generate_error(prompt, 1, 1.0, -2),
-            "GPT.generate: top_k -2 must be non-negative (0 = off)");
-  EXPECT_EQ(generate_error(torch::zeros({1, 0}, torch::kLong), 1, 1.0, 0),
-            "GPT.generate: idx must be an int64 [B, T0] tensor with T0 >= 1 but got Long of shape "
-            "[1, 0]");
+  EXPECT_THAT(
+      generate_error(prompt, -1, 1.0, 0),
+      ThrowsMessage<ArgumentError>(StrEq("GPT.generate: max_new_tokens -1 must be non-negative")));
+  EXPECT_THAT(generate_error(prompt, 1, 0.0, 0),
+              ThrowsMessage<ArgumentError>(
+                  StrEq("GPT.generate: temperature 0 must be positive and finite")));
+  EXPECT_THAT(
+      generate_error(prompt, 1, 1.0, -2),
+      ThrowsMessage<ArgumentError>(StrEq("GPT.generate: top_k -2 must be non-negative (0 = off)")));
+  EXPECT_THAT(
+      generate_error(torch::zeros({1, 0}, torch::kLong), 1, 1.0, 0),
+      ThrowsMessage<ArgumentError>(StrEq("GPT.generate: idx must be an int64 [B, T0] tensor with "
+                                         "T0 >= 1 but got Long of shape [1, 0]")));
 
   at::Tensor logits = torch::zeros({2, 3, 5});
   auto loss_error = [&](const at::Tensor& l, const at::Tensor& t) {
-    return test::message_of<ArgumentError>([&] { cross_entropy(l, t); });
+    return [l, t] { cross_entropy(l, t); };
   };
-  EXPECT_EQ(loss_error(logits, torch::zeros({2, 4}, torch::kLong)),
-            "cross_entropy: targets must be int64 [2, 3] to match logits [2, 3, 5] but got Long of "
-            "shape [2, 4]");
-  EXPECT_EQ(loss_error(logits, torch::zeros({2, 3}, torch::kInt)),
-            "cross_entropy: targets must be int64 [2, 3] to match logits [2, 3, 5] but got Int of "
-            "shape [2, 3]");
-  EXPECT_EQ(
-      loss_error(torch::zeros({6, 5}), torch::zeros({6}, torch::kLong)),
-      "cross_entropy: logits must be a floating [B, T, V] tensor but got Float of shape [6, 5]");
-  EXPECT_EQ(loss_error(logits, torch::full({2, 3}, 5, torch::kLong)),
-            "cross_entropy: targets must be in [0, 5) but got 5");
+  EXPECT_THAT(
+      loss_error(logits, torch::zeros({2, 4}, torch::kLong)),
+      ThrowsMessage<ArgumentError>(StrEq("cross_entropy: targets must be int64 [2, 3] to match "
+                                         "logits [2, 3, 5] but got Long of shape [2, 4]")));
+  EXPECT_THAT(
+      loss_error(logits, torch::zeros({2, 3}, torch::kInt)),
+      ThrowsMessage<ArgumentError>(StrEq("cross_entropy: targets must be int64 [2, 3] to match "
+                                         "logits [2, 3, 5] but got Int of shape [2, 3]")));
+  EXPECT_THAT(loss_error(torch::zeros({6, 5}), torch::zeros({6}, torch::kLong)),
+              ThrowsMessage<ArgumentError>(StrEq("cross_entropy: logits must be a floating [B, T, "
+                                                 "V] tensor but got Float of shape [6, 5]")));
+  EXPECT_THAT(
+      loss_error(logits, torch::full({2, 3}, 5, torch::kLong)),
+      ThrowsMessage<ArgumentError>(StrEq("cross_entropy: targets must be in [0, 5) but got 5")));
 
   CausalSelfAttention attn(c);
-  EXPECT_EQ(test::message_of<ArgumentError>([&] {
-              attn(torch::zeros({2, 3, 31}));
-            }),
-            "CausalSelfAttention.forward: x of shape [2, 3, 31] must be [B, T, 32]");
+  EXPECT_THAT([&] { attn(torch::zeros({2, 3, 31})); },
+              ThrowsMessage<ArgumentError>(
+                  StrEq("CausalSelfAttention.forward: x of shape [2, 3, 31] must be [B, T, 32]")));
 }
 
 }  // namespace

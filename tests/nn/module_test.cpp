@@ -1,4 +1,4 @@
-// Hookable modules (SPEC N1): hooks run around forward through the holder,
+// Hookable modules (N1): hooks run around forward through the holder,
 // can replace inputs and outputs, can be removed, and plain torch::nn
 // modules nest inside.
 #include <gtest/gtest.h>

@@ -1,7 +1,8 @@
-// The DTensor API (SPEC T3, T5): distribute_tensor, from_local (with and
+// The DTensor API (T3, T5): distribute_tensor, from_local (with and
 // without run_check), shapes and offsets, full_tensor, explain and the plan
 // cache, and the argument errors.
 #include <ATen/ATen.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "hp/dist/world.h"
@@ -9,16 +10,18 @@
 #include "hp/tensor/redistribute_plan.h"
 #include "hp/util/error.h"
 #include "tests/support/tensor_checks.h"
-#include "tests/support/text_checks.h"
 #include "tests/tensor/comm_counter.h"
 #include "tests/tensor/reference.h"
 
 namespace hp {
 namespace {
 
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::StrEq;
+using ::testing::ThrowsMessage;
 using test::tensors_equal;
 
-using test::contains;
 
 DeviceMeshPtr world_mesh() { return init_device_mesh("cpu", {dist::get_world_size()}, {"x"}); }
 
@@ -82,11 +85,10 @@ TEST(DTensor, FromLocalRunCheckRejectsInconsistentShapesOnEveryRank) {
   // Every rank holds 2 rows except the last, which holds 3: not torch.chunk.
   const bool last = dist::get_rank() == dist::get_world_size() - 1;
   at::Tensor local = at::ones({last ? 3 : 2, 4});
-  std::string m = test::message_of<ArgumentError>(
-      [&] { from_local(local, mesh, {Shard(0)}, {std::nullopt, true}); });
-  EXPECT_TRUE(contains(m, "from_local: rank ")) << m;
-  EXPECT_TRUE(contains(m, "holds a local tensor of shape")) << m;
-  EXPECT_TRUE(contains(m, "[S(0)] of global shape")) << m;
+  EXPECT_THAT([&] { from_local(local, mesh, {Shard(0)}, {std::nullopt, true}); },
+              ThrowsMessage<ArgumentError>(AllOf(HasSubstr("from_local: rank "),
+                                                 HasSubstr("holds a local tensor of shape"),
+                                                 HasSubstr("[S(0)] of global shape"))));
 }
 
 TEST(DTensor, FromLocalRunCheckWithShapeRaisesOnEveryRank) {
@@ -98,14 +100,13 @@ TEST(DTensor, FromLocalRunCheckWithShapeRaisesOnEveryRank) {
   // same message instead of the others waiting for it in a collective.
   const bool last = r == w - 1;
   at::Tensor local = at::ones({last ? 3 : 2, 4});
-  std::string m = test::message_of<ArgumentError>([&] {
-    from_local(local, mesh, {Shard(0)}, {std::vector<int64_t>{2 * w, 4}, true});
-  });
   const std::string expected =
       "from_local: rank " + std::to_string(w - 1) + " (coordinate [" + std::to_string(w - 1) +
       "]) holds a local tensor of shape [3, 4] but [S(0)] of global shape [" +
       std::to_string(2 * w) + ", 4] gives it [2, 4]";
-  EXPECT_EQ(m, expected);
+  EXPECT_THAT(
+      [&] { from_local(local, mesh, {Shard(0)}, {std::vector<int64_t>{2 * w, 4}, true}); },
+      ThrowsMessage<ArgumentError>(StrEq(expected)));
   // The ranks still agree afterwards: a well-formed call goes through.
   DTensor d =
       from_local(at::ones({2, 4}), mesh, {Shard(0)}, {std::vector<int64_t>{2 * w, 4}, true});
@@ -123,30 +124,33 @@ TEST(DTensor, FromLocalRunCheckRejectsDifferentNdimsOnEveryRank) {
     FromLocalOptions options;
     options.run_check = true;
     if (with_shape) options.shape = std::vector<int64_t>{2 * w, 4};
-    std::string m =
-        test::message_of<ArgumentError>([&] { from_local(local, mesh, {Shard(0)}, options); });
-    EXPECT_EQ(m, "from_local: rank " + std::to_string(w - 1) + " (coordinate [" +
-                     std::to_string(w - 1) +
-                     "]) holds a local tensor with 3 dims but rank 0 (coordinate [0]) holds one "
-                     "with 2; expected every rank's local tensor to have the global tensor's dims")
+    EXPECT_THAT([&] { from_local(local, mesh, {Shard(0)}, options); },
+                ThrowsMessage<ArgumentError>(StrEq(
+                    "from_local: rank " + std::to_string(w - 1) + " (coordinate [" +
+                    std::to_string(w - 1) +
+                    "]) holds a local tensor with 3 dims but rank 0 (coordinate [0]) holds one "
+                    "with 2; expected every rank's local tensor to have the global tensor's dims")))
         << "with_shape " << with_shape;
   }
   // An undefined local tensor on one rank also raises everywhere.
-  std::string m = test::message_of<ArgumentError>([&] {
-    from_local(r == 0 ? at::Tensor() : at::ones({2, 4}), mesh, {Shard(0)}, {std::nullopt, true});
-  });
-  EXPECT_EQ(m, "from_local: rank 0 (coordinate [0]) passed an undefined local tensor; expected a "
-               "tensor on every rank");
+  EXPECT_THAT(
+      [&] {
+        from_local(r == 0 ? at::Tensor() : at::ones({2, 4}), mesh, {Shard(0)},
+                   {std::nullopt, true});
+      },
+      ThrowsMessage<ArgumentError>(
+          StrEq("from_local: rank 0 (coordinate [0]) passed an undefined local tensor; expected a "
+                "tensor on every rank")));
 }
 
 TEST(DTensor, FromLocalWithShapeChecksThisRanksPiece) {
   auto mesh = world_mesh();
-  std::string m = test::message_of<ArgumentError>(
-      [&] { from_local(at::ones({5, 2}), mesh, {Shard(0)}, {std::vector<int64_t>{1, 2}}); });
-  EXPECT_TRUE(contains(m, "does not fit [S(0)] of global shape [1, 2]")) << m;
-  m = test::message_of<ArgumentError>(
-      [&] { from_local(at::ones({5, 2}), mesh, {Shard(0)}, {std::vector<int64_t>{5}}); });
-  EXPECT_TRUE(contains(m, "shape [5] has 1 dims but the local tensor has 2")) << m;
+  EXPECT_THAT([&] { from_local(at::ones({5, 2}), mesh, {Shard(0)}, {std::vector<int64_t>{1, 2}}); },
+              ThrowsMessage<ArgumentError>(
+                  HasSubstr("does not fit [S(0)] of global shape [1, 2]")));
+  EXPECT_THAT([&] { from_local(at::ones({5, 2}), mesh, {Shard(0)}, {std::vector<int64_t>{5}}); },
+              ThrowsMessage<ArgumentError>(
+                  HasSubstr("shape [5] has 1 dims but the local tensor has 2")));
 }
 
 TEST(DTensor, RedistributeToTheSameLayoutIsFree) {
@@ -160,10 +164,9 @@ TEST(DTensor, ExplainAndThePlanCache) {
   auto mesh = init_device_mesh("cpu", {dist::get_world_size()}, {"dp"});
   DTensor d = distribute_tensor(test::integer_tensor({8, 4}), mesh, {Shard(0)});
   std::string e = d.explain(Layout(mesh, {Replicate()}));
-  EXPECT_TRUE(contains(e, "redistribute [S(0)] -> [R]: 1 step(s), 1 collective(s)")) << e;
-  EXPECT_TRUE(contains(e, "mesh dim 0 ('dp', " + std::to_string(dist::get_world_size()) +
-                              " ranks): S(0) -> R  all_gather along tensor dim 0"))
-      << e;
+  EXPECT_THAT(e, HasSubstr("redistribute [S(0)] -> [R]: 1 step(s), 1 collective(s)"));
+  EXPECT_THAT(e, HasSubstr("mesh dim 0 ('dp', " + std::to_string(dist::get_world_size()) +
+                           " ranks): S(0) -> R  all_gather along tensor dim 0"));
   clear_plan_cache();
   d.redistribute({Replicate()});
   d.redistribute({Replicate()});
@@ -179,34 +182,35 @@ TEST(DTensor, AliasRedistributeAndStr) {
   DTensor d = distribute_tensor(test::integer_tensor({6, 4}), mesh, {Replicate()});
   DTensor s = d.redistribute(AliasPlacements{{"None"}, {"dp"}});
   EXPECT_EQ(s.placements(), (Placements{Shard(1)}));
-  EXPECT_TRUE(contains(s.str(), "DTensor(shape [6, 4], Layout(mesh ['dp']")) << s.str();
+  EXPECT_THAT(s.str(), HasSubstr("DTensor(shape [6, 4], Layout(mesh ['dp']"));
 }
 
 TEST(DTensorErrors, ArgumentErrorsNameTheProblem) {
   auto mesh = world_mesh();
-  auto error = [](auto fn) { return test::message_of<ArgumentError>(fn); };
   at::Tensor t = at::ones({4, 4});
-  std::string m = error([&] { distribute_tensor(t, mesh, {Shard(0), Replicate()}); });
-  EXPECT_TRUE(contains(m, "Layout: 2 placements [S(0), R] given for a 1-d mesh ['x']")) << m;
-  m = error([&] { distribute_tensor(t, mesh, {Shard(2)}); });
-  EXPECT_TRUE(contains(m, "S(2) on mesh dim 'x' is out of range for a tensor with 2 dims")) << m;
-  m = error([&] { distribute_tensor(t, mesh, {Shard(-3)}); });
-  EXPECT_TRUE(contains(m, "S(-3) on mesh dim 'x' is out of range")) << m;
-  m = error([&] { Partial("prod"); });
-  EXPECT_TRUE(contains(m, "Partial reduce_op must be one of ['sum', 'avg', 'max', 'min'] but "
-                          "got 'prod'"))
-      << m;
-  m = error([&] { distribute_tensor(at::Tensor(), mesh, {Shard(0)}); });
-  EXPECT_TRUE(contains(m, "distribute_tensor: tensor is undefined")) << m;
+  EXPECT_THAT([&] { distribute_tensor(t, mesh, {Shard(0), Replicate()}); },
+              ThrowsMessage<ArgumentError>(
+                  HasSubstr("Layout: 2 placements [S(0), R] given for a 1-d mesh ['x']")));
+  EXPECT_THAT([&] { distribute_tensor(t, mesh, {Shard(2)}); },
+              ThrowsMessage<ArgumentError>(
+                  HasSubstr("S(2) on mesh dim 'x' is out of range for a tensor with 2 dims")));
+  EXPECT_THAT([&] { distribute_tensor(t, mesh, {Shard(-3)}); },
+              ThrowsMessage<ArgumentError>(HasSubstr("S(-3) on mesh dim 'x' is out of range")));
+  EXPECT_THAT([&] { Partial("prod"); },
+              ThrowsMessage<ArgumentError>(HasSubstr(
+                  "Partial reduce_op must be one of ['sum', 'avg', 'max', 'min'] but got 'prod'")));
+  EXPECT_THAT([&] { distribute_tensor(at::Tensor(), mesh, {Shard(0)}); },
+              ThrowsMessage<ArgumentError>(HasSubstr("distribute_tensor: tensor is undefined")));
   auto other = init_device_mesh("cpu", {1, dist::get_world_size()}, {"a", "b"});
   DTensor d = distribute_tensor(t, mesh, {Shard(0)});
-  m = error([&] { d.redistribute(Layout(other, {Replicate(), Replicate()})); });
-  EXPECT_TRUE(contains(m, "redistribute: the target mesh")) << m;
-  EXPECT_TRUE(contains(m, "differs from the DTensor's mesh")) << m;
-  m = error([&] { d.redistribute(AliasPlacements{{"x"}}); });
-  EXPECT_TRUE(contains(m, "alias placements have 1 entries for a 2-d DTensor")) << m;
-  m = error([&] { DTensor().to_local(); });
-  EXPECT_TRUE(contains(m, "to_local: the DTensor is undefined")) << m;
+  EXPECT_THAT([&] { d.redistribute(Layout(other, {Replicate(), Replicate()})); },
+              ThrowsMessage<ArgumentError>(AllOf(HasSubstr("redistribute: the target mesh"),
+                                                 HasSubstr("differs from the DTensor's mesh"))));
+  EXPECT_THAT(
+      [&] { d.redistribute(AliasPlacements{{"x"}}); },
+      ThrowsMessage<ArgumentError>(HasSubstr("alias placements have 1 entries for a 2-d DTensor")));
+  EXPECT_THAT([&] { DTensor().to_local(); },
+              ThrowsMessage<ArgumentError>(HasSubstr("to_local: the DTensor is undefined")));
 }
 
 }  // namespace

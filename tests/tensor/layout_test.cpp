@@ -1,19 +1,19 @@
 // Placements, layouts in their three spellings, the chunk arithmetic and
-// the redistribute planner (SPEC T1, T2, T4, T5).
+// the redistribute planner (T1, T2, T4, T5 in docs/features.md).
 #include <ATen/ATen.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "hp/dist/world.h"
 #include "hp/tensor/layout.h"
 #include "hp/tensor/redistribute_plan.h"
 #include "hp/util/error.h"
-#include "tests/support/tensor_checks.h"
-#include "tests/support/text_checks.h"
 
 namespace hp {
 namespace {
 
-using test::contains;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
 
 // A 2-d mesh ("dp", "tp") over the world.
 DeviceMeshPtr mesh_2d() {
@@ -76,27 +76,33 @@ TEST(Layout, AliasPlacementsAndTensorMapRoundTrip) {
   EXPECT_EQ(Layout::from_tensor_map(mesh, c.tensor_map(2)), c);
   EXPECT_EQ(Layout::from_tensor_map(mesh, {{-1}, {1, 0}}), b);
   EXPECT_EQ(Layout(mesh, {Replicate(), Replicate()}).repeat_num(), mesh->size());
-  EXPECT_TRUE(contains(c.str(), "order{0: [1, 0]}")) << c.str();
+  EXPECT_THAT(c.str(), HasSubstr("order{0: [1, 0]}"));
 }
 
 TEST(LayoutErrors, AliasAndTensorMapErrors) {
   auto mesh = mesh_2d();
-  auto error = [](auto fn) { return test::message_of<ArgumentError>(fn); };
-  std::string m = error([&] { Layout::from_alias(mesh, {{"pp"}, {"None"}}); });
-  EXPECT_TRUE(contains(m, "mesh dim name 'pp' is not one of the mesh's dims ['dp', 'tp']")) << m;
-  m = error([&] { Layout::from_alias(mesh, {{"dp"}, {"dp"}}); });
-  EXPECT_TRUE(contains(m, "mesh dim 'dp' shards tensor dim 0 and tensor dim 1")) << m;
-  m = error([&] { Layout::from_alias(mesh, {{"dp", "None"}}); });
-  EXPECT_TRUE(contains(m, "mixes 'None' with mesh dim names")) << m;
-  m = error([&] { Layout::from_tensor_map(mesh, {{2}}); });
-  EXPECT_TRUE(contains(m, "tensor_map entry 2 of tensor dim 0 is out of range for a 2-d mesh")) << m;
-  m = error([&] { Layout(mesh, {Partial(), Replicate()}).alias_placements(1); });
-  EXPECT_TRUE(contains(m, "the alias form cannot express P(sum) on mesh dim 'dp'")) << m;
-  m = error([&] { Layout(mesh, {Shard(0)}); });
-  EXPECT_TRUE(contains(m, "1 placements [S(0)] given for a 2-d mesh")) << m;
-  m = error([&] { Layout(mesh, ShardSpec{{Shard(0), Replicate()}, {{0, {0, 1}}}}); });
-  EXPECT_TRUE(contains(m, "shard order [0, 1] of tensor dim 0 must list exactly the mesh dims [0]"))
-      << m;
+  EXPECT_THAT([&] { Layout::from_alias(mesh, {{"pp"}, {"None"}}); },
+              ThrowsMessage<ArgumentError>(
+                  HasSubstr("mesh dim name 'pp' is not one of the mesh's dims ['dp', 'tp']")));
+  EXPECT_THAT([&] { Layout::from_alias(mesh, {{"dp"}, {"dp"}}); },
+              ThrowsMessage<ArgumentError>(
+                  HasSubstr("mesh dim 'dp' shards tensor dim 0 and tensor dim 1")));
+  EXPECT_THAT([&] { Layout::from_alias(mesh, {{"dp", "None"}}); },
+              ThrowsMessage<ArgumentError>(HasSubstr("mixes 'None' with mesh dim names")));
+  EXPECT_THAT([&] { Layout::from_tensor_map(mesh, {{2}}); },
+              ThrowsMessage<ArgumentError>(
+                  HasSubstr("tensor_map entry 2 of tensor dim 0 is out of range for a 2-d mesh")));
+  EXPECT_THAT([&] { Layout(mesh, {Partial(), Replicate()}).alias_placements(1); },
+              ThrowsMessage<ArgumentError>(
+                  HasSubstr("the alias form cannot express P(sum) on mesh dim 'dp'")));
+  EXPECT_THAT([&] { Layout(mesh, {Shard(0)}); },
+              ThrowsMessage<ArgumentError>(HasSubstr("1 placements [S(0)] given for a 2-d mesh")));
+  EXPECT_THAT(
+      [&] {
+        Layout(mesh, ShardSpec{{Shard(0), Replicate()}, {{0, {0, 1}}}});
+      },
+      ThrowsMessage<ArgumentError>(
+          HasSubstr("shard order [0, 1] of tensor dim 0 must list exactly the mesh dims [0]")));
 }
 
 // Plans are mesh-independent: test them on specs directly.
@@ -138,11 +144,11 @@ TEST(RedistributePlan, ExplainNamesEveryStep) {
   auto p = plan_redistribute(ShardSpec{{Partial(), Shard(0)}, {}},
                              ShardSpec{{Shard(1), Replicate()}, {}});
   std::string e = p->explain();
-  EXPECT_TRUE(contains(e, "redistribute [P(sum), S(0)] -> [S(1), R]")) << e;
-  EXPECT_TRUE(contains(e, "mesh dim 1: S(0) -> R  all_gather along tensor dim 0")) << e;
-  EXPECT_TRUE(contains(e, "mesh dim 0: P(sum) -> S(1)  reduce_scatter(sum) along tensor dim 1")) << e;
+  EXPECT_THAT(e, HasSubstr("redistribute [P(sum), S(0)] -> [S(1), R]"));
+  EXPECT_THAT(e, HasSubstr("mesh dim 1: S(0) -> R  all_gather along tensor dim 0"));
+  EXPECT_THAT(e, HasSubstr("mesh dim 0: P(sum) -> S(1)  reduce_scatter(sum) along tensor dim 1"));
   auto same = plan_redistribute(ShardSpec{{Replicate()}, {}}, ShardSpec{{Replicate()}, {}});
-  EXPECT_TRUE(contains(same->explain(), "nothing to do")) << same->explain();
+  EXPECT_THAT(same->explain(), HasSubstr("nothing to do"));
 }
 
 }  // namespace

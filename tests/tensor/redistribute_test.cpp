@@ -1,5 +1,5 @@
 // Every redistribute transition on every mesh dim of the 1-d, 2-d and 3-d
-// meshes this world size allows (SPEC T4, T5): for each (source, target)
+// meshes this world size allows (T4, T5): for each (source, target)
 // pair, the source DTensor is built from the reference (not from the
 // library), redistributed, and its local tensor compared exactly with the
 // reference of the target; full_tensor() of the result must equal the

@@ -1,5 +1,6 @@
 // The counting CPU allocator: counts, peaks, kernels that care about the
 // DataPtr's shape, concurrent use, and blocks from before it was installed.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -15,6 +16,8 @@
 
 namespace hp {
 namespace {
+
+using ::testing::HasSubstr;
 
 constexpr int64_t kMiB = 1 << 20;
 
@@ -42,8 +45,7 @@ class MemoryStatsTest : public testing::Test {
 
 TEST(MemoryStatsOff, StatsBeforeEnablingNameTheFix) {
   EXPECT_FALSE(before.enabled);
-  EXPECT_NE(before.stats_error.find("enable_memory_tracking"), std::string::npos)
-      << before.stats_error;
+  EXPECT_THAT(before.stats_error, HasSubstr("enable_memory_tracking"));
 }
 
 TEST_F(MemoryStatsTest, EnablingIsIdempotent) {

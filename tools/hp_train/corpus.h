@@ -1,4 +1,4 @@
-// The token stream hp-train learns from (SPEC A1).
+// The token stream hp-train learns from (A1 in docs/features.md).
 //
 // By default Debian's `fortunes` text, byte by byte (vocabulary 256), so the
 // main job needs no download and no tokenizer. Any other corpus comes as a

@@ -1,4 +1,4 @@
-// hp-train, the main job (SPEC A1): a GPT trained with AdamW on a real
+// hp-train, the main job (A1): a GPT trained with AdamW on a real
 // corpus, in one process or on the ranks of a launcher with FSDP, HSDP or
 // DDP, with a progress display, per-step JSON metrics, per-rank peak memory
 // and a text sample from the trained model.

@@ -1,4 +1,4 @@
-// hp-train's command line (SPEC A1): what the flags are, how they combine
+// hp-train's command line (A1): what the flags are, how they combine
 // with the launcher's world, and every check made before a process group
 // exists.
 //

@@ -1,4 +1,4 @@
-// hprun: starts N local ranks of a program and supervises them (SPEC D4).
+// hprun: starts N local ranks of a program and supervises them (D4).
 // See options.h for the command line and supervisor.h for what happens when
 // a rank fails or hprun is interrupted.
 
