@@ -20,20 +20,4 @@ testing::AssertionResult tensors_close(const at::Tensor& actual, const at::Tenso
 int rank();
 int world_size();
 
-// Runs `fn` and returns the message of the exception of type E it throws;
-// fails the test (returning "") when it throws nothing or something else.
-template <typename E, typename Fn>
-std::string message_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected a different exception type, got: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected an exception, none was thrown";
-  return "";
-}
-
 }  // namespace hp::test
