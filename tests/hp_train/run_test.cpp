@@ -215,7 +215,7 @@ TEST(HpTrain, PerformanceFlagsTrainTheSameModel) {
   }
 }
 
-// The tiny model's weights from seed 99, as a file.
+// The tiny model's weights drawn with manual_seed(99), as a file.
 std::string write_weights(const TempDir& dir, nn::GPT& model) {
   const std::string path = dir.file("init.safetensors");
   std::vector<std::pair<std::string, at::Tensor>> tensors;

@@ -1,4 +1,4 @@
-// --init-from: start training from given weights instead of the seed's.
+// --init-from: start training from given weights instead of the random initialisation.
 //
 // The file holds the whole model, as one process would save it (e.g. a
 // PyTorch GPT-2 state dict written with safetensors). It is loaded into the
