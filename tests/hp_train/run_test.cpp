@@ -1,10 +1,43 @@
 // hp-train end to end: the real binary, one process or real ranks under
 // hprun, on a tiny GPT (2 layers, d 32, seq 16, global batch 4).
 //
-// Parity tolerance: fp32 everywhere, per-step losses within rtol 1e-5 across
-// modes (the ranks' gradients are summed in another order than one big
-// batch; a few ulps that Adam carries on). The same flags twice give the
-// same losses bit for bit.
+// What the logged losses can be held to, and why:
+//
+// - Step 0's loss is measured before any update: the initial weights on the
+//   first global batch of kTokens = 4 x 16 tokens, each rank taking its
+//   slice. It is compared with first_loss, the same arithmetic done here:
+//   each slice through the same model (same weights, one thread, as
+//   hp-train runs), its fp32 mean loss, the rank means averaged in double in
+//   rank order. What may still differ is the order of those sums: each fp32
+//   mean of positive token losses is within summation_bound, 2 n u times
+//   the mean (u = 2^-24, n <= kTokens), of its exact value, so the two are
+//   within reordered_sum_bound(L, kTokens, Float), about 1.5e-5 L, plus the
+//   double mean's rounding (first_loss_bound). Wrong weights (a bad gather)
+//   or a wrong slice miss that by orders of magnitude.
+//   The modes are not compared with each other at step 0: a pass over 2
+//   samples and one over 4 need not give the same logits for the same rows
+//   (the GEMM kernel may block or dispatch by size; it does here, by ulps),
+//   and the loss is not bounded through such differences without an error
+//   analysis of the whole forward.
+// - Later steps have no bound that the logs can support: the modes'
+//   gradients differ by such roundings, AdamW divides each by sqrt(v), which
+//   for a gradient near zero turns a few ulps into up to ~lr, and every later
+//   loss depends on all of the weights. AdamW's elementwise bound (each step
+//   from the same parameters, one process against fully_shard) is checked
+//   where the weights are visible (tests/fsdp/gpt_training_test.cpp). Here
+//   the later steps are held to what holds exactly: on 2 ranks every
+//   cross-rank sum has two terms, which any order adds alike, and each rank
+//   does the same local arithmetic in fsdp (fused or per parameter) and ddp,
+//   so without gradient clipping (its norm is summed over differently laid
+//   out shards) these give the same losses bit for bit at every step; every
+//   mode lowers the loss; the same flags twice give the same bits.
+// - bf16 (parameters and compute; fp32 reduction) is compared only with
+//   bf16: step 0 with the model cast to bf16 here (the same arithmetic: the
+//   units gather the weights rounded to bf16 and hand fp32 logits to the
+//   loss), under the same bound, and later steps fused against per
+//   parameter, bit for bit, as above. Its distance from the fp32 curve is not
+//   bounded: that is the model's sensitivity to 8-bit weights and
+//   activations, not a rounding of the same sum.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -16,6 +49,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "hp/checkpoint/safetensors.h"
@@ -23,6 +57,7 @@
 #include "hp/nn/loss.h"
 #include "hp/util/trace.h"
 #include "tests/launcher/process_runner.h"
+#include "tests/support/rounding_bounds.h"
 #include "tools/hp_train/batches.h"
 #include "tools/hp_train/corpus.h"
 
@@ -95,12 +130,53 @@ std::vector<double> losses(int ranks, const Args& args, const TempDir& dir,
   return out;
 }
 
-void expect_close(const std::vector<double>& actual, const std::vector<double>& expected,
-                  const std::string& what) {
-  ASSERT_EQ(actual.size(), expected.size()) << what;
-  for (size_t i = 0; i < actual.size(); ++i) {
-    EXPECT_NEAR(actual[i], expected[i], 1e-5 * std::abs(expected[i])) << what << " step " << i;
+// Every parity run leaves the gradient unclipped: the clip factor comes from
+// a norm summed over each mode's own shard layout, and the bitwise checks
+// below hold for arithmetic done alike.
+const Args kNoClip = {"--grad-clip", "0"};
+constexpr int64_t kTokens = 4 * 16;  // kTiny's global batch x seq
+constexpr uint64_t kDefaultSeed = 1337;  // hp-train's --seed
+
+// The model hp-train builds from --seed: the same draws in the same order.
+nn::GPT tiny_model(uint64_t seed) {
+  nn::GPTConfig config;
+  config.vocab_size = 256;
+  config.context = 16;
+  config.n_layer = 2;
+  config.n_head = 2;
+  config.n_embd = 32;
+  torch::manual_seed(seed);
+  return nn::GPT(config);
+}
+
+// kTiny's first global batch, or rank `rank`'s slice of it on `dp_size`.
+Batch first_batch(int64_t rank = 0, int64_t dp_size = 1) {
+  static const at::Tensor tokens = load_fortunes().tokens;
+  return batch_for_step(tokens, 0, 4, 16, rank, dp_size);
+}
+
+// The step-0 loss hp-train logs on `dp_size` ranks, computed here the same
+// way: each rank's slice of the first batch through `model` (fp32 logits to
+// the loss), the ranks' fp32 means averaged in double in rank order. One
+// thread, as hp-train runs by default.
+double first_loss(nn::GPT& model, int64_t dp_size) {
+  torch::NoGradGuard no_grad;
+  at::set_num_threads(1);
+  double sum = 0;
+  for (int64_t r = 0; r < dp_size; ++r) {
+    const Batch batch = first_batch(r, dp_size);
+    sum += nn::cross_entropy(model(batch.inputs).to(torch::kFloat), batch.targets)
+               .item<double>();
   }
+  return sum / static_cast<double>(dp_size);
+}
+
+// How far hp-train's step-0 loss on `dp_size` ranks can be from first_loss,
+// `loss` (see the top of the file): the same positive fp32 token losses
+// averaged in another order, then dp_size rank means averaged in double.
+double first_loss_bound(double loss, int64_t dp_size) {
+  return test::reordered_sum_bound(loss, kTokens, at::kFloat) +
+         test::reordered_sum_bound(loss, dp_size, at::kDouble);
 }
 
 // The run a new user starts, shrunk: the defaults (fusion and prefetch on)
@@ -162,34 +238,53 @@ TEST(HpTrain, TinyRunOnTwoRanksLogsEveryStep) {
 
 TEST(HpTrain, ModesAgreeAndSeedsRepeat) {
   TempDir dir;
-  const std::vector<double> single = losses(0, concat(kTiny, {"--mode", "none"}), dir, "none");
+  const Args parity = concat(kTiny, kNoClip);
+  const std::vector<double> single = losses(0, concat(parity, {"--mode", "none"}), dir, "none");
   ASSERT_EQ(single.size(), 5u);
-  expect_close(losses(2, concat(kTiny, {"--mode", "fsdp"}), dir, "fsdp"), single, "fsdp on 2");
-  expect_close(losses(2, concat(kTiny, {"--mode", "ddp"}), dir, "ddp"), single, "ddp on 2");
-  expect_close(losses(4, concat(kTiny, {"--mode", "hsdp", "--mesh", "2x2"}), dir, "hsdp"), single,
-               "hsdp on 2x2");
+  const std::vector<double> fsdp = losses(2, concat(parity, {"--mode", "fsdp"}), dir, "fsdp");
+  const std::vector<double> ddp = losses(2, concat(parity, {"--mode", "ddp"}), dir, "ddp");
+  const std::vector<double> hsdp =
+      losses(4, concat(parity, {"--mode", "hsdp", "--mesh", "2x2"}), dir, "hsdp");
 
-  // Same flags, same bits; another seed, other weights.
-  EXPECT_EQ(losses(0, concat(kTiny, {"--mode", "none"}), dir, "none_again"), single);
-  const std::vector<double> fsdp = losses(2, kTiny, dir, "fsdp_a");
-  EXPECT_EQ(losses(2, kTiny, dir, "fsdp_b"), fsdp);
+  // Step 0: the seed's model on each mode's slices, as computed here.
+  nn::GPT model = tiny_model(kDefaultSeed);
+  const std::vector<std::tuple<std::string, std::vector<double>, int64_t>> modes = {
+      {"none", single, 1}, {"fsdp on 2", fsdp, 2}, {"ddp on 2", ddp, 2},
+      {"hsdp on 2x2", hsdp, 4}};
+  for (const auto& [what, curve, ranks] : modes) {
+    ASSERT_EQ(curve.size(), 5u) << what;
+    const double expected = first_loss(model, ranks);
+    EXPECT_TRUE(test::within_bound(curve[0], expected, first_loss_bound(expected, ranks)))
+        << what << ", step 0";
+    EXPECT_LT(curve[4], curve[0] - 0.5) << what << " trains";
+  }
+  // Every step: on 2 ranks fsdp and ddp do the same arithmetic.
+  EXPECT_EQ(ddp, fsdp) << "ddp and fsdp on 2 ranks";
+
+  // Same flags, same bits (with clipping too); another seed, other weights.
+  EXPECT_EQ(losses(0, concat(parity, {"--mode", "none"}), dir, "none_again"), single);
+  const std::vector<double> clipped = losses(2, kTiny, dir, "fsdp_a");
+  EXPECT_EQ(losses(2, kTiny, dir, "fsdp_b"), clipped);
   EXPECT_NE(losses(0, concat(kTiny, {"--seed", "7"}), dir, "seed7").at(0), single.at(0));
 }
 
 TEST(HpTrain, PerformanceFlagsTrainTheSameModel) {
   TempDir dir;
-  const std::vector<double> single = losses(0, concat(kTiny, {"--mode", "none"}), dir, "none");
-  ASSERT_EQ(single.size(), 5u);
+  const Args parity = concat(kTiny, kNoClip);
+  const std::vector<double> fused = losses(2, parity, dir, "fused");
+  ASSERT_EQ(fused.size(), 5u);
 
-  // The per-parameter path, no prefetch, parameters kept after forward: the
-  // same arithmetic (fp32 parity tolerance), and one trace per rank, in a
-  // folder the run creates.
+  // The per-parameter path, no prefetch, parameters kept after forward: on
+  // 2 ranks the same arithmetic as the fused path (two-term sums), so the
+  // same losses bit for bit; and one trace per rank, in a folder the run
+  // creates.
   const std::string trace = dir.file("traces/step.json");
-  expect_close(losses(2,
-                      concat(kTiny, {"--no-comm-fusion", "--no-prefetch",
-                                     "--reshard-after-forward", "false", "--trace", trace}),
-                      dir, "per_parameter"),
-               single, "per-parameter, no prefetch, kept after forward");
+  EXPECT_EQ(losses(2,
+                   concat(parity, {"--no-comm-fusion", "--no-prefetch",
+                                   "--reshard-after-forward", "false", "--trace", trace}),
+                   dir, "per_parameter"),
+            fused)
+      << "per-parameter, no prefetch, kept after forward";
   for (int rank : {0, 1}) {
     const std::string path = dir.file("traces/step.rank" + std::to_string(rank) + ".json");
     std::ifstream in(path);
@@ -205,14 +300,20 @@ TEST(HpTrain, PerformanceFlagsTrainTheSameModel) {
     EXPECT_TRUE(forward && all_gather && reduce_scatter) << path;
   }
 
-  // bf16 parameters and compute, fp32 reduction: the fp32 curve within 2%
-  // (bf16 keeps 8 bits of mantissa).
-  const std::vector<double> bf16 =
-      losses(2, concat(kTiny, {"--param-dtype", "bf16", "--reduce-dtype", "fp32"}), dir, "bf16");
-  ASSERT_EQ(bf16.size(), single.size());
-  for (size_t i = 0; i < bf16.size(); ++i) {
-    EXPECT_NEAR(bf16[i], single[i], 0.02 * single[i]) << "bf16 step " << i;
-  }
+  // bf16 parameters and compute, fp32 reduction, against bf16 only (see the
+  // top): step 0 against the model cast to bf16 here, fp32 logits to the
+  // loss; every step fused against per parameter.
+  const Args bf16_flags = concat(parity, {"--param-dtype", "bf16", "--reduce-dtype", "fp32"});
+  const std::vector<double> bf16 = losses(2, bf16_flags, dir, "bf16");
+  ASSERT_EQ(bf16.size(), 5u);
+  nn::GPT model = tiny_model(kDefaultSeed);
+  model->to(torch::kBFloat16);
+  const double reference = first_loss(model, 2);
+  EXPECT_TRUE(test::within_bound(bf16[0], reference, first_loss_bound(reference, 2)))
+      << "bf16 step 0";
+  EXPECT_LT(bf16[4], bf16[0] - 0.5) << "bf16 trains";
+  EXPECT_EQ(losses(2, concat(bf16_flags, {"--no-comm-fusion"}), dir, "bf16_per_parameter"), bf16)
+      << "bf16, per-parameter";
 }
 
 // The tiny model's weights drawn with manual_seed(99), as a file.
@@ -224,31 +325,24 @@ std::string write_weights(const TempDir& dir, nn::GPT& model) {
   return path;
 }
 
-nn::GPT tiny_model(uint64_t seed) {
-  nn::GPTConfig config;
-  config.vocab_size = 256;
-  config.context = 16;
-  config.n_layer = 2;
-  config.n_head = 2;
-  config.n_embd = 32;
-  torch::manual_seed(seed);
-  return nn::GPT(config);
-}
-
 TEST(HpTrain, InitFromGivesTheFilesModelInEveryMode) {
   TempDir dir;
   nn::GPT model = tiny_model(99);
   const std::string weights = write_weights(dir, model);
   const Args args = concat(kTiny, {"--init-from", weights, "--steps", "1"});
 
-  // The first step's loss is the file's model on batch 0.
-  Batch batch = batch_for_step(load_fortunes().tokens, 0, 4, 16, 0, 1);
-  const double expected = nn::cross_entropy(model(batch.inputs), batch.targets).item<double>();
-
+  // The first step's loss is the file's model on batch 0 (first_loss).
   const std::vector<double> single = losses(0, concat(args, {"--mode", "none"}), dir, "none");
-  expect_close(single, {expected}, "--mode none from the file");
-  expect_close(losses(2, concat(args, {"--mode", "fsdp"}), dir, "fsdp"), {expected},
-               "--mode fsdp on 2 from the file");
+  ASSERT_EQ(single.size(), 1u);
+  const double expected_single = first_loss(model, 1);
+  EXPECT_TRUE(
+      test::within_bound(single[0], expected_single, first_loss_bound(expected_single, 1)))
+      << "--mode none from the file";
+  const std::vector<double> fsdp = losses(2, concat(args, {"--mode", "fsdp"}), dir, "fsdp");
+  ASSERT_EQ(fsdp.size(), 1u);
+  const double expected_fsdp = first_loss(model, 2);
+  EXPECT_TRUE(test::within_bound(fsdp[0], expected_fsdp, first_loss_bound(expected_fsdp, 2)))
+      << "--mode fsdp on 2 from the file";
 }
 
 TEST(HpTrain, InitFromMismatchFailsEveryRankWithTheName) {
