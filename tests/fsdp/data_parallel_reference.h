@@ -157,9 +157,10 @@ void copy_parameters(Holder& model, Holder& reference) {
 // AdamW's step of both runs from equal parameters, then each parameter
 // shard of `model` against the reference's within what `adam` derives from
 // the gradient bounds `grad_bounds` (whole, by name). Zeroes both runs'
-// gradients.
+// gradients. Returns the parameters' bounds (whole, by name), for a later
+// comparison of the same values gathered another way.
 template <typename Holder>
-void step_and_expect_parameters_match(Holder& model, Holder& reference,
+std::map<std::string, at::Tensor> step_and_expect_parameters_match(Holder& model, Holder& reference,
                                       torch::optim::Optimizer& opt,
                                       torch::optim::Optimizer& ref_opt, AdamWBound& adam,
                                       const std::map<std::string, at::Tensor>& grad_bounds) {
@@ -182,6 +183,7 @@ void step_and_expect_parameters_match(Holder& model, Holder& reference,
                              distribute_tensor(bounds.at(name), d.layout()).local()))
         << name << " after the optimizer step";
   }
+  return bounds;
 }
 
 }  // namespace hp::test
