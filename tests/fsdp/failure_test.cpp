@@ -10,8 +10,9 @@
 // Comparisons: a recovered run is compared with an undisturbed run of the
 // same configuration in the same processes. Both issue the same operations
 // and collectives in the same order on the same data, so they must agree
-// bit for bit (no tolerance); the undisturbed run's agreement with one
-// process is what the parity tests check.
+// bit for bit (no tolerance). The step after a failure is also compared
+// with the single-process reference, within the bounds summation order
+// explains (tests/fsdp/data_parallel_reference.h).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -25,6 +26,7 @@
 #include "hp/fsdp/fully_shard.h"
 #include "hp/tensor/shard_spec.h"
 #include "hp/util/error.h"
+#include "tests/fsdp/data_parallel_reference.h"
 #include "tests/fsdp/fsdp_test_util.h"
 #include "tests/fsdp/toy_model.h"
 #include "tests/support/tensor_checks.h"
@@ -148,11 +150,13 @@ std::pair<std::map<std::string, at::Tensor>, std::vector<double>> train(const Co
   return {test::full_parameters(*model), losses};
 }
 
-TEST(FullyShardFailures, ForwardExceptionLeavesNoTrace) {
+// In every configuration, training with the failed attempt gives bitwise
+// the losses and parameters of training without it.
+void expect_no_trace(Failure failure) {
   for (const Config& config : configs()) {
     SCOPED_TRACE(config.name);
     auto expected = train(config, Failure::kNone);
-    auto actual = train(config, Failure::kForward);
+    auto actual = train(config, failure);
     EXPECT_EQ(actual.second, expected.second);
     for (const auto& [name, tensor] : expected.first) {
       EXPECT_TRUE(test::tensors_equal(actual.first.at(name), tensor)) << name;
@@ -160,15 +164,47 @@ TEST(FullyShardFailures, ForwardExceptionLeavesNoTrace) {
   }
 }
 
+TEST(FullyShardFailures, ForwardExceptionLeavesNoTrace) { expect_no_trace(Failure::kForward); }
+
 TEST(FullyShardFailures, BackwardHookExceptionLeavesNoTrace) {
-  for (const Config& config : configs()) {
-    SCOPED_TRACE(config.name);
-    auto expected = train(config, Failure::kNone);
-    auto actual = train(config, Failure::kBackwardHook);
-    EXPECT_EQ(actual.second, expected.second);
-    for (const auto& [name, tensor] : expected.first) {
-      EXPECT_TRUE(test::tensors_equal(actual.first.at(name), tensor)) << name;
+  expect_no_trace(Failure::kBackwardHook);
+}
+
+// After a failed attempt, the next step's loss and gradient shards against
+// the single-process reference of the same step, within the bounds that
+// summation order explains (tests/fsdp/data_parallel_reference.h).
+TEST(FullyShardFailures, StepAfterAFailureMatchesOneProcess) {
+  const int64_t rank = dist::get_rank(), world = dist::get_world_size();
+  for (Failure failure : {Failure::kForward, Failure::kBackwardHook}) {
+    SCOPED_TRACE(failure == Failure::kForward ? "forward" : "backward hook");
+    auto reference = make_flaky_model();
+    auto model = make_flaky_model();
+    shard(model, {"fused reshard", true, true});
+    if (failure == Failure::kForward) {
+      model->block_list[1]->fail = true;
+      EXPECT_ANY_THROW(step_loss(model, 0));
+      model->block_list[1]->fail = false;
+    } else {
+      model->on_block1_output = [](const at::Tensor& h) {
+        h.register_hook([](const at::Tensor&) -> at::Tensor { throw std::runtime_error("hook"); });
+      };
+      at::Tensor loss = step_loss(model, 0);
+      EXPECT_ANY_THROW(loss.backward());
+      model->on_block1_output = nullptr;
     }
+    auto [x, y] = test::global_batch(0);
+    at::Tensor ref_loss = test::data_parallel_backward(
+        reference->parameters(), reference->parameters(), world, [&](int64_t part) {
+          return torch::mse_loss(reference(test::rows_for(x, part, world)),
+                                 test::rows_for(y, part, world));
+        });
+    at::Tensor loss =
+        torch::mse_loss(model(test::rows_for(x, rank, world)), test::rows_for(y, rank, world));
+    loss.backward();
+    EXPECT_TRUE(test::within_bound(test::world_mean(loss.item<double>()), ref_loss.item<double>(),
+                                   test::loss_bound(ref_loss, world)))
+        << "loss";
+    test::expect_gradients_match(model, reference);
   }
 }
 
