@@ -352,7 +352,7 @@ TEST(FullyShardFailures, CollectiveTimeoutMakesTheModelUnusable) {
   // timeout; rank 0 waits for block 2's gather meanwhile and times out.
   struct Stall {
     static void maybe(const at::Tensor&) {
-      if (dist::get_rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(6));
+      if (dist::get_rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(15));
     }
   };
   model->on_block1_output = Stall::maybe;
