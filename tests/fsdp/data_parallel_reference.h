@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "hp/fsdp/fully_shard.h"
+#include "tests/fsdp/fsdp_test_util.h"
 #include "tests/support/rounding_bounds.h"
 
 namespace hp::test {
@@ -138,6 +139,29 @@ std::map<std::string, at::Tensor> expect_gradients_match(Holder& model, Holder& 
   std::map<std::string, at::Tensor> bounds = gradient_bounds(reference, scale);
   expect_gradients_within(model, reference, bounds, scale);
   return bounds;
+}
+
+// One MSE step on the global batch (x, y): the reference's backward over
+// every rank's rows in turn (data_parallel_backward), the model's on this
+// rank's rows (`before_backward` runs between its forward and backward).
+// Checks the mean loss within loss_bound and each gradient shard within the
+// bound its terms allow (expect_gradients_match); returns those bounds.
+template <typename Holder>
+std::map<std::string, at::Tensor> expect_mse_step_matches(
+    Holder& model, Holder& reference, const at::Tensor& x, const at::Tensor& y,
+    const std::function<void()>& before_backward = {}) {
+  const int64_t rank = dist::get_rank(), world = dist::get_world_size();
+  at::Tensor ref_loss = data_parallel_backward(
+      reference->parameters(), reference->parameters(), world, [&](int64_t part) {
+        return torch::mse_loss(reference(rows_for(x, part, world)), rows_for(y, part, world));
+      });
+  at::Tensor loss = torch::mse_loss(model(rows_for(x, rank, world)), rows_for(y, rank, world));
+  if (before_backward) before_backward();
+  loss.backward();
+  EXPECT_TRUE(within_bound(world_mean(loss.item<double>()), ref_loss.item<double>(),
+                           loss_bound(ref_loss, world)))
+      << "loss";
+  return expect_gradients_match(model, reference);
 }
 
 // Sets every parameter shard of the sharded `model` to the matching shard

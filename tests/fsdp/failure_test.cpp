@@ -174,7 +174,6 @@ TEST(FullyShardFailures, BackwardHookExceptionLeavesNoTrace) {
 // the single-process reference of the same step, within the bounds that
 // summation order explains (tests/fsdp/data_parallel_reference.h).
 TEST(FullyShardFailures, StepAfterAFailureMatchesOneProcess) {
-  const int64_t rank = dist::get_rank(), world = dist::get_world_size();
   for (Failure failure : {Failure::kForward, Failure::kBackwardHook}) {
     SCOPED_TRACE(failure == Failure::kForward ? "forward" : "backward hook");
     auto reference = make_flaky_model();
@@ -193,18 +192,7 @@ TEST(FullyShardFailures, StepAfterAFailureMatchesOneProcess) {
       model->on_block1_output = nullptr;
     }
     auto [x, y] = test::global_batch(0);
-    at::Tensor ref_loss = test::data_parallel_backward(
-        reference->parameters(), reference->parameters(), world, [&](int64_t part) {
-          return torch::mse_loss(reference(test::rows_for(x, part, world)),
-                                 test::rows_for(y, part, world));
-        });
-    at::Tensor loss =
-        torch::mse_loss(model(test::rows_for(x, rank, world)), test::rows_for(y, rank, world));
-    loss.backward();
-    EXPECT_TRUE(test::within_bound(test::world_mean(loss.item<double>()), ref_loss.item<double>(),
-                                   test::loss_bound(ref_loss, world)))
-        << "loss";
-    test::expect_gradients_match(model, reference);
+    test::expect_mse_step_matches(model, reference, x, y);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "hp/dist/collectives.h"
+#include "hp/dist/comm_stats.h"
 #include "hp/dist/world.h"
 #include "hp/fsdp/state_dict.h"
 #include "hp/nn/module.h"
@@ -42,6 +43,27 @@ inline double world_mean(double value) {
   at::Tensor t = at::full({1}, value, at::kDouble);
   dist::all_reduce(*dist::world_group(), t, dist::ReduceOp::kAvg).wait();
   return t.item<double>();
+}
+
+// All-gathers issued by `block`'s own pre-forward hook in its last forward
+// (none when another unit prefetched it or it was already gathered),
+// counted by hooks registered around fully_shard's.
+template <typename Holder>
+std::shared_ptr<int64_t> count_own_all_gathers(Holder& block) {
+  auto before = std::make_shared<int64_t>(0);
+  auto issued = std::make_shared<int64_t>(-1);
+  block->register_forward_pre_hook(
+      [before](nn::Module&, const nn::TensorList&) -> std::optional<nn::TensorList> {
+        *before = dist::comm_stats().all_gather;
+        return std::nullopt;
+      },
+      /*prepend=*/true);
+  block->register_forward_pre_hook(
+      [before, issued](nn::Module&, const nn::TensorList&) -> std::optional<nn::TensorList> {
+        *issued = dist::comm_stats().all_gather - *before;
+        return std::nullopt;
+      });
+  return issued;
 }
 
 }  // namespace hp::test

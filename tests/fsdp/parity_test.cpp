@@ -68,7 +68,6 @@ test::ToyModel shard(const Config& config, FSDPModule* root_handle = nullptr) {
 }
 
 TEST(FullyShardParity, ThreeAdamWStepsMatchOneProcess) {
-  const int64_t rank = dist::get_rank(), world = dist::get_world_size();
   for (const Config& config : configs()) {
     SCOPED_TRACE(config.name + (config.reshard_after_forward ? " reshard" : " keep"));
     auto reference = test::make_toy_model();
@@ -80,19 +79,8 @@ TEST(FullyShardParity, ThreeAdamWStepsMatchOneProcess) {
       SCOPED_TRACE("step " + std::to_string(step));
       test::copy_parameters(model, reference);
       auto [x, y] = test::global_batch(step);
-      at::Tensor ref_loss = test::data_parallel_backward(
-          reference->parameters(), reference->parameters(), world, [&](int64_t part) {
-            return torch::mse_loss(reference(test::rows_for(x, part, world)),
-                                   test::rows_for(y, part, world));
-          });
-      at::Tensor loss = torch::mse_loss(model(test::rows_for(x, rank, world)),
-                                        test::rows_for(y, rank, world));
-      loss.backward();
-      EXPECT_TRUE(test::within_bound(test::world_mean(loss.item<double>()),
-                                     ref_loss.item<double>(), test::loss_bound(ref_loss, world)))
-          << "loss";
-      // Gradients: each rank's shard against the reference gradient's shard.
-      auto bounds = test::expect_gradients_match(model, reference);
+      // Loss and each rank's gradient shards against the reference's.
+      auto bounds = test::expect_mse_step_matches(model, reference, x, y);
       test::step_and_expect_parameters_match(model, reference, opt, ref_opt, adam, bounds);
     }
   }

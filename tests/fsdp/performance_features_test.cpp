@@ -129,25 +129,6 @@ TEST(Prefetch, NextUnitIsGatheredBeforeItsForward) {
   }
 }
 
-// All-gathers issued by `block`'s own pre-forward hook in its last forward
-// (none when another unit prefetched it), counted by hooks around fully_shard's.
-std::shared_ptr<int64_t> count_own_all_gathers(nn::Block& block) {
-  auto before = std::make_shared<int64_t>(0);
-  auto issued = std::make_shared<int64_t>(-1);
-  block->register_forward_pre_hook(
-      [before](nn::Module&, const nn::TensorList&) -> std::optional<nn::TensorList> {
-        *before = dist::comm_stats().all_gather;
-        return std::nullopt;
-      },
-      /*prepend=*/true);
-  block->register_forward_pre_hook(
-      [before, issued](nn::Module&, const nn::TensorList&) -> std::optional<nn::TensorList> {
-        *issued = dist::comm_stats().all_gather - *before;
-        return std::nullopt;
-      });
-  return issued;
-}
-
 TEST(Prefetch, ExplicitListsAndTrainingParity) {
   // Without the lists (and implicit prefetch off) each block gathers in its
   // own pre-forward: the count can tell the lists did something.
@@ -166,7 +147,7 @@ TEST(Prefetch, ExplicitListsAndTrainingParity) {
       u0.set_modules_to_forward_prefetch({u1});
       u1.set_modules_to_backward_prefetch({u0});
     }
-    auto own0 = count_own_all_gathers(b0), own1 = count_own_all_gathers(b1);
+    auto own0 = test::count_own_all_gathers(b0), own1 = test::count_own_all_gathers(b1);
     at::Tensor tokens = test::token_batch(0, kBatch);
     at::Tensor ref_loss = test::reference_backward(reference, tokens, dist::get_world_size());
     at::Tensor loss = test::gpt_loss(model, tokens, my_first_row(), my_rows());

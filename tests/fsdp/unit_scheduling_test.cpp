@@ -73,49 +73,12 @@ ProbeModel make_model() {
   return ProbeModel();
 }
 
-// One forward and backward of step `step`'s batch on equal parameters: the
-// reference's over the world's slices in turn (data_parallel_backward,
-// which records each gradient's terms), the model's on this rank's rows
-// (`before_backward` runs between its forward and backward). The mean loss
-// within loss_bound, each gradient shard within the bound its terms allow
-// (expect_gradients_match). Returns the gradient bounds.
+// expect_mse_step_matches on step `step`'s batch.
 std::map<std::string, at::Tensor> expect_step_matches(
     ProbeModel& model, ProbeModel& reference, int step = 0,
     const std::function<void()>& before_backward = {}) {
-  const int64_t rank = dist::get_rank(), world = dist::get_world_size();
   auto [x, y] = test::global_batch(step);
-  at::Tensor ref_loss = test::data_parallel_backward(
-      reference->parameters(), reference->parameters(), world, [&](int64_t part) {
-        return torch::mse_loss(reference(test::rows_for(x, part, world)),
-                               test::rows_for(y, part, world));
-      });
-  at::Tensor loss =
-      torch::mse_loss(model(test::rows_for(x, rank, world)), test::rows_for(y, rank, world));
-  if (before_backward) before_backward();
-  loss.backward();
-  EXPECT_TRUE(test::within_bound(test::world_mean(loss.item<double>()), ref_loss.item<double>(),
-                                 test::loss_bound(ref_loss, world)))
-      << "loss";
-  return test::expect_gradients_match(model, reference);
-}
-
-// All-gathers issued by `block`'s own pre-forward hook in its last forward,
-// counted by hooks registered around fully_shard's.
-std::shared_ptr<int64_t> count_own_all_gathers(ProbeBlock& block) {
-  auto before = std::make_shared<int64_t>(0);
-  auto issued = std::make_shared<int64_t>(-1);
-  block->register_forward_pre_hook(
-      [before](nn::Module&, const nn::TensorList&) -> std::optional<nn::TensorList> {
-        *before = dist::comm_stats().all_gather;
-        return std::nullopt;
-      },
-      /*prepend=*/true);
-  block->register_forward_pre_hook(
-      [before, issued](nn::Module&, const nn::TensorList&) -> std::optional<nn::TensorList> {
-        *issued = dist::comm_stats().all_gather - *before;
-        return std::nullopt;
-      });
-  return issued;
+  return test::expect_mse_step_matches(model, reference, x, y, before_backward);
 }
 
 // Blocks 0 and 1 as one unit (block 2 and the root are units of their
@@ -144,7 +107,7 @@ PairCounts run_pair_unit(bool fused) {
   EXPECT_EQ(b1->fc1->weight.size(0), chunk_span(14, world, dist::get_rank()).size);
 
   PairCounts counts;
-  auto own0 = count_own_all_gathers(b0), own1 = count_own_all_gathers(b1);
+  auto own0 = test::count_own_all_gathers(b0), own1 = test::count_own_all_gathers(b1);
   b1->register_forward_pre_hook(
       [&](nn::Module&, const nn::TensorList&) -> std::optional<nn::TensorList> {
         counts.b1_gathered_in_its_forward =

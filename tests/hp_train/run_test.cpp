@@ -246,7 +246,7 @@ TEST(HpTrain, ModesAgreeAndSeedsRepeat) {
   const std::vector<double> hsdp =
       losses(4, concat(parity, {"--mode", "hsdp", "--mesh", "2x2"}), dir, "hsdp");
 
-  // Step 0: the seed's model on each mode's slices, as computed here.
+  // Step 0: the initial model on each mode's slices, as computed here.
   nn::GPT model = tiny_model(kDefaultSeed);
   const std::vector<std::tuple<std::string, std::vector<double>, int64_t>> modes = {
       {"none", single, 1}, {"fsdp on 2", fsdp, 2}, {"ddp on 2", ddp, 2},
