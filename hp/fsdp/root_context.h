@@ -71,7 +71,6 @@ class RootContext : public std::enable_shared_from_this<RootContext> {
   // --- failures ---
   // Raises UnusableError if a failure made the tree unusable.
   void check_usable() const;
-  bool usable() const { return unusable_reason_.empty(); }
   // Records that `what` failed with a collective error: unusable from now on.
   void mark_unusable(const std::string& what, const std::exception_ptr& error);
   // An exception left the root's forward: every unit back to resharded, idle.

@@ -104,7 +104,6 @@ class Unit : public std::enable_shared_from_this<Unit> {
   const MeshInfo& mesh() const { return mesh_; }
   const UnitFlags& flags() const { return flags_; }
   UnitFlags& mutable_flags() { return flags_; }
-  State state() const { return state_; }
   const std::shared_ptr<RootContext>& context() const { return context_; }
   bool is_root() const { return context_ && &context_->root() == this; }
   // The root of a tree with other units: its parameters serve both ends of

@@ -27,7 +27,6 @@ class UnitGrads {
   void begin(const std::vector<std::unique_ptr<FSDPParam>>& params, bool pack);
   // Counts one arrival; true when it was the last expected.
   bool arrive();
-  bool all_arrived() const { return arrived_ == expected_; }
   // Some arrived, but not all (parameters unused in this backward).
   bool partly_arrived() const { return arrived_ > 0 && arrived_ < expected_; }
 
