@@ -250,8 +250,10 @@ std::shared_ptr<torch::nn::Module> shard_module(const std::shared_ptr<torch::nn:
   return module;
 }
 
-TensorFunction shard_module(TensorFunction fn, const DeviceMeshPtr& mesh, const ShardingPlan& plan,
-                            std::vector<std::string> arg_names) {
+namespace detail {
+
+TensorFunction shard_function(TensorFunction fn, const DeviceMeshPtr& mesh,
+                              const ShardingPlan& plan, std::vector<std::string> arg_names) {
   HP_CHECK_ARG(fn != nullptr, "shard_module: the function is empty");
   HP_CHECK_ARG(mesh != nullptr, "shard_module: mesh is null");
   HP_CHECK_ARG(plan.plan.empty(), "shard_module: plan gives ", plan.plan.size(),
@@ -279,5 +281,7 @@ TensorFunction shard_module(TensorFunction fn, const DeviceMeshPtr& mesh, const 
     return out ? apply_layouts(*out, outputs) : outputs;
   };
 }
+
+}  // namespace detail
 
 }  // namespace hp

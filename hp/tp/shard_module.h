@@ -38,7 +38,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
+
+#include <torch/nn/pimpl.h>
 
 #include "hp/mesh/device_mesh.h"
 #include "hp/nn/module.h"
@@ -60,14 +64,29 @@ std::shared_ptr<Impl> shard_module(const torch::nn::ModuleHolder<Impl>& module,
 // A function over tensors, as shard_module wraps it.
 using TensorFunction = std::function<nn::TensorList(const nn::TensorList&)>;
 
+namespace detail {
+TensorFunction shard_function(TensorFunction fn, const DeviceMeshPtr& mesh,
+                              const ShardingPlan& plan, std::vector<std::string> arg_names);
+template <typename Fn>
+using IsTensorFunction = std::conjunction<
+    std::negation<std::is_base_of<torch::detail::ModuleHolderIndicator, std::decay_t<Fn>>>,
+    std::is_convertible<Fn, TensorFunction>>;
+}  // namespace detail
+
 // Wraps a plain function: the returned one redistributes the DTensor
 // arguments by plan.input_plan["input"] and the DTensor results by
 // plan.output_plan["output"], as the hooks do for a module. `arg_names`
 // names the arguments for a by-name input layout. A plan with parameters,
 // return_local_tensor or other keys is an ArgumentError: a function has
 // nothing else to shard. On a one-rank mesh `fn` itself is returned.
-TensorFunction shard_module(TensorFunction fn, const DeviceMeshPtr& mesh, const ShardingPlan& plan,
-                            std::vector<std::string> arg_names = {});
+// (A template only so that a module holder, callable too, is never
+// mistaken for a function.)
+template <typename Fn, std::enable_if_t<detail::IsTensorFunction<Fn>::value, int> = 0>
+TensorFunction shard_module(Fn&& fn, const DeviceMeshPtr& mesh, const ShardingPlan& plan,
+                            std::vector<std::string> arg_names = {}) {
+  return detail::shard_function(TensorFunction(std::forward<Fn>(fn)), mesh, plan,
+                                std::move(arg_names));
+}
 
 // Names `module`'s forward arguments, in order, so that an input_plan entry
 // of ForwardLayouts::by_name can address them. C++ keeps no parameter names

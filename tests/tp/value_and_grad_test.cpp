@@ -97,7 +97,9 @@ TEST(ValueAndGrad, MlpGradientsMatchOneProcess) {
   for (size_t i = 0; i < names.size(); ++i) {
     SCOPED_TRACE(names[i]);
     ASSERT_TRUE(grads[i].defined());
-    if (world() > 1) EXPECT_TRUE(is_dtensor(grads[i]));
+    if (world() > 1) {
+      EXPECT_TRUE(is_dtensor(grads[i]));
+    }
     EXPECT_TRUE(within_bound(whole(grads[i]), ref_params[names[i]].grad(), bounds.grad.at(names[i])));
     // Returned, not accumulated.
     EXPECT_FALSE(model->named_parameters()[names[i]].grad().defined());
@@ -156,7 +158,9 @@ TEST(ValueAndGrad, ShardedLoss) {
   };
   auto [loss, grads] =
       parallelize_value_and_grad([&] { return row_losses(model); }, model->parameters())();
-  if (world() > 1) EXPECT_EQ(layout_of(loss), Layout(mesh, {Shard(0)}));
+  if (world() > 1) {
+    EXPECT_EQ(layout_of(loss), Layout(mesh, {Shard(0)}));
+  }
   at::Tensor ref_loss = row_losses(ref);
   EXPECT_TRUE(tensors_equal(whole(loss), ref_loss.detach()));
   expect_grads_equal(grads, torch::autograd::grad({ref_loss}, ref->parameters(),
