@@ -29,7 +29,7 @@ Pattern choose(const Placement& pa, const Placement& pb, int64_t batch) {
   if (on(pa, m) && pb.is_replicate()) return {pa, pb, pa.with_dim(m)};
   if (pa.is_replicate() && on(pb, n)) return {pa, pb, pb.with_dim(n)};
   if (pa.is_shard(ka) && pb.is_shard(kb)) return {pa, pb, Partial()};
-  if (batch > 0 && pa.is_shard(0) && pb.is_shard(0)) return {pa, pb, Shard(0)};
+  if (batch > 0 && on(pa, 0) && pa == pb) return {pa, pb, pa};
   if (pa.is_partial() && pb.is_replicate()) return {pa, pb, pa};
   if (pa.is_replicate() && pb.is_partial()) return {pa, pb, pb};
   // Redistribute to the nearest pattern.
@@ -37,8 +37,8 @@ Pattern choose(const Placement& pa, const Placement& pb, int64_t batch) {
   if (on(pb, n)) return {Replicate(), pb, pb.with_dim(n)};
   if (pa.is_shard(ka)) return {pa, Shard(kb), Partial()};
   if (pb.is_shard(kb)) return {Shard(ka), pb, Partial()};
-  if (batch > 0 && pa.is_shard(0)) return {pa, Shard(0), Shard(0)};
-  if (batch > 0 && pb.is_shard(0)) return {Shard(0), pb, Shard(0)};
+  if (batch > 0 && on(pa, 0)) return {pa, pa, pa};
+  if (batch > 0 && on(pb, 0)) return {pb, pb, pb};
   if (pa.is_partial()) return {pa, Replicate(), pa};
   if (pb.is_partial()) return {Replicate(), pb, pb};
   return {Replicate(), Replicate(), Replicate()};

@@ -115,8 +115,14 @@ OpPlan norm_rule(OpCall& call) {
   plan.outputs.push_back({replicated(call.mesh()), {}});
   const size_t n = call.num_args();
   const DeviceMeshPtr mesh = call.mesh();
-  plan.kernel = [p, n, mesh, shard_mesh_dims](torch::jit::Stack& stack) {
+  // linalg_vector_norm's dtype (its 5th argument) sets the computation's.
+  c10::optional<at::ScalarType> dtype;
+  if (call.name() == "aten::linalg_vector_norm" && n > 4 && !call.arg(4).isNone()) {
+    dtype = call.arg(4).toScalarType();
+  }
+  plan.kernel = [p, n, mesh, shard_mesh_dims, dtype](torch::jit::Stack& stack) {
     at::Tensor self = stack[stack.size() - n].toTensor();
+    if (dtype) self = self.to(*dtype);
     const bool inf = std::isinf(p);
     at::Tensor local = inf ? (self.numel() ? self.abs().max() : at::zeros({}, self.options()))
                            : self.abs().pow(p).sum();

@@ -46,11 +46,17 @@ Shape infer_size(std::vector<int64_t> size, int64_t numel) {
   return size;
 }
 
-// view / reshape: returns (input layout needed, output layout).
+// view / reshape: returns (input layout needed, output layout). Besides
+// the rules above: a shard merged under unsharded outer dims ([B, H] ->
+// [B*H] with H sharded, as matmul folds batch dims) becomes a
+// StridedShard with B blocks, and splitting such a dim back gives the plain
+// shard again.
 std::pair<Layout, Layout> plan_view(const Layout& in_layout, const Shape& in, const Shape& out) {
   Layout need = in_layout;
   const int64_t nin = static_cast<int64_t>(in.size()), nout = static_cast<int64_t>(out.size());
   std::vector<int64_t> map(nin, -1);
+  std::vector<int64_t> to_plain;                          // strided input dims that come out plain
+  std::vector<std::pair<int64_t, int64_t>> to_strided;    // (input dim, blocks) that come out strided
   int64_t i = 0, o = 0;
   while (i < nin || o < nout) {
     // Size-1 dims stand alone.
@@ -76,12 +82,32 @@ std::pair<Layout, Layout> plan_view(const Layout& in_layout, const Shape& in, co
       }
     }
     const int64_t gi = i - i0, go = o - o0;
-    // A strided shard survives only a dim that maps one to one.
+    auto product = [](const Shape& s, int64_t from, int64_t to) {
+      int64_t p = 1;
+      for (int64_t j = from; j < to; ++j) p *= s[j];
+      return p;
+    };
+    // Sharded input dims of this group, of either kind.
+    int64_t sharded = 0;
     for (int64_t d = i0; d < i; ++d) {
-      for (const auto& p : in_layout.placements()) {
+      for (const auto& p : in_layout.placements()) sharded += p.is_sharded() && p.dim() == d;
+    }
+    for (int64_t d = i0; d < i; ++d) {
+      for (int64_t m = 0; m < in_layout.mesh()->ndim(); ++m) {
+        const Placement& p = in_layout.placements()[m];
         if (!p.is_strided_shard(d)) continue;
+        const int64_t n = in_layout.mesh()->size(m);
         if (gi == 1 && go == 1) {
           map[d] = o0;
+          continue;
+        }
+        // Splitting a StridedShard(d, k) where the first out dims make up
+        // exactly the k blocks: the next out dim is plainly sharded.
+        int64_t e = o0, blocks = 1;
+        while (gi == 1 && e < o && blocks < p.split_factor()) blocks *= out[e++];
+        if (gi == 1 && blocks == p.split_factor() && e < o && out[e] % n == 0) {
+          map[d] = e;
+          to_plain.push_back(d);
         } else {
           need = unshard_dim(need, d);
         }
@@ -90,20 +116,37 @@ std::pair<Layout, Layout> plan_view(const Layout& in_layout, const Shape& in, co
     for (int64_t d = i0; d < i; ++d) {
       if (in_layout.mesh_dims_of(d).empty()) continue;
       const int64_t n = shard_count(in_layout, d);
-      bool keep = false;
-      if (d == i0) {
-        if (gi == 1 && go == 1) keep = true;
-        else if (gi == 1) keep = out[o0] % n == 0;
-        else if (go == 1) keep = in[d] % n == 0;
-      }
-      if (keep) {
+      const bool one_mesh_dim = in_layout.mesh_dims_of(d).size() == 1;
+      if (gi == 1 && go == 1) {
         map[d] = o0;
+      } else if (gi == 1 && out[o0] % n == 0) {
+        map[d] = o0;  // the shard goes to the outermost piece
+      } else if (go == 1 && sharded == 1 && in[d] % n == 0 && one_mesh_dim) {
+        // Merged with unsharded dims: whole rows when it is outermost, else
+        // its piece of each of the `outer` blocks (a StridedShard).
+        map[d] = o0;
+        const int64_t outer = product(in, i0, d);
+        if (outer > 1) to_strided.emplace_back(d, outer);
       } else {
         need = unshard_dim(need, d);
       }
     }
   }
-  return {need, remap(need, map)};
+  Layout result = remap(need, map);
+  if (to_plain.empty() && to_strided.empty()) return {need, result};
+  ShardSpec spec = result.spec();
+  for (int64_t m = 0; m < need.mesh()->ndim(); ++m) {
+    const Placement& before = need.placements()[m];
+    if (!before.is_sharded()) continue;
+    const int64_t d = before.dim();
+    if (std::find(to_plain.begin(), to_plain.end(), d) != to_plain.end()) {
+      spec.placements[m] = Shard(map[d]);
+    }
+    for (const auto& [sd, k] : to_strided) {
+      if (sd == d) spec.placements[m] = StridedShard(map[d], k);
+    }
+  }
+  return {need, Layout(need.mesh(), std::move(spec))};
 }
 
 int64_t numel_of(const Shape& s) {
