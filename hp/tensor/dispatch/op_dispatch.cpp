@@ -28,10 +28,7 @@ namespace {
 
 struct RuleTable {
   std::mutex mutex;
-  std::unordered_map<std::string, Rule> by_name;
-  // Resolved per operator (keyed by its schema's address, stable for the
-  // operator's lifetime): the hot path is one hash lookup.
-  std::unordered_map<const void*, const Rule*> resolved;
+  std::unordered_map<std::string, RuleEntry> by_name;
 };
 
 RuleTable& rules() {
@@ -144,9 +141,25 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::St
   for (size_t i : written) written_values.push_back((*stack)[first + i]);
 
   OpCall call(op, *stack, first, std::move(inputs), mesh);
-  const Rule* rule = find_rule(op.operator_name());
+  const RuleEntry* rule = find_rule(op.operator_name());
   if (!rule) throw_unsupported(call);
-  OpPlan plan = (*rule)(call);
+  if (!rule->strided_aware) {
+    for (OpInput& in : call.inputs()) {
+      ShardSpec spec = in.layout.spec();
+      bool strided = false;
+      for (auto& p : spec.placements) {
+        if (p.is_strided_shard()) {
+          p = Replicate();
+          strided = true;
+        }
+      }
+      if (!strided) continue;
+      Layout plain(in.layout.mesh(), std::move(spec));
+      in.local = move_local(in, plain);
+      in.layout = plain;
+    }
+  }
+  OpPlan plan = rule->rule(call);
   const auto& ins = call.inputs();
   HP_CHECK_ARG(plan.inputs.size() == ins.size(), "sharding rule of ", call.describe(),
                " planned ", plan.inputs.size(), " inputs for ", ins.size());
@@ -244,14 +257,13 @@ std::string OpCall::describe() const {
   return s + ")";
 }
 
-void register_rule(const std::string& name, Rule rule) {
+void register_rule(const std::string& name, Rule rule, bool strided_aware) {
   auto& table = rules();
   std::lock_guard<std::mutex> lock(table.mutex);
-  table.by_name[name] = std::move(rule);
-  table.resolved.clear();
+  table.by_name[name] = RuleEntry{std::move(rule), strided_aware};
 }
 
-const Rule* find_rule(const c10::OperatorName& op) {
+const RuleEntry* find_rule(const c10::OperatorName& op) {
   auto& table = rules();
   std::lock_guard<std::mutex> lock(table.mutex);
   const std::string full = op.overload_name.empty() ? op.name : op.name + "." + op.overload_name;

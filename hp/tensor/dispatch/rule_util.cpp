@@ -30,7 +30,7 @@ Layout unshard_dim(const Layout& layout, int64_t tensor_dim) {
   ShardSpec spec = layout.spec();
   bool changed = false;
   for (auto& p : spec.placements) {
-    if (p.is_shard(tensor_dim)) {
+    if (p.is_sharded() && p.dim() == tensor_dim) {
       p = Replicate();
       changed = true;
     }
@@ -92,14 +92,15 @@ OpPlan plan_pointwise(OpCall& call, PartialRule partial, int64_t inplace, size_t
     std::optional<Placement> target;
     if (inplace >= 0) {
       target = ins[inplace].layout.placements()[m];
-      if (target->is_shard()) {
-        target = Shard(target->dim() + out_nd - static_cast<int64_t>(ins[inplace].shape.size()));
+      if (target->is_sharded()) {
+        target = target->with_dim(target->dim() + out_nd -
+                                  static_cast<int64_t>(ins[inplace].shape.size()));
       }
     } else {
       for (size_t k = 0; k < ins.size() && !target; ++k) {
         const Placement& p = ins[k].layout.placements()[m];
-        if (p.is_shard() && !broadcast_dim(k, p.dim())) {
-          target = Shard(p.dim() + out_nd - static_cast<int64_t>(ins[k].shape.size()));
+        if (p.is_sharded() && !broadcast_dim(k, p.dim())) {
+          target = p.with_dim(p.dim() + out_nd - static_cast<int64_t>(ins[k].shape.size()));
         }
       }
       if (!target) {
@@ -148,9 +149,9 @@ OpPlan plan_pointwise(OpCall& call, PartialRule partial, int64_t inplace, size_t
     for (size_t k = 0; k < ins.size(); ++k) {
       const int64_t off = out_nd - static_cast<int64_t>(ins[k].shape.size());
       Placement& q = need[k][m];
-      if (target->is_shard()) {
+      if (target->is_sharded()) {
         const int64_t d = target->dim() - off;
-        q = (d < 0 || broadcast_dim(k, d)) ? Replicate() : Shard(d);
+        q = (d < 0 || broadcast_dim(k, d)) ? Replicate() : target->with_dim(d);
       } else if (target->is_partial()) {
         q = (partial != PartialRule::kMultiplicative || carrier == k) ? *target : Replicate();
       } else {

@@ -36,11 +36,11 @@ OpPlan new_rule(OpCall& call) {
 void register_factory_rules() {
   for (const char* op : {"aten::empty_like", "aten::zeros_like", "aten::ones_like",
                          "aten::full_like", "aten::rand_like", "aten::randn_like"}) {
-    register_rule(op, like_rule);
+    register_rule(op, like_rule, true);
   }
   for (const char* op : {"aten::new_empty", "aten::new_zeros", "aten::new_ones", "aten::new_full",
                          "aten::new_empty_strided"}) {
-    register_rule(op, new_rule);
+    register_rule(op, new_rule, true);
   }
 }
 

@@ -22,16 +22,19 @@ struct Pattern {
 // (0 for mm, 1 for bmm).
 Pattern choose(const Placement& pa, const Placement& pb, int64_t batch) {
   const int64_t m = batch, ka = batch + 1, kb = batch, n = batch + 1;
+  // A strided shard of m or n passes through like a plain one (each output
+  // row or column comes from one input row or column).
+  auto on = [](const Placement& p, int64_t d) { return p.is_sharded() && p.dim() == d; };
   if (pa.is_replicate() && pb.is_replicate()) return {pa, pb, Replicate()};
-  if (pa.is_shard(m) && pb.is_replicate()) return {pa, pb, Shard(m)};
-  if (pa.is_replicate() && pb.is_shard(n)) return {pa, pb, Shard(n)};
+  if (on(pa, m) && pb.is_replicate()) return {pa, pb, pa.with_dim(m)};
+  if (pa.is_replicate() && on(pb, n)) return {pa, pb, pb.with_dim(n)};
   if (pa.is_shard(ka) && pb.is_shard(kb)) return {pa, pb, Partial()};
   if (batch > 0 && pa.is_shard(0) && pb.is_shard(0)) return {pa, pb, Shard(0)};
   if (pa.is_partial() && pb.is_replicate()) return {pa, pb, pa};
   if (pa.is_replicate() && pb.is_partial()) return {pa, pb, pb};
   // Redistribute to the nearest pattern.
-  if (pa.is_shard(m)) return {pa, Replicate(), Shard(m)};
-  if (pb.is_shard(n)) return {Replicate(), pb, Shard(n)};
+  if (on(pa, m)) return {pa, Replicate(), pa.with_dim(m)};
+  if (on(pb, n)) return {Replicate(), pb, pb.with_dim(n)};
   if (pa.is_shard(ka)) return {pa, Shard(kb), Partial()};
   if (pb.is_shard(kb)) return {Shard(ka), pb, Partial()};
   if (batch > 0 && pa.is_shard(0)) return {pa, Shard(0), Shard(0)};
@@ -92,9 +95,9 @@ OpPlan addmm_rule(OpCall& call) {
   Placements pbias(call.mesh()->ndim(), Replicate());
   for (int64_t d = 0; d < call.mesh()->ndim(); ++d) {
     const Placement& po = out.layout.placements()[d];
-    if (po.is_shard()) {
+    if (po.is_sharded()) {
       const int64_t bd = po.dim() - off;
-      if (bd >= 0 && bias[bd] != 1) pbias[d] = Shard(bd);
+      if (bd >= 0 && bias[bd] != 1) pbias[d] = po.with_dim(bd);
     } else if (po.is_partial()) {
       pbias[d] = po;
     }
@@ -108,9 +111,9 @@ OpPlan addmm_rule(OpCall& call) {
 }  // namespace
 
 void register_matrix_rules() {
-  register_rule("aten::mm", mm_rule);
-  register_rule("aten::bmm", bmm_rule);
-  register_rule("aten::addmm", addmm_rule);
+  register_rule("aten::mm", mm_rule, true);
+  register_rule("aten::bmm", bmm_rule, true);
+  register_rule("aten::addmm", addmm_rule, true);
 }
 
 }  // namespace hp::dispatch

@@ -25,17 +25,17 @@ Rule pointwise(PartialRule partial) {
 void register_pointwise_rules() {
   for (const char* op : {"aten::add.Tensor", "aten::add_.Tensor", "aten::sub.Tensor",
                          "aten::sub_.Tensor", "aten::copy_"}) {
-    register_rule(op, pointwise(PartialRule::kLinear));
+    register_rule(op, pointwise(PartialRule::kLinear), true);
   }
   for (const char* op : {"aten::mul.Tensor", "aten::mul_.Tensor", "aten::div.Tensor",
                          "aten::div_.Tensor"}) {
-    register_rule(op, pointwise(PartialRule::kMultiplicative));
+    register_rule(op, pointwise(PartialRule::kMultiplicative), true);
   }
   for (const char* op :
        {"aten::neg", "aten::neg_", "aten::mul.Scalar", "aten::mul_.Scalar", "aten::div.Scalar",
         "aten::div_.Scalar", "aten::clone", "aten::_to_copy", "aten::detach", "aten::detach_",
         "aten::alias", "aten::lift_fresh", "aten::zero_", "aten::positive"}) {
-    register_rule(op, pointwise(PartialRule::kPreserving));
+    register_rule(op, pointwise(PartialRule::kPreserving), true);
   }
   for (const char* op :
        {"aten::gelu", "aten::gelu_", "aten::gelu_backward", "aten::relu", "aten::relu_",
@@ -58,7 +58,7 @@ void register_pointwise_rules() {
         "aten::square", "aten::_masked_scale", "aten::native_dropout_backward",
         "aten::logical_and", "aten::logical_or", "aten::bitwise_and.Tensor",
         "aten::bitwise_or.Tensor"}) {
-    register_rule(op, pointwise(PartialRule::kNone));
+    register_rule(op, pointwise(PartialRule::kNone), true);
   }
 }
 

@@ -50,8 +50,8 @@ Reduction plan_sum(const OpInput& self, const std::vector<int64_t>& dims, bool k
         p.reduce_op() != dist::ReduceOp::kAvg) {
       need = without_partial(need);
       p = Replicate();
-    } else if (p.is_shard()) {
-      p = reduced(p.dim()) ? Partial() : Shard(map[p.dim()]);
+    } else if (p.is_sharded()) {
+      p = reduced(p.dim()) ? Partial() : p.with_dim(map[p.dim()]);
     }
   }
   return {need, Layout(self.layout.mesh(), std::move(spec)), out_shape};
@@ -108,7 +108,7 @@ OpPlan norm_rule(OpCall& call) {
   Layout need = without_partial(self.layout);
   std::vector<int64_t> shard_mesh_dims;
   for (int64_t m = 0; m < need.mesh()->ndim(); ++m) {
-    if (need.placements()[m].is_shard()) shard_mesh_dims.push_back(m);
+    if (need.placements()[m].is_sharded()) shard_mesh_dims.push_back(m);
   }
   OpPlan plan;
   plan.inputs = {need};
@@ -144,12 +144,12 @@ OpPlan local_scalar_rule(OpCall& call) {
 }  // namespace
 
 void register_reduction_rules() {
-  register_rule("aten::sum", sum_rule);
-  register_rule("aten::mean", mean_rule);
-  register_rule("aten::norm.Scalar", norm_rule);
-  register_rule("aten::norm.ScalarOpt_dim", norm_rule);
-  register_rule("aten::linalg_vector_norm", norm_rule);
-  register_rule("aten::_local_scalar_dense", local_scalar_rule);
+  register_rule("aten::sum", sum_rule, true);
+  register_rule("aten::mean", mean_rule, true);
+  register_rule("aten::norm.Scalar", norm_rule, true);
+  register_rule("aten::norm.ScalarOpt_dim", norm_rule, true);
+  register_rule("aten::linalg_vector_norm", norm_rule, true);
+  register_rule("aten::_local_scalar_dense", local_scalar_rule, true);
 }
 
 }  // namespace hp::dispatch

@@ -24,7 +24,7 @@ Layout remap(const Layout& in, const std::vector<int64_t>& map) {
   ShardSpec spec;
   spec.placements = in.placements();
   for (auto& p : spec.placements) {
-    if (p.is_shard()) p = Shard(map.at(p.dim()));
+    if (p.is_sharded()) p = p.with_dim(map.at(p.dim()));
   }
   for (const auto& [dim, order] : in.spec().orders) {
     if (map.at(dim) >= 0) spec.orders[map.at(dim)] = order;
@@ -76,6 +76,17 @@ std::pair<Layout, Layout> plan_view(const Layout& in_layout, const Shape& in, co
       }
     }
     const int64_t gi = i - i0, go = o - o0;
+    // A strided shard survives only a dim that maps one to one.
+    for (int64_t d = i0; d < i; ++d) {
+      for (const auto& p : in_layout.placements()) {
+        if (!p.is_strided_shard(d)) continue;
+        if (gi == 1 && go == 1) {
+          map[d] = o0;
+        } else {
+          need = unshard_dim(need, d);
+        }
+      }
+    }
     for (int64_t d = i0; d < i; ++d) {
       if (in_layout.mesh_dims_of(d).empty()) continue;
       const int64_t n = shard_count(in_layout, d);
@@ -275,6 +286,32 @@ OpPlan split_rule(OpCall& call) {
   const bool with_sizes = call.arg(1).isIntList();
   std::vector<int64_t> sizes = with_sizes ? call.ints_arg(1)
                                           : split_sizes(self.shape[dim], call.int_arg(1));
+  // Splitting a StridedShard(dim, k) into its k blocks: each block comes out
+  // plainly sharded, and each rank splits its local into k equal parts.
+  for (int64_t m = 0; m < call.mesh()->ndim(); ++m) {
+    const Placement& p = self.layout.placements()[m];
+    if (!p.is_strided_shard(dim)) continue;
+    const int64_t k = p.split_factor();
+    const bool blocks = static_cast<int64_t>(sizes.size()) == k &&
+                        std::all_of(sizes.begin(), sizes.end(),
+                                    [&](int64_t s) { return s * k == self.shape[dim]; });
+    if (!blocks) break;
+    ShardSpec spec = self.layout.spec();
+    spec.placements[m] = Shard(dim);
+    Layout out_layout(call.mesh(), std::move(spec));
+    OpPlan plan;
+    plan.inputs = {self.layout};
+    Shape out = self.shape;
+    out[dim] = sizes[0];
+    for (int64_t b = 0; b < k; ++b) plan.outputs.push_back({out_layout, out});
+    const int64_t local_block = self.local.size(dim) / k;
+    if (with_sizes) {
+      call.arg(1) = c10::IValue(std::vector<int64_t>(k, local_block));
+    } else {
+      call.arg(1) = c10::IValue(local_block);
+    }
+    return plan;
+  }
   Layout need = unshard_dim(self.layout, dim);
   OpPlan plan;
   plan.inputs = {need};
@@ -307,6 +344,30 @@ OpPlan join_rule(OpCall& call, bool stack) {
   Layout target = ins[0].layout;
   for (const auto& in : ins) {
     if (in.layout.placements() != target.placements()) target = without_partial(target);
+  }
+  // k equal blocks, each plainly and evenly sharded along the joined dim on
+  // one mesh dim: their local pieces joined are exactly a
+  // StridedShard(dim, k) of the result (the backward of splitting one).
+  if (!stack && ins.size() > 1) {
+    for (int64_t m = 0; m < call.mesh()->ndim(); ++m) {
+      const Placement& p = target.placements()[m];
+      if (!p.is_shard(dim)) continue;
+      const int64_t ranks = call.mesh()->size(m);
+      bool blocks = target.mesh_dims_of(dim).size() == 1;
+      for (const auto& in : ins) {
+        blocks = blocks && in.layout == target && in.shape == ins[0].shape &&
+                 in.shape[dim] % ranks == 0;
+      }
+      if (!blocks) break;
+      ShardSpec spec = target.spec();
+      spec.placements[m] = StridedShard(dim, static_cast<int64_t>(ins.size()));
+      Shape out = ins[0].shape;
+      out[dim] *= static_cast<int64_t>(ins.size());
+      OpPlan plan;
+      for (size_t k = 0; k < ins.size(); ++k) plan.inputs.push_back(target);
+      plan.outputs.push_back({Layout(call.mesh(), std::move(spec)), out});
+      return plan;
+    }
   }
   if (!stack) target = unshard_dim(target, dim);
   OpPlan plan;
@@ -344,23 +405,25 @@ OpPlan as_strided_rule(OpCall& call) {
 }  // namespace
 
 void register_view_rules() {
+  // Every rule here handles StridedShard (it follows its dim, is gathered
+  // where a view splits or merges it, and split/cat turn it into blocks).
   for (const char* op : {"aten::view", "aten::_unsafe_view", "aten::_reshape_alias"}) {
-    register_rule(op, view_rule);
+    register_rule(op, view_rule, true);
   }
-  register_rule("aten::expand", expand_rule);
-  register_rule("aten::t", t_rule);
-  register_rule("aten::transpose.int", transpose_rule);
-  register_rule("aten::permute", permute_rule);
-  register_rule("aten::unsqueeze", unsqueeze_rule);
-  register_rule("aten::squeeze", squeeze_rule);
-  register_rule("aten::select.int", select_rule);
-  register_rule("aten::slice.Tensor", slice_rule);
-  register_rule("aten::split.Tensor", split_rule);
-  register_rule("aten::split_with_sizes", split_rule);
-  register_rule("aten::unbind.int", unbind_rule);
-  register_rule("aten::cat", [](OpCall& c) { return join_rule(c, false); });
-  register_rule("aten::stack", [](OpCall& c) { return join_rule(c, true); });
-  register_rule("aten::as_strided", as_strided_rule);
+  register_rule("aten::expand", expand_rule, true);
+  register_rule("aten::t", t_rule, true);
+  register_rule("aten::transpose.int", transpose_rule, true);
+  register_rule("aten::permute", permute_rule, true);
+  register_rule("aten::unsqueeze", unsqueeze_rule, true);
+  register_rule("aten::squeeze", squeeze_rule, true);
+  register_rule("aten::select.int", select_rule, true);
+  register_rule("aten::slice.Tensor", slice_rule, true);
+  register_rule("aten::split.Tensor", split_rule, true);
+  register_rule("aten::split_with_sizes", split_rule, true);
+  register_rule("aten::unbind.int", unbind_rule, true);
+  register_rule("aten::cat", [](OpCall& c) { return join_rule(c, false); }, true);
+  register_rule("aten::stack", [](OpCall& c) { return join_rule(c, true); }, true);
+  register_rule("aten::as_strided", as_strided_rule, true);
 }
 
 }  // namespace hp::dispatch

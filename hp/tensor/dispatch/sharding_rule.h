@@ -88,10 +88,18 @@ class OpCall {
 
 using Rule = std::function<OpPlan(OpCall&)>;
 
+struct RuleEntry {
+  Rule rule;
+  // Whether the rule handles StridedShard placements. Inputs of other rules
+  // are made Replicate on the strided mesh dims first, so a rule written for
+  // plain shards never misreads one.
+  bool strided_aware = false;
+};
+
 // Rules by op name: "aten::mm" covers every overload, "aten::add.Tensor"
 // one overload (looked up first).
-void register_rule(const std::string& name, Rule rule);
-const Rule* find_rule(const c10::OperatorName& op);
+void register_rule(const std::string& name, Rule rule, bool strided_aware = false);
+const RuleEntry* find_rule(const c10::OperatorName& op);
 
 // [[noreturn]] The error for an op without a rule, or a rule that cannot
 // handle the placements it got.
