@@ -35,11 +35,13 @@
 namespace hp {
 
 // One tensor dim of a layout in the alias form: "tp", "None", {"dp", "tp"}.
+// The constructors here are implicit on purpose: plans are written as
+// braced lists.
 class PlanDim {
  public:
-  PlanDim(const char* name) : names_{name} {}                          // NOLINT: implicit by design
-  PlanDim(std::string name) : names_{std::move(name)} {}               // NOLINT
-  PlanDim(std::initializer_list<std::string> names) : names_(names) {}  // NOLINT
+  PlanDim(const char* name) : names_{name} {}
+  PlanDim(std::string name) : names_{std::move(name)} {}
+  PlanDim(std::initializer_list<std::string> names) : names_(names) {}
   const DimAlias& names() const { return names_; }
 
  private:
@@ -50,11 +52,11 @@ class PlanDim {
 class PlanLayout {
  public:
   PlanLayout() = default;  // no placements: resolves only on a 0-d mesh
-  PlanLayout(Placements placements) : spec_(std::move(placements)) {}  // NOLINT
-  PlanLayout(std::initializer_list<Placement> placements)              // NOLINT
+  PlanLayout(Placements placements) : spec_(std::move(placements)) {}
+  PlanLayout(std::initializer_list<Placement> placements)
       : spec_(Placements(placements)) {}
-  PlanLayout(AliasPlacements alias) : spec_(std::move(alias)) {}  // NOLINT
-  PlanLayout(std::initializer_list<PlanDim> alias);               // NOLINT
+  PlanLayout(AliasPlacements alias) : spec_(std::move(alias)) {}
+  PlanLayout(std::initializer_list<PlanDim> alias);
 
   bool is_alias() const { return std::holds_alternative<AliasPlacements>(spec_); }
   // The number of tensor dims the alias form fixes; -1 for placements.
@@ -81,12 +83,12 @@ class ForwardLayouts {
  public:
   ForwardLayouts() = default;  // nothing to redistribute
   // One layout: the first input, or the only output.
-  ForwardLayouts(PlanLayout layout) : positional_{std::move(layout)} {}  // NOLINT
-  ForwardLayouts(Placements placements)                                 // NOLINT
+  ForwardLayouts(PlanLayout layout) : positional_{std::move(layout)} {}
+  ForwardLayouts(Placements placements)
       : positional_{PlanLayout(std::move(placements))} {}
-  ForwardLayouts(std::initializer_list<Placement> placements)  // NOLINT
+  ForwardLayouts(std::initializer_list<Placement> placements)
       : positional_{PlanLayout(placements)} {}
-  ForwardLayouts(std::initializer_list<PlanDim> alias)  // NOLINT
+  ForwardLayouts(std::initializer_list<PlanDim> alias)
       : positional_{PlanLayout(alias)} {}
 
   // One entry per position; nullopt leaves that value as it is.

@@ -61,8 +61,22 @@ nn::TensorList parallel_grads(const nn::TensorList& outputs, const nn::TensorLis
     grad_outputs.push_back(seed_like(outputs[i], seeds[i]));
   }
   if (differentiated.empty() || weights.empty()) return nn::TensorList(weights.size());
-  return torch::autograd::grad(differentiated, weights, grad_outputs, /*retain_graph=*/false,
-                               /*create_graph=*/false, /*allow_unused=*/true);
+  nn::TensorList grads =
+      torch::autograd::grad(differentiated, weights, grad_outputs, /*retain_graph=*/false,
+                            /*create_graph=*/false, /*allow_unused=*/true);
+  // A gradient comes in the layout the rules gave it (a Replicate bias
+  // summed over rows sharded elsewhere arrives Partial); an optimizer
+  // updates shards with shards, so each is moved into its weight's layout,
+  // as backward() does for .grad. Every rank moves the same gradients in the
+  // same order.
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (grads[i].defined() && is_dtensor(grads[i]) && is_dtensor(weights[i]) &&
+        layout_of(grads[i]) != layout_of(weights[i])) {
+      grads[i] = redistribute(grads[i], layout_of(weights[i]));
+    }
+  }
+  return grads;
 }
 
 }  // namespace detail

@@ -9,6 +9,7 @@
 // The returned function runs `fn` once and differentiates its result with
 // respect to `weights` (torch::autograd::grad: nothing is accumulated into
 // .grad; an undefined tensor for a weight the result does not depend on).
+// The gradient of a DTensor weight has the weight's layout, as .grad would.
 // The seed of a DTensor loss is a DTensor of the same global shape holding
 // the sensitivity everywhere. Gradients of DTensors are global values
 // (hp/tensor/dtensor.h): the seed's Shard dims follow the loss's, and its

@@ -348,7 +348,7 @@ TEST(ShardModule, ValidationErrorsChangeNothing) {
                      "instance was found.");
   plan = mlp_plan();
   plan.output_plan["fc2.output"] = {Replicate()};
-  expect_error(plan, "module 'fc2' is a torch::nn::Linear, which has no forward hooks");
+  expect_error(plan, "module 'fc2' is a torch::nn::LinearImpl, which has no forward hooks");
   plan = mlp_plan();
   plan.return_local_tensor = {"fc3"};
   expect_error(plan, "return_local_tensor 'fc3': fc3 is configured with a layout");

@@ -98,7 +98,9 @@ TEST(ValueAndGrad, MlpGradientsMatchOneProcess) {
     SCOPED_TRACE(names[i]);
     ASSERT_TRUE(grads[i].defined());
     if (world() > 1) {
-      EXPECT_TRUE(is_dtensor(grads[i]));
+      ASSERT_TRUE(is_dtensor(grads[i]));
+      EXPECT_EQ(layout_of(grads[i]), layout_of(model->named_parameters()[names[i]]))
+          << layout_of(grads[i]).str();
     }
     EXPECT_TRUE(within_bound(whole(grads[i]), ref_params[names[i]].grad(), bounds.grad.at(names[i])));
     // Returned, not accumulated.
@@ -185,6 +187,74 @@ TEST(ValueAndGrad, PartialLoss) {
   at::Tensor ref_loss = at::matmul(x, w_full.t()).sum();
   EXPECT_TRUE(tensors_equal(whole(loss), ref_loss.detach()));
   expect_grads_equal(grads, torch::autograd::grad({ref_loss}, {w_full}));
+}
+
+
+// Data and tensor parallelism together, by plan alone: on a 2 x 2 (dp, tp)
+// mesh the batch's rows split over dp and the MLP over tp. The mean loss is
+// then a sum over dp of partial sums, and a per-row loss vector is
+// Shard(0) over dp and Replicate over tp (repeat_num 2).
+TEST(ValueAndGrad, DataAndTensorParallelMesh) {
+  if (world() != 4) GTEST_SKIP() << "needs a 2 x 2 mesh";
+  auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
+  ShardingPlan plan;
+  plan.plan = {{"fc1.weight", {"tp", "None"}},
+               {"fc1.bias", {"tp"}},
+               {"fc2.weight", {"None", "tp"}},
+               {"fc2.bias", {"None"}}};
+  plan.input_plan = {{"input", {"dp", "None"}}};
+  plan.output_plan = {{"output", {"dp", "None"}}};
+  const Layout replicated(mesh, {Replicate(), Replicate()});
+  const Layout rows(mesh, {Shard(0), Replicate()});
+  {
+    SCOPED_TRACE("mean loss, random floats");
+    TpMlp model = make_tp_mlp(), ref = make_tp_mlp();
+    shard_module(model, mesh, plan);
+    torch::manual_seed(25);
+    const at::Tensor x = torch::randn({5, 6}), y = torch::randn({5, 6});
+    auto [loss, grads] = parallelize_value_and_grad(
+        [&] {
+          // A replicated DTensor input, which the input hook splits by rows.
+          at::Tensor diff = model(distribute(x, replicated)) - y;
+          return (diff * diff).mean();
+        },
+        model->parameters())();
+    const test::MlpBounds bounds = test::mlp_bounds(ref, x, y);
+    at::Tensor ref_diff = ref(x) - y;
+    at::Tensor ref_loss = (ref_diff * ref_diff).mean();
+    ref_loss.backward();
+    EXPECT_TRUE(within_bound(whole(loss).item<double>(), ref_loss.item<double>(), bounds.loss));
+    auto names = model->named_parameters().keys();
+    auto ref_params = ref->named_parameters();
+    for (size_t i = 0; i < names.size(); ++i) {
+      SCOPED_TRACE(names[i]);
+      ASSERT_TRUE(grads[i].defined());
+      EXPECT_EQ(layout_of(grads[i]), layout_of(model->named_parameters()[names[i]]))
+          << layout_of(grads[i]).str();
+      EXPECT_TRUE(
+          within_bound(whole(grads[i]), ref_params[names[i]].grad(), bounds.grad.at(names[i])));
+    }
+  }
+  {
+    SCOPED_TRACE("per-row loss, integers");
+    TpMlp model = integer_mlp(), ref = integer_mlp();
+    shard_module(model, mesh, plan);
+    torch::manual_seed(26);
+    const at::Tensor x = ints({5, 6}), y = ints({5, 6});
+    auto [loss, grads] = parallelize_value_and_grad(
+        [&] {
+          at::Tensor diff = model(distribute(x, replicated)) - y;
+          return (diff * diff).sum(1);
+        },
+        model->parameters())();
+    EXPECT_EQ(layout_of(loss), rows);
+    EXPECT_EQ(layout_of(loss).repeat_num(), 2);
+    at::Tensor ref_diff = ref(x) - y;
+    at::Tensor ref_loss = (ref_diff * ref_diff).sum(1);
+    EXPECT_TRUE(tensors_equal(whole(loss), ref_loss.detach()));
+    expect_grads_equal(grads, torch::autograd::grad({ref_loss}, ref->parameters(),
+                                                    {torch::ones_like(ref_loss)}));
+  }
 }
 
 }  // namespace
