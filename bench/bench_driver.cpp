@@ -202,8 +202,10 @@ json summarize(const std::string& name, const std::vector<json>& runs, const Ben
   row["step_time_s_p90"] = number_or_null(quantile(times, 0.9));
   row["steps_timed"] = times.size();
   row["rounds"] = runs.size();
-  row["tokens_per_s"] =
-      number_or_null(static_cast<double>(ranks * c.batch * c.seq) / med);
+  // Data-parallel rows take a batch per rank; tensor parallelism's ranks
+  // share one.
+  const int64_t samples = name == "tp" ? c.batch : ranks * c.batch;
+  row["tokens_per_s"] = number_or_null(static_cast<double>(samples * c.seq) / med);
   const json& last = runs.back();
   row["first_loss"] = last.value("first_loss", json(nullptr));
   row["last_loss"] = last["losses"].empty() ? json(nullptr) : last["losses"].back();
@@ -338,6 +340,26 @@ json compute_targets(const json& rows, const BenchConfig& c) {
                    "median step time of fsdp_fused_prefetch / PyTorch DDP <= 1.0");
   targets["ddp_over_torch_ddp"] = ratio_target(
       rows, "ddp", "torch_ddp", 0.9, "median step time of ddp (ours) / PyTorch DDP <= 0.9");
+  targets["tp_over_single"] =
+      ratio_target(rows, "tp", "single", 0.75,
+                   "median step time of tp (the single row's batch split by layers over the "
+                   "ranks) / single <= 0.75 (meant for a compute-bound model: --d 512)");
+  {
+    const json* tp = find_row(rows, "tp");
+    const json* single = find_row(rows, "single");
+    json t = {{"what", "peak libtorch memory per rank of tp / single's <= 0.6"}, {"limit", 0.6}};
+    if (!tp || !single || (*tp)["peak_bytes_per_rank"].is_null() ||
+        (*single)["peak_bytes_per_rank"].is_null()) {
+      t["value"] = nullptr;
+      t["pass"] = nullptr;
+    } else {
+      const double v = (*tp)["peak_bytes_per_rank"].get<double>() /
+                       (*single)["peak_bytes_per_rank"].get<double>();
+      t["value"] = v;
+      t["pass"] = v <= 0.6;
+    }
+    targets["tp_memory_over_single"] = t;
+  }
 
   const int64_t units = c.layers + 1;
   for (const std::string name : {"fsdp_fused", "fsdp_fused_prefetch", "hsdp_fused_prefetch"}) {
@@ -460,6 +482,17 @@ void print_table(const json& report) {
     }
   } else if (h.contains("error")) {
     fmt::print("\nhook overhead FAILED\n");
+  }
+  const json& d = report["dispatch_overhead"];
+  if (d.contains("overhead_us_per_op")) {
+    fmt::print("\nDTensor op dispatch ({} ranks, 8-element tensors, no communication), extra "
+               "time per op over the local op:\n",
+               d["world_size"].get<int64_t>());
+    for (const auto& [name, v] : d["overhead_us_per_op"].items()) {
+      fmt::print("  {:<26} {:>+8.2f} us\n", name, v.get<double>());
+    }
+  } else if (d.contains("error")) {
+    fmt::print("\nDTensor op dispatch FAILED\n");
   }
   std::fflush(stdout);
 }
@@ -591,11 +624,30 @@ int run_driver(DriverOptions o) {
     }
   }
 
+  json dispatch = json::object();
+  bool dispatch_failed = false;
+  if (o.dispatch_overhead) {
+    std::vector<std::string> argv = {o.hprun, "-n", "2", "--timeout",
+                                     std::to_string(static_cast<int>(o.row_timeout_s)), self,
+                                     "--worker", "dispatch_overhead"};
+    for (const auto& a : c.worker_args()) argv.push_back(a);
+    RunOutcome out = launch("dispatch_overhead", argv, o.verbose);
+    if (out.ok) {
+      dispatch = out.result;
+      dispatch["target_us_per_op"] = 1.0;
+      dispatch["pass"] = dispatch["worst_overhead_us_per_op"].get<double>() <= 1.0;
+    } else {
+      dispatch = {{"error", out.error}, {"pass", nullptr}};
+      dispatch_failed = true;
+    }
+  }
+
   config["machine"]["load_average_at_end"] = load_average();
   json report = {{"config", config},
                  {"rows", rows},
                  {"targets", compute_targets(rows, c)},
-                 {"hook_overhead", hook}};
+                 {"hook_overhead", hook},
+                 {"dispatch_overhead", dispatch}};
   print_table(report);
 
   std::error_code ec;
@@ -624,10 +676,11 @@ int run_driver(DriverOptions o) {
     }
   }
 
-  if (!errors.empty() || hook_failed || plot_failed) {
+  if (!errors.empty() || hook_failed || dispatch_failed || plot_failed) {
     std::cerr << "[hp-bench] failed:";
     for (const auto& [row, e] : errors) std::cerr << " " << row;
     if (hook_failed) std::cerr << " hook_overhead";
+    if (dispatch_failed) std::cerr << " dispatch_overhead";
     if (plot_failed) std::cerr << " plot";
     std::cerr << std::endl;
     return 1;

@@ -18,6 +18,7 @@ struct DriverOptions {
   std::string png_path;      // empty: no plot
   std::vector<std::string> rows;  // empty: all of row_names()
   bool hook_overhead = true;
+  bool dispatch_overhead = true;
   std::string hprun;         // default: next to this binary's build tree
   std::string python = "/usr/bin/python3";
   std::string torch_script;  // default: bench/torch_ddp_baseline.py of the source tree

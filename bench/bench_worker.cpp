@@ -76,6 +76,9 @@ RowSpec row_spec(const std::string& row, int world) {
   if (row == "fsdp_prefetch") return {{world}, {"shard"}, false, true};
   if (row == "fsdp_fused") return {{world}, {"shard"}, true, false};
   if (row == "fsdp_fused_prefetch") return {{world}, {"shard"}, true, true};
+  // Tensor parallelism: every layer split over the ranks, which all read
+  // the same samples (the single row's batch, not one per rank).
+  if (row == "tp") return {{world}, {"tp"}, false, false};
   if (row == "hsdp_fused_prefetch") {
     HP_CHECK_ARG(world % 2 == 0, "--worker hsdp_fused_prefetch needs an even world size, got ",
                  world);
@@ -118,12 +121,13 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
     // hp-train's own recipe (each block a unit, then the root), so the
     // benchmark measures what the training program runs.
     train::Parallelism parallelism;
-    parallelism.mode = spec.names.size() == 1 ? train::Mode::kFSDP
-                       : spec.shape[1] == 1   ? train::Mode::kDDP
-                                              : train::Mode::kHSDP;
+    parallelism.mode = spec.names == std::vector<std::string>{"tp"} ? train::Mode::kTP
+                       : spec.names.size() == 1                      ? train::Mode::kFSDP
+                       : spec.shape[1] == 1                          ? train::Mode::kDDP
+                                                                     : train::Mode::kHSDP;
     parallelism.mesh_shape = spec.shape;
     parallelism.mesh_names = spec.names;
-    parallelism.dp_size = world;
+    parallelism.dp_size = parallelism.mode == train::Mode::kTP ? 1 : world;
     train::TrainOptions recipe;
     recipe.comm_fusion = spec.fusion;
     recipe.prefetch = spec.prefetch;
@@ -133,7 +137,9 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
                                                          .betas({c.beta1, c.beta2})
                                                          .eps(c.eps)
                                                          .weight_decay(c.weight_decay));
-  const int64_t global_batch = c.batch * world;
+  const bool tp = row == "tp";
+  const int64_t dp_rank = tp ? 0 : rank, dp_size = tp ? 1 : world;
+  const int64_t global_batch = c.batch * dp_size;
 
   auto step = [&](int64_t s) {
     if (root) {
@@ -141,7 +147,8 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
     } else {
       model->zero_grad(/*set_to_none=*/true);
     }
-    train::Batch batch = train::batch_for_step(corpus.tokens, s, global_batch, c.seq, rank, world);
+    train::Batch batch =
+        train::batch_for_step(corpus.tokens, s, global_batch, c.seq, dp_rank, dp_size);
     at::Tensor loss = nn::cross_entropy(model(batch.inputs), batch.targets);
     loss.backward();
     optimizer.step();

@@ -17,4 +17,7 @@ int run_gpt_worker(const std::string& row, const BenchConfig& config);
 // plain vs fully_shard on a world of one, forward + backward.
 int run_hook_worker(const BenchConfig& config);
 
+// The DTensor op dispatch's cost per op on tiny tensors (bench/dispatch_overhead.cpp).
+int run_dispatch_worker(const BenchConfig& config);
+
 }  // namespace hp::bench

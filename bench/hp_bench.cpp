@@ -66,10 +66,10 @@ int main(int argc, char** argv) {
   app.add_option("--steps", o.total_steps, "timed steps per row, over all rounds (20)");
   app.add_option("--warmup", c.warmup, "untimed steps per row and round (3)");
   app.add_option("--rounds", o.rounds, "each row runs once per round, rows interleaved (2)");
-  app.add_option("--ranks", c.ranks, "ranks of the data-parallel rows (2)");
+  app.add_option("--ranks", c.ranks, "ranks of the data-parallel and tensor-parallel rows (2)");
   app.add_option("--hsdp-ranks", c.hsdp_ranks,
                  "ranks of hsdp_fused_prefetch: 2 = degenerate [1,2] mesh, 4 = [2,2] (2)");
-  app.add_option("--rows", rows, "comma-separated rows to run (default: the 7 standard rows; extras: ddp_unfused, fsdp_prefetch)");
+  app.add_option("--rows", rows, "comma-separated rows to run (default: the 8 standard rows; extras: ddp_unfused, fsdp_prefetch)");
   app.add_option("--vocab", c.vocab, "vocabulary (512)");
   app.add_option("--seq", c.seq, "tokens per sample (128)");
   app.add_option("--d", c.d, "model width (256)");
@@ -84,6 +84,9 @@ int main(int argc, char** argv) {
   app.add_option("--weight-decay", c.weight_decay, "AdamW weight decay (0.1)");
   app.add_option("--seed", c.seed, "weights and data (1337)");
   app.add_flag("--no-hook-overhead", no_hook, "skip the hook overhead measurement");
+  bool no_dispatch = false;
+  app.add_flag("--no-dispatch-overhead", no_dispatch,
+               "skip the DTensor op dispatch measurement");
   app.add_option("--hook-units", c.hook_units, "tiny blocks in the hook-overhead model (64)");
   app.add_option("--hook-width", c.hook_width, "their Linear width (16)");
   app.add_option("--hook-batch", c.hook_batch, "their batch (8)");
@@ -102,12 +105,14 @@ int main(int argc, char** argv) {
 
   try {
     o.hook_overhead = !no_hook;
+    o.dispatch_overhead = !no_dispatch;
     std::stringstream list(rows);
     for (std::string r; std::getline(list, r, ',');) {
       if (!r.empty()) o.rows.push_back(r);
     }
     validate(o);
     if (worker == "hook_overhead") return hp::bench::run_hook_worker(c);
+    if (worker == "dispatch_overhead") return hp::bench::run_dispatch_worker(c);
     if (!worker.empty()) {
       HP_CHECK_ARG(!c.tokens_path.empty(), "--worker needs --tokens FILE");
       HP_CHECK_ARG(c.steps >= 1, "--worker-steps ", c.steps, " must be at least 1");

@@ -26,6 +26,13 @@ ShardingPlan gpt_tensor_parallel_plan(const nn::GPTConfig& config, const DeviceM
   ShardingPlan plan;
   plan.plan["wte.weight"] = on_tp(Shard(0));
   plan.plan["lm_head.weight"] = on_tp(Shard(0));
+  // Replicated parameters are DTensors too, so that their optimizer state
+  // is and AdamW's updates stay local (a plain parameter with a DTensor
+  // gradient would reduce it in every update op).
+  const PlanLayout replicate = on_tp(Replicate());
+  plan.plan["wpe.weight"] = replicate;
+  plan.plan["ln_f.weight"] = replicate;
+  plan.plan["ln_f.bias"] = replicate;
   for (int64_t i = 0; i < config.n_layer; ++i) {
     const std::string h = "h." + std::to_string(i) + ".";
     plan.plan[h + "attn.c_attn.weight"] = on_tp(StridedShard(0, 3));
@@ -34,6 +41,10 @@ ShardingPlan gpt_tensor_parallel_plan(const nn::GPTConfig& config, const DeviceM
     plan.plan[h + "mlp.c_fc.weight"] = on_tp(Shard(0));
     plan.plan[h + "mlp.c_fc.bias"] = on_tp(Shard(0));
     plan.plan[h + "mlp.c_proj.weight"] = on_tp(Shard(1));
+    for (const char* name : {"ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias",
+                             "attn.c_proj.bias", "mlp.c_proj.bias"}) {
+      plan.plan[h + name] = replicate;
+    }
   }
   return plan;
 }

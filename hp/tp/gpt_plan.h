@@ -15,11 +15,12 @@
 //    added; lm_head split by vocabulary rows, so the logits come out sharded
 //    by vocabulary and the cross-entropy runs on them without a gather
 //    (loss parallel);
-//  - LayerNorms, the position table and the row-parallel biases Replicate.
+//  - LayerNorms, the position table and the row-parallel biases Replicate
+//    (as DTensors, so their optimizer state is one too).
 // Forward runs 2 all-reduces per block (after attention and after the MLP)
-// and backward 2 more (where the residual stream's gradient adds the
-// column-parallel inputs' Partial gradients), as Megatron's; plus one
-// all-reduce of each LayerNorm's small weight and bias gradients.
+// and backward 2 more (before each LayerNorm's backward, where the
+// column-parallel layer's input gradient arrives as a Partial sum), as
+// Megatron's.
 //
 // Parameter names and global shapes stay GPT-2's, so state dicts and
 // exports read as the plain model's. Throws ArgumentError (before any

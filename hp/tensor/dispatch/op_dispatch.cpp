@@ -11,6 +11,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <cstdlib>
+#include <iostream>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -90,6 +92,17 @@ std::vector<OpInput> collect_inputs(const c10::OperatorHandle& op, torch::jit::S
   return inputs;
 }
 
+// HP_DTENSOR_LOG=1 prints every redistribute the rules insert (to stderr,
+// one line each: the op, the input, the two layouts): where communication
+// in a model comes from.
+bool log_redistributes() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("HP_DTENSOR_LOG");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return enabled;
+}
+
 at::Tensor move_local(const OpInput& in, const Layout& target) {
   if (in.layout == target) return in.local;
   auto plan = plan_redistribute(in.layout.spec(), target.spec());
@@ -166,6 +179,10 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::St
 
   std::vector<at::Tensor> locals(ins.size());
   for (size_t k = 0; k < ins.size(); ++k) {
+    if (log_redistributes() && ins[k].layout != plan.inputs[k]) {
+      std::cerr << fmt::format("[hp dtensor] {}: input {} {} -> {}\n", call.describe(), k,
+                               ins[k].layout.spec().str(), plan.inputs[k].spec().str());
+    }
     const bool is_written =
         std::find(written.begin(), written.end(), ins[k].arg) != written.end();
     if (is_written && ins[k].layout != plan.inputs[k]) {

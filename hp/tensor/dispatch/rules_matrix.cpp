@@ -28,7 +28,12 @@ Pattern choose(const Placement& pa, const Placement& pb, int64_t batch) {
   if (pa.is_replicate() && pb.is_replicate()) return {pa, pb, Replicate()};
   if (on(pa, m) && pb.is_replicate()) return {pa, pb, pa.with_dim(m)};
   if (pa.is_replicate() && on(pb, n)) return {pa, pb, pb.with_dim(n)};
-  if (pa.is_shard(ka) && pb.is_shard(kb)) return {pa, pb, Partial()};
+  // The contracted dim split alike on both sides (a StridedShard pairs the
+  // same permuted pieces on both): each rank's product is a partial sum.
+  if (on(pa, ka) && on(pb, kb) && pa.split_factor() == pb.split_factor() &&
+      pa.is_strided_shard() == pb.is_strided_shard()) {
+    return {pa, pb, Partial()};
+  }
   if (batch > 0 && on(pa, 0) && pa == pb) return {pa, pb, pa};
   if (pa.is_partial() && pb.is_replicate()) return {pa, pb, pa};
   if (pa.is_replicate() && pb.is_partial()) return {pa, pb, pb};

@@ -141,7 +141,8 @@ OpPlan layer_norm_rule(OpCall& call) {
 }
 
 // native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd,
-// weight?, bias?, output_mask) -> (grad_input, grad_weight, grad_bias)
+// weight?, bias?, output_mask) -> (grad_input, grad_weight, grad_bias).
+// Rows sharded: the weight's gradients are Partial sums over the rows.
 OpPlan layer_norm_backward_rule(OpCall& call) {
   const OpInput* x = input_at(call, 1);
   const OpInput* g = input_at(call, 0);
@@ -151,13 +152,15 @@ OpPlan layer_norm_backward_rule(OpCall& call) {
   Placements px(mesh->ndim(), Replicate()), pg = px, pin = px, pw = px;
   for (int64_t m = 0; m < mesh->ndim(); ++m) {
     const Placement& a = x->layout.placements()[m];
-    const Placement& b = g->layout.placements()[m];
     if (a.is_shard() && a.dim() < axis) {
       px[m] = pg[m] = pin[m] = a;
       pw[m] = Partial();
-    } else if (b.is_partial() && !a.is_shard()) {
-      px[m] = Replicate(), pg[m] = b, pin[m] = b, pw[m] = b;
     } else {
+      // A Partial grad_out (the input gradient of a column-parallel layer
+      // after this norm) is reduced here, once: the input gradient then joins
+      // the residual stream's Replicate gradient with no further reduction,
+      // and the weight and bias gradients come out whole (Megatron's single
+      // all-reduce before the norm's backward).
       px[m] = pg[m] = pin[m] = pw[m] = Replicate();
     }
   }
