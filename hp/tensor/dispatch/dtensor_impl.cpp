@@ -3,15 +3,18 @@
 #include <algorithm>
 #include <numeric>
 
+#include <c10/util/SmallVector.h>
+
 namespace hp::dispatch {
 
 namespace {
 
 // Contiguous strides over `shape`, with dims ordered as the local's strides
 // order them (largest stride outermost; ties keep dim order).
-std::vector<int64_t> virtual_strides(const std::vector<int64_t>& shape, const at::Tensor& local) {
+c10::SmallVector<int64_t, 6> virtual_strides(const std::vector<int64_t>& shape,
+                                             const at::Tensor& local) {
   const int64_t n = static_cast<int64_t>(shape.size());
-  std::vector<int64_t> order(n);
+  c10::SmallVector<int64_t, 6> order(n);
   std::iota(order.begin(), order.end(), 0);
   if (local.dim() == n && !local.is_contiguous()) {
     auto local_strides = local.strides();
@@ -23,7 +26,7 @@ std::vector<int64_t> virtual_strides(const std::vector<int64_t>& shape, const at
       return local_strides[a] > local_strides[b];
     });
   }
-  std::vector<int64_t> strides(n, 1);
+  c10::SmallVector<int64_t, 6> strides(n, 1);
   int64_t running = 1;
   for (int64_t i = n - 1; i >= 0; --i) {
     strides[order[i]] = running;

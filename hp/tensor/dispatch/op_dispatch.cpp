@@ -48,6 +48,7 @@ bool same_mesh(const DeviceMeshPtr& a, const DeviceMeshPtr& b) { return a == b |
 std::vector<OpInput> collect_inputs(const c10::OperatorHandle& op, torch::jit::Stack& stack,
                                     size_t first, size_t n, DeviceMeshPtr& mesh) {
   std::vector<OpInput> inputs;
+  inputs.reserve(n);
   auto add = [&](const at::Tensor& t, size_t arg, int64_t element) {
     if (!t.defined()) return;
     OpInput in;
@@ -129,14 +130,19 @@ void substitute_locals(torch::jit::Stack& stack, size_t first, const std::vector
   }
 }
 
-// Indices of the arguments the op writes to (in-place self, out=).
-std::vector<size_t> written_arguments(const c10::FunctionSchema& schema) {
+// Indices of the arguments the op writes to (in-place self, out=), per
+// operator and thread.
+const std::vector<size_t>& written_arguments(const c10::OperatorHandle& op) {
+  thread_local std::unordered_map<const c10::OperatorName*, std::vector<size_t>> cache;
+  auto it = cache.find(&op.operator_name());
+  if (it != cache.end()) return it->second;
   std::vector<size_t> written;
+  const c10::FunctionSchema& schema = op.schema();
   for (size_t i = 0; i < schema.arguments().size(); ++i) {
     const auto* alias = schema.arguments()[i].alias_info();
     if (alias && alias->isWrite()) written.push_back(i);
   }
-  return written;
+  return cache.emplace(&op.operator_name(), std::move(written)).first->second;
 }
 
 void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
@@ -149,7 +155,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::St
                "argument");
 
   // Originals of the written arguments: in-place and out= ops return them.
-  const std::vector<size_t> written = written_arguments(schema);
+  const std::vector<size_t>& written = written_arguments(op);
   std::vector<c10::IValue> written_values;
   for (size_t i : written) written_values.push_back((*stack)[first + i]);
 
@@ -274,6 +280,8 @@ std::string OpCall::describe() const {
   return s + ")";
 }
 
+// Rules are registered once, before the first op runs (ensure_registered),
+// so the per-thread caches of find_rule never go stale.
 void register_rule(const std::string& name, Rule rule, bool strided_aware) {
   auto& table = rules();
   std::lock_guard<std::mutex> lock(table.mutex);
@@ -281,12 +289,19 @@ void register_rule(const std::string& name, Rule rule, bool strided_aware) {
 }
 
 const RuleEntry* find_rule(const c10::OperatorName& op) {
+  // Per thread, by the operator's (stable) name object: the hot path is one
+  // lookup without a lock or a string.
+  thread_local std::unordered_map<const c10::OperatorName*, const RuleEntry*> resolved;
+  auto hit = resolved.find(&op);
+  if (hit != resolved.end()) return hit->second;
   auto& table = rules();
   std::lock_guard<std::mutex> lock(table.mutex);
   const std::string full = op.overload_name.empty() ? op.name : op.name + "." + op.overload_name;
   auto it = table.by_name.find(full);
   if (it == table.by_name.end()) it = table.by_name.find(op.name);
-  return it == table.by_name.end() ? nullptr : &it->second;
+  const RuleEntry* entry = it == table.by_name.end() ? nullptr : &it->second;
+  resolved.emplace(&op, entry);
+  return entry;
 }
 
 void throw_unsupported(const OpCall& call, const std::string& why) {

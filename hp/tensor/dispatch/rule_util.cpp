@@ -74,6 +74,21 @@ std::vector<int64_t> contiguous_strides(const Shape& sizes) {
 OpPlan plan_pointwise(OpCall& call, PartialRule partial, int64_t inplace, size_t num_outputs) {
   const auto& ins = call.inputs();
   const auto& mesh = call.mesh();
+  // The common case first: DTensors of one layout and shape, nothing
+  // Partial. The output is laid out alike; nothing moves.
+  bool alike = !ins.empty();
+  for (const auto& in : ins) {
+    alike = alike && !in.plain && in.shape == ins[0].shape && in.layout == ins[0].layout;
+  }
+  if (alike) {
+    for (const auto& p : ins[0].layout.placements()) alike = alike && !p.is_partial();
+  }
+  if (alike) {
+    OpPlan plan;
+    plan.inputs.assign(ins.size(), ins[0].layout);
+    plan.outputs.assign(num_outputs, OutputSpec{ins[0].layout, ins[0].shape});
+    return plan;
+  }
   std::vector<Shape> shapes;
   for (const auto& in : ins) shapes.push_back(in.shape);
   const Shape out_shape = inplace >= 0 ? ins[inplace].shape : broadcast_shapes(shapes);
