@@ -431,7 +431,10 @@ at::Tensor log_softmax_grad_bound(const at::Tensor& y, const at::Tensor& y_bound
 // softmax / log_softmax over a sharded dim stay sharded (the max and the
 // exp-sum are reduced across shards), over another dim trivially so.
 TEST(DTensorOps, SoftmaxOverShardedDimStaysSharded) {
-  const int64_t B = 7, V = 11;
+  // 5 columns on 4 ranks leave one shard empty (2, 2, 1, 0).
+  for (int64_t V : {11, 5}) {
+  SCOPED_TRACE("width " + std::to_string(V));
+  const int64_t B = 7;
   const at::Tensor x = data({B, V}, 41) * 4, c = data({B, V}, 42);
   for (int64_t dim : {1, 0}) {
     SCOPED_TRACE("dim " + std::to_string(dim));
@@ -449,6 +452,7 @@ TEST(DTensorOps, SoftmaxOverShardedDimStaysSharded) {
                                      : softmax_grad_bound(rd, y_bound, c, dim);
       EXPECT_TRUE(holds(X.grad(), {Shard(1)}, rx.grad(), g_bound));
     }
+  }
   }
 }
 
@@ -516,6 +520,20 @@ TEST(DTensorOps, NllLossOverShardedLogProbs) {
   at::Tensor loss = F::cross_entropy(X, target), rloss = F::cross_entropy(rx, target);
   EXPECT_TRUE(holds(loss, {Partial()}, rloss,
                     (picked_bound.sum() + sum_bound(picked.abs().sum(), count)) / count));
+
+  // 5 classes on 4 ranks: one rank holds none of them.
+  const at::Tensor x5 = data({B, 5}, 45) * 4;
+  const at::Tensor target5 = at::tensor({0, 4, 3, 2, 1, 4, 4}, at::kLong);
+  const at::Tensor y5 = x5.log_softmax(1), y5_bound = log_softmax_bound(x5, y5, 1);
+  const at::Tensor index5 = target5.unsqueeze(1);
+  at::Tensor X5 = dleaf(x5, {Shard(1)}), rx5 = rleaf(x5);
+  at::Tensor loss5 = F::cross_entropy(X5, target5), rloss5 = F::cross_entropy(rx5, target5);
+  EXPECT_TRUE(holds(loss5, {Partial()}, rloss5,
+                    (y5_bound.gather(1, index5).sum() + sum_bound(y5.gather(1, index5).abs().sum(), B)) / B));
+  loss5.backward();
+  rloss5.backward();
+  const at::Tensor g5 = at::zeros({B, 5}, at::kDouble).scatter(1, index5, -1.0 / B);
+  EXPECT_TRUE(holds(X5.grad(), {Shard(1)}, rx5.grad(), log_softmax_grad_bound(y5, y5_bound, g5, 1)));
 }
 
 // ---- views -----------------------------------------------------------------------
