@@ -1057,10 +1057,13 @@ TEST(DTensorOps, LeafGradientsKeepTheLeafLayoutAndAccumulate) {
 TEST(DTensorOps, AdamWStepsDTensorParameters) {
   const int64_t B = 7, D = 5, H = 10;
   const at::Tensor x = data({B, D}, 141), c = data({B, D}, 142);
-  const std::vector<std::string> names = {"w1", "b1", "w2", "b2"};
-  const std::vector<Placements> layouts = {{Shard(0)}, {Shard(0)}, {Shard(1)}, {Replicate()}};
+  // b2 [5] sharded leaves one rank an empty shard on 4 ranks; s is a
+  // Replicate scale of the output.
+  const std::vector<std::string> names = {"w1", "b1", "w2", "b2", "s"};
+  const std::vector<Placements> layouts = {{Shard(0)}, {Shard(0)}, {Shard(1)}, {Shard(0)},
+                                           {Replicate()}};
   const std::vector<at::Tensor> init = {data({H, D}, 143), data({H}, 144), data({D, H}, 145),
-                                        data({D}, 146)};
+                                        data({D}, 146), data({D}, 147)};
   std::vector<at::Tensor> params, refs;
   for (size_t i = 0; i < init.size(); ++i) {
     params.push_back(dleaf(init[i], layouts[i]));
@@ -1077,7 +1080,7 @@ TEST(DTensorOps, AdamWStepsDTensorParameters) {
   torch::optim::AdamW opt(params, options()), ref_opt(refs, options());
   test::AdamWBound adam(hyper);
   auto loss_of = [&](const std::vector<at::Tensor>& p) {
-    return (F::linear(F::linear(x, p[0], p[1]), p[2], p[3]) * c).sum();
+    return (F::linear(F::linear(x, p[0], p[1]), p[2], p[3]) * p[4] * c).sum();
   };
   for (int step = 1; step <= 4; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
@@ -1090,17 +1093,23 @@ TEST(DTensorOps, AdamWStepsDTensorParameters) {
     loss_of(params).backward();
     loss_of(refs).backward();
     // Gradient bounds, first order: h = x w1^T + b1 (D + 1 terms); the
-    // output's gradient is c exactly; dw2 = c^T h over B rows carries h's
-    // error; gh = c w2 (D terms); dw1 = gh^T x and db1 = Σ gh carry gh's.
-    const at::Tensor w1 = refs[0].detach(), b1 = refs[1].detach(), w2 = refs[2].detach();
+    // gradient reaching y = h w2^T + b2 is cs = c s, the same bits on both
+    // sides; dw2 = cs^T h over B rows carries h's error; ds = Σ c y is a sum
+    // of B (H + 1) products and carries h's error through w2; gh = cs w2
+    // (D terms); dw1 = gh^T x and db1 = Σ gh carry gh's.
+    const at::Tensor w1 = refs[0].detach(), b1 = refs[1].detach(), w2 = refs[2].detach(),
+                     b2 = refs[3].detach(), scale = refs[4].detach();
     const at::Tensor h = F::linear(x, w1, b1);
     const at::Tensor h_bound = sum_bound(x.abs().mm(w1.abs().t()) + b1.abs(), D + 1);
-    const at::Tensor gh = c.mm(w2), gh_bound = mm_bound(c, w2);
+    const at::Tensor cs = c * scale;
+    const at::Tensor gh = cs.mm(w2), gh_bound = mm_bound(cs, w2);
     const std::vector<at::Tensor> grad_bounds = {
         mm_bound(gh.t(), x) + gh_bound.t().mm(x.abs()),
         sum_bound(gh.abs().sum(0), B) + gh_bound.sum(0),
-        mm_bound(c.t(), h) + c.abs().t().mm(h_bound),
-        sum_bound(c.abs().sum(0), B),
+        mm_bound(cs.t(), h) + cs.abs().t().mm(h_bound),
+        sum_bound(cs.abs().sum(0), B),
+        sum_bound((c.abs() * (h.abs().mm(w2.abs().t()) + b2.abs())).sum(0), B * (H + 1)) +
+            (c.abs() * h_bound.mm(w2.abs().t())).sum(0),
     };
     std::vector<at::Tensor> bounds;
     for (size_t i = 0; i < params.size(); ++i) {
