@@ -31,7 +31,9 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "hp/mesh/device_mesh.h"
@@ -103,8 +105,8 @@ testing::AssertionResult holds(const at::Tensor& actual, const Placements& place
   }
   const at::Tensor full = full_tensor(actual);
   if (layout_of(actual).placements() != placements) {
-    return testing::AssertionFailure() << "layout " << layout_of(actual).str() << ", expected "
-                                       << to_string(placements);
+    return testing::AssertionFailure()
+           << "layout " << layout_of(actual).str() << ", expected " << to_string(placements);
   }
   if (actual.sizes() != expected.sizes() || full.sizes() != expected.sizes()) {
     return testing::AssertionFailure() << "global shape " << actual.sizes() << " (gathered "
@@ -175,8 +177,8 @@ TEST(DTensorOps, ColumnParallelLinearShardsOutputFeatures) {
     // terms.
     const at::Tensor c2 = c.reshape({rows, H}), x2 = x.reshape({rows, D});
     EXPECT_TRUE(holds(W.grad(), {Shard(0)}, rw.grad(), mm_bound(c2.t(), x2)));
-    EXPECT_TRUE(holds(Bias.grad(), {Shard(0)}, rb.grad(),
-                      sum_bound(c.abs().sum(batch_dims(batch)), rows)));
+    EXPECT_TRUE(
+        holds(Bias.grad(), {Shard(0)}, rb.grad(), sum_bound(c.abs().sum(batch_dims(batch)), rows)));
     EXPECT_TRUE(holds(X.grad(), {Replicate()}, rx.grad(), mm_bound(c, w)));
   }
 }
@@ -195,8 +197,7 @@ TEST(DTensorOps, RowParallelLinearGivesPartial) {
     at::Tensor rx = rleaf(x), rw = rleaf(w), rb = rleaf(b);
     at::Tensor y = F::linear(X, W, Bias);
     at::Tensor ry = F::linear(rx, rw, rb);
-    EXPECT_TRUE(
-        holds(y, {Partial()}, ry, sum_bound(x.abs().matmul(w.abs().t()) + b.abs(), H + 1)));
+    EXPECT_TRUE(holds(y, {Partial()}, ry, sum_bound(x.abs().matmul(w.abs().t()) + b.abs(), H + 1)));
     readout(y, c).backward();
     (ry * c).sum().backward();
     const at::Tensor c2 = c.reshape({rows, D}), x2 = x.reshape({rows, H});
@@ -291,9 +292,9 @@ TEST(DTensorOps, EmbeddingPlacements) {
   at::Tensor rout = F::embedding(ids, rt);
   (rout * c).sum().backward();
   // The table's gradient sums c's rows by id: at most B T terms per row.
-  const at::Tensor grad_bound =
-      sum_bound(at::zeros({V, D}, at::kDouble).index_add(0, ids.reshape(-1), c.abs().reshape({-1, D})),
-                B * T);
+  const at::Tensor grad_bound = sum_bound(
+      at::zeros({V, D}, at::kDouble).index_add(0, ids.reshape(-1), c.abs().reshape({-1, D})),
+      B * T);
   struct Case {
     Placements table, ids, out;
     bool dtensor_ids;
@@ -333,20 +334,43 @@ TEST(DTensorOps, SumAndMeanPlacements) {
   const at::Tensor by_row = sum_bound(x.abs().sum(1), H), by_col = sum_bound(x.abs().sum(0), B),
                    all = sum_bound(x.abs().sum(), B * H);
   const std::vector<Case> cases = {
-      {"sum(1) of S(1)", {Shard(1)}, {Partial()}, [](const at::Tensor& t) { return t.sum(1); },
+      {"sum(1) of S(1)",
+       {Shard(1)},
+       {Partial()},
+       [](const at::Tensor& t) { return t.sum(1); },
        by_row},
-      {"sum(0) of S(1)", {Shard(1)}, {Shard(0)}, [](const at::Tensor& t) { return t.sum(0); },
+      {"sum(0) of S(1)",
+       {Shard(1)},
+       {Shard(0)},
+       [](const at::Tensor& t) { return t.sum(0); },
        by_col},
       {"sum() of S(1)", {Shard(1)}, {Partial()}, [](const at::Tensor& t) { return t.sum(); }, all},
-      {"sum({0, 1}, keepdim) of S(0)", {Shard(0)}, {Partial()},
-       [](const at::Tensor& t) { return t.sum(at::IntArrayRef{0, 1}, true); }, all},
-      {"sum(0) of S(0)", {Shard(0)}, {Partial()}, [](const at::Tensor& t) { return t.sum(0); },
+      {"sum({0, 1}, keepdim) of S(0)",
+       {Shard(0)},
+       {Partial()},
+       [](const at::Tensor& t) {
+         return t.sum(at::IntArrayRef{0, 1}, true);
+       },
+       all},
+      {"sum(0) of S(0)",
+       {Shard(0)},
+       {Partial()},
+       [](const at::Tensor& t) { return t.sum(0); },
        by_col},
-      {"mean(1) of S(1)", {Shard(1)}, {Partial()}, [](const at::Tensor& t) { return t.mean(1); },
+      {"mean(1) of S(1)",
+       {Shard(1)},
+       {Partial()},
+       [](const at::Tensor& t) { return t.mean(1); },
        by_row / H},
-      {"mean(0, keepdim) of S(1)", {Shard(1)}, {Shard(1)},
-       [](const at::Tensor& t) { return t.mean(0, true); }, by_col / B},
-      {"mean() of S(0)", {Shard(0)}, {Partial()}, [](const at::Tensor& t) { return t.mean(); },
+      {"mean(0, keepdim) of S(1)",
+       {Shard(1)},
+       {Shard(1)},
+       [](const at::Tensor& t) { return t.mean(0, true); },
+       by_col / B},
+      {"mean() of S(0)",
+       {Shard(0)},
+       {Partial()},
+       [](const at::Tensor& t) { return t.mean(); },
        all / (B * H)},
   };
   for (const auto& k : cases) {
@@ -364,8 +388,8 @@ TEST(DTensorOps, SumAndMeanPlacements) {
   // Sums of a Partial tensor stay Partial.
   const at::Tensor a = data({B, H}, 33), b = data({H, H}, 34);
   at::Tensor P = distribute(a, on_line({Shard(1)})).mm(distribute(b, on_line({Shard(0)})));
-  EXPECT_TRUE(holds(P.sum(0), {Partial()}, a.mm(b).sum(0),
-                    sum_bound(a.abs().mm(b.abs()).sum(0), H * B)));
+  EXPECT_TRUE(
+      holds(P.sum(0), {Partial()}, a.mm(b).sum(0), sum_bound(a.abs().mm(b.abs()).sum(0), H * B)));
 }
 
 // A norm over a sharded tensor is Replicate; sum of squares over every
@@ -378,7 +402,8 @@ TEST(DTensorOps, NormOfShardedTensorIsReplicate) {
   const double s = x.pow(2).sum().item<double>();
   const double bound = test::reordered_sum_bound(s, x.numel(), at::kDouble) / std::sqrt(s) +
                        kFn * ref.item<double>();
-  for (const Placements& p : {Placements{Shard(0)}, Placements{Shard(1)}, Placements{Replicate()}}) {
+  for (const Placements& p :
+       {Placements{Shard(0)}, Placements{Shard(1)}, Placements{Replicate()}}) {
     SCOPED_TRACE(to_string(p));
     at::Tensor n = distribute(x, on_line(p)).norm();
     EXPECT_TRUE(holds(n, {Replicate()}, ref, at::full({}, bound, at::kDouble)));
@@ -413,15 +438,16 @@ at::Tensor softmax_grad_bound(const at::Tensor& p, const at::Tensor& p_bound, co
                               int64_t dim) {
   const int64_t n = p.size(dim);
   const at::Tensor s = (g * p).sum(dim, true);
-  const at::Tensor ds = (g.abs() * p_bound).sum(dim, true) + sum_bound((g * p).abs().sum(dim, true), n);
+  const at::Tensor ds =
+      (g.abs() * p_bound).sum(dim, true) + sum_bound((g * p).abs().sum(dim, true), n);
   return p_bound * (g - s).abs() + p * ds + 4 * kU * (p * (g - s)).abs() + 4 * kU * p * s.abs();
 }
 
 // Backward of log_softmax, gx = g - exp(y) Σg: exp(y) moves by its own kFn
 // and by y's error (exp(y) |Δy|, first order), Σg by reordering; two
 // roundings on each side.
-at::Tensor log_softmax_grad_bound(const at::Tensor& y, const at::Tensor& y_bound, const at::Tensor& g,
-                                  int64_t dim) {
+at::Tensor log_softmax_grad_bound(const at::Tensor& y, const at::Tensor& y_bound,
+                                  const at::Tensor& g, int64_t dim) {
   const int64_t n = y.size(dim);
   const at::Tensor p = y.exp(), sg = g.sum(dim, true);
   return p * (y_bound + kFn) * sg.abs() + p * sum_bound(g.abs().sum(dim, true), n) +
@@ -433,26 +459,27 @@ at::Tensor log_softmax_grad_bound(const at::Tensor& y, const at::Tensor& y_bound
 TEST(DTensorOps, SoftmaxOverShardedDimStaysSharded) {
   // 5 columns on 4 ranks leave one shard empty (2, 2, 1, 0).
   for (int64_t V : {11, 5}) {
-  SCOPED_TRACE("width " + std::to_string(V));
-  const int64_t B = 7;
-  const at::Tensor x = data({B, V}, 41) * 4, c = data({B, V}, 42);
-  for (int64_t dim : {1, 0}) {
-    SCOPED_TRACE("dim " + std::to_string(dim));
-    for (bool log : {false, true}) {
-      SCOPED_TRACE(log ? "log_softmax" : "softmax");
-      at::Tensor X = dleaf(x, {Shard(1)}), rx = rleaf(x);
-      at::Tensor y = log ? X.log_softmax(dim) : X.softmax(dim);
-      at::Tensor ry = log ? rx.log_softmax(dim) : rx.softmax(dim);
-      const at::Tensor rd = ry.detach();
-      const at::Tensor y_bound = log ? log_softmax_bound(x, rd, dim) : softmax_bound(rd, x.size(dim));
-      EXPECT_TRUE(holds(y, {Shard(1)}, ry, y_bound));
-      readout(y, c).backward();
-      (ry * c).sum().backward();
-      const at::Tensor g_bound = log ? log_softmax_grad_bound(rd, y_bound, c, dim)
-                                     : softmax_grad_bound(rd, y_bound, c, dim);
-      EXPECT_TRUE(holds(X.grad(), {Shard(1)}, rx.grad(), g_bound));
+    SCOPED_TRACE("width " + std::to_string(V));
+    const int64_t B = 7;
+    const at::Tensor x = data({B, V}, 41) * 4, c = data({B, V}, 42);
+    for (int64_t dim : {1, 0}) {
+      SCOPED_TRACE("dim " + std::to_string(dim));
+      for (bool log : {false, true}) {
+        SCOPED_TRACE(log ? "log_softmax" : "softmax");
+        at::Tensor X = dleaf(x, {Shard(1)}), rx = rleaf(x);
+        at::Tensor y = log ? X.log_softmax(dim) : X.softmax(dim);
+        at::Tensor ry = log ? rx.log_softmax(dim) : rx.softmax(dim);
+        const at::Tensor rd = ry.detach();
+        const at::Tensor y_bound =
+            log ? log_softmax_bound(x, rd, dim) : softmax_bound(rd, x.size(dim));
+        EXPECT_TRUE(holds(y, {Shard(1)}, ry, y_bound));
+        readout(y, c).backward();
+        (ry * c).sum().backward();
+        const at::Tensor g_bound = log ? log_softmax_grad_bound(rd, y_bound, c, dim)
+                                       : softmax_grad_bound(rd, y_bound, c, dim);
+        EXPECT_TRUE(holds(X.grad(), {Shard(1)}, rx.grad(), g_bound));
+      }
     }
-  }
   }
 }
 
@@ -504,15 +531,18 @@ TEST(DTensorOps, NllLossOverShardedLogProbs) {
       if (k.reduction == at::Reduction::Mean) loss_bound = loss_bound / count;
     }
     EXPECT_TRUE(holds(loss, k.out, rloss, loss_bound));
-    const at::Tensor c = k.reduction == at::Reduction::None ? data({B}, 44) : at::ones({}, at::kDouble);
+    const at::Tensor c =
+        k.reduction == at::Reduction::None ? data({B}, 44) : at::ones({}, at::kDouble);
     (k.reduction == at::Reduction::None ? readout(loss, c) : loss).backward();
     (rloss * c).sum().backward();
     // The gradient reaching the log-probabilities is -c_i (/ count) at the
     // targets, the same number on both sides.
-    at::Tensor g = at::zeros({B, V}, at::kDouble)
-                       .scatter(1, picked_index, (-c.expand({B}) * valid).unsqueeze(1).to(at::kDouble));
+    at::Tensor g =
+        at::zeros({B, V}, at::kDouble)
+            .scatter(1, picked_index, (-c.expand({B}) * valid).unsqueeze(1).to(at::kDouble));
     if (k.reduction == at::Reduction::Mean) g = g / count;
-    EXPECT_TRUE(holds(X.grad(), k.logits, rx.grad(), log_softmax_grad_bound(ry_full, y_bound, g, 1)));
+    EXPECT_TRUE(
+        holds(X.grad(), k.logits, rx.grad(), log_softmax_grad_bound(ry_full, y_bound, g, 1)));
   }
 
   // cross_entropy decomposes into the two.
@@ -528,12 +558,14 @@ TEST(DTensorOps, NllLossOverShardedLogProbs) {
   const at::Tensor index5 = target5.unsqueeze(1);
   at::Tensor X5 = dleaf(x5, {Shard(1)}), rx5 = rleaf(x5);
   at::Tensor loss5 = F::cross_entropy(X5, target5), rloss5 = F::cross_entropy(rx5, target5);
-  EXPECT_TRUE(holds(loss5, {Partial()}, rloss5,
-                    (y5_bound.gather(1, index5).sum() + sum_bound(y5.gather(1, index5).abs().sum(), B)) / B));
+  EXPECT_TRUE(holds(
+      loss5, {Partial()}, rloss5,
+      (y5_bound.gather(1, index5).sum() + sum_bound(y5.gather(1, index5).abs().sum(), B)) / B));
   loss5.backward();
   rloss5.backward();
   const at::Tensor g5 = at::zeros({B, 5}, at::kDouble).scatter(1, index5, -1.0 / B);
-  EXPECT_TRUE(holds(X5.grad(), {Shard(1)}, rx5.grad(), log_softmax_grad_bound(y5, y5_bound, g5, 1)));
+  EXPECT_TRUE(
+      holds(X5.grad(), {Shard(1)}, rx5.grad(), log_softmax_grad_bound(y5, y5_bound, g5, 1)));
 }
 
 // ---- views -----------------------------------------------------------------------
@@ -572,31 +604,82 @@ TEST(DTensorOps, ViewsKeepDivisibleShardsAndGatherOthers) {
   const int64_t n = ranks();
   auto kept_if = [](bool divisible, Placement p) { return divisible ? p : Replicate(); };
   check_views({
-      {"view [7, 12] -> [7, 4, 3]", {7, 12}, {Shard(1)}, {kept_if(4 % n == 0, Shard(1))},
-       [](const at::Tensor& t) { return t.view({7, 4, 3}); }},
-      {"view [7, 12] -> [7, 6, 2]", {7, 12}, {Shard(1)}, {kept_if(6 % n == 0, Shard(1))},
-       [](const at::Tensor& t) { return t.view({7, 6, 2}); }},
-      {"view [7, 4, 3] -> [7, 12]", {7, 4, 3}, {Shard(1)}, {kept_if(4 % n == 0, Shard(1))},
-       [](const at::Tensor& t) { return t.view({7, 12}); }},
-      {"view [7, 4, 3] -> [7, -1] (inner dim sharded)", {7, 4, 3}, {Shard(2)}, {Replicate()},
-       [](const at::Tensor& t) { return t.view({7, -1}); }},
-      {"view [7, 12] -> [7, 2, 6] (other dim sharded)", {7, 12}, {Shard(0)}, {Shard(0)},
-       [](const at::Tensor& t) { return t.view({7, 2, 6}); }},
-      {"flatten(0, 1) of [7, 4, 3]", {7, 4, 3}, {Shard(0)}, {kept_if(7 % n == 0, Shard(0))},
+      {"view [7, 12] -> [7, 4, 3]",
+       {7, 12},
+       {Shard(1)},
+       {kept_if(4 % n == 0, Shard(1))},
+       [](const at::Tensor& t) {
+         return t.view({7, 4, 3});
+       }},
+      {"view [7, 12] -> [7, 6, 2]",
+       {7, 12},
+       {Shard(1)},
+       {kept_if(6 % n == 0, Shard(1))},
+       [](const at::Tensor& t) {
+         return t.view({7, 6, 2});
+       }},
+      {"view [7, 4, 3] -> [7, 12]",
+       {7, 4, 3},
+       {Shard(1)},
+       {kept_if(4 % n == 0, Shard(1))},
+       [](const at::Tensor& t) {
+         return t.view({7, 12});
+       }},
+      {"view [7, 4, 3] -> [7, -1] (inner dim sharded)",
+       {7, 4, 3},
+       {Shard(2)},
+       {Replicate()},
+       [](const at::Tensor& t) {
+         return t.view({7, -1});
+       }},
+      {"view [7, 12] -> [7, 2, 6] (other dim sharded)",
+       {7, 12},
+       {Shard(0)},
+       {Shard(0)},
+       [](const at::Tensor& t) {
+         return t.view({7, 2, 6});
+       }},
+      {"flatten(0, 1) of [7, 4, 3]",
+       {7, 4, 3},
+       {Shard(0)},
+       {kept_if(7 % n == 0, Shard(0))},
        [](const at::Tensor& t) { return t.flatten(0, 1); }},
-      {"reshape of a transpose", {12, 7}, {Shard(0)}, {kept_if(4 % n == 0, Shard(1))},
-       [](const at::Tensor& t) { return t.t().reshape({7, 4, 3}); }},
-      {"unsqueeze(0)", {7, 12}, {Shard(1)}, {Shard(2)},
+      {"reshape of a transpose",
+       {12, 7},
+       {Shard(0)},
+       {kept_if(4 % n == 0, Shard(1))},
+       [](const at::Tensor& t) {
+         return t.t().reshape({7, 4, 3});
+       }},
+      {"unsqueeze(0)",
+       {7, 12},
+       {Shard(1)},
+       {Shard(2)},
        [](const at::Tensor& t) { return t.unsqueeze(0); }},
-      {"unsqueeze(0).squeeze(0)", {7, 12}, {Shard(1)}, {Shard(1)},
+      {"unsqueeze(0).squeeze(0)",
+       {7, 12},
+       {Shard(1)},
+       {Shard(1)},
        [](const at::Tensor& t) { return t.unsqueeze(0).squeeze(0); }},
-      {"select(0, 2)", {7, 12}, {Shard(1)}, {Shard(0)},
+      {"select(0, 2)",
+       {7, 12},
+       {Shard(1)},
+       {Shard(0)},
        [](const at::Tensor& t) { return t.select(0, 2); }},
-      {"select(1, 5) (the sharded dim)", {7, 12}, {Shard(1)}, {Replicate()},
+      {"select(1, 5) (the sharded dim)",
+       {7, 12},
+       {Shard(1)},
+       {Replicate()},
        [](const at::Tensor& t) { return t.select(1, 5); }},
-      {"slice of the sharded dim", {7, 12}, {Shard(0)}, {Replicate()},
+      {"slice of the sharded dim",
+       {7, 12},
+       {Shard(0)},
+       {Replicate()},
        [](const at::Tensor& t) { return t.slice(0, 1, 6, 2); }},
-      {"slice of another dim", {7, 12}, {Shard(0)}, {Shard(0)},
+      {"slice of another dim",
+       {7, 12},
+       {Shard(0)},
+       {Shard(0)},
        [](const at::Tensor& t) { return t.slice(1, 2, 9); }},
   });
 }
@@ -605,14 +688,28 @@ TEST(DTensorOps, ViewsKeepDivisibleShardsAndGatherOthers) {
 // shard of a dim it does not broadcast.
 TEST(DTensorOps, TransposePermuteAndExpand) {
   check_views({
-      {"permute({2, 0, 1})", {7, 3, 10}, {Shard(2)}, {Shard(0)},
-       [](const at::Tensor& t) { return t.permute({2, 0, 1}); }},
-      {"transpose(0, 2)", {7, 3, 10}, {Shard(0)}, {Shard(2)},
+      {"permute({2, 0, 1})",
+       {7, 3, 10},
+       {Shard(2)},
+       {Shard(0)},
+       [](const at::Tensor& t) {
+         return t.permute({2, 0, 1});
+       }},
+      {"transpose(0, 2)",
+       {7, 3, 10},
+       {Shard(0)},
+       {Shard(2)},
        [](const at::Tensor& t) { return t.transpose(0, 2); }},
       {"t()", {7, 10}, {Shard(0)}, {Shard(1)}, [](const at::Tensor& t) { return t.t(); }},
-      {"t().contiguous()", {7, 10}, {Shard(0)}, {Shard(1)},
+      {"t().contiguous()",
+       {7, 10},
+       {Shard(0)},
+       {Shard(1)},
        [](const at::Tensor& t) { return t.t().contiguous(); }},
-      {"transpose(-1, -2) then matmul operand", {7, 10}, {Shard(1)}, {Shard(0)},
+      {"transpose(-1, -2) * 2",
+       {7, 10},
+       {Shard(1)},
+       {Shard(0)},
        [](const at::Tensor& t) { return t.transpose(-1, -2) * 2; }},
   });
   // Expand sums the gradient over the broadcast dims: reordered sums.
@@ -626,8 +723,12 @@ TEST(DTensorOps, TransposePermuteAndExpand) {
   const std::vector<Case> cases = {
       {"[7, 1] -> [7, 10]", {7, 1}, {Shard(0)}, {Shard(0)}, {7, 10}, {1}},
       {"[10] -> [7, 10]", {10}, {Shard(0)}, {Shard(1)}, {7, 10}, {0}},
-      {"[7, 1] -> [3, 7, 10] (the size-1 dim sharded)", {7, 1}, {Shard(1)}, {Replicate()},
-       {3, 7, 10}, {0, 2}},
+      {"[7, 1] -> [3, 7, 10] (the size-1 dim sharded)",
+       {7, 1},
+       {Shard(1)},
+       {Replicate()},
+       {3, 7, 10},
+       {0, 2}},
       {"[7, 1] -> [-1, 10]", {7, 1}, {Shard(0)}, {Shard(0)}, {-1, 10}, {1}},
   };
   uint64_t seed = 200;
@@ -660,39 +761,71 @@ TEST(DTensorOps, SplitCatAndStack) {
   };
   const Placements s0{Shard(0)}, s1{Shard(1)}, s2{Shard(2)}, r{Replicate()};
   const std::vector<Case> cases = {
-      {"split(3, 0) of S(1)", s1, r, {s1, s1, s1},
+      {"split(3, 0) of S(1)",
+       s1,
+       r,
+       {s1, s1, s1},
        [](const at::Tensor& a, const at::Tensor&) { return a.split(3, 0); }},
-      {"split(4, 1) of S(1)", s1, r, {r, r, r},
+      {"split(4, 1) of S(1)",
+       s1,
+       r,
+       {r, r, r},
        [](const at::Tensor& a, const at::Tensor&) { return a.split(4, 1); }},
-      {"split_with_sizes({2, 5}, 0) of S(1)", s1, r, {s1, s1},
-       [](const at::Tensor& a, const at::Tensor&) { return a.split_with_sizes({2, 5}, 0); }},
-      {"chunk(2, 1) of S(1)", s1, r, {r, r},
+      {"split_with_sizes({2, 5}, 0) of S(1)",
+       s1,
+       r,
+       {s1, s1},
+       [](const at::Tensor& a, const at::Tensor&) {
+         return a.split_with_sizes({2, 5}, 0);
+       }},
+      {"chunk(2, 1) of S(1)",
+       s1,
+       r,
+       {r, r},
        [](const at::Tensor& a, const at::Tensor&) { return a.chunk(2, 1); }},
       {"unbind(0) of S(1)", s1, r, std::vector<Placements>(7, s0),
        [](const at::Tensor& a, const at::Tensor&) { return a.unbind(0); }},
-      {"cat(1) of S(0), S(0)", s0, s0, {s0},
+      {"cat(1) of S(0), S(0)",
+       s0,
+       s0,
+       {s0},
        [](const at::Tensor& a, const at::Tensor& b) {
          return std::vector<at::Tensor>{at::cat({a, b}, 1)};
        }},
       // Equal blocks evenly sharded along the joined dim join into a
       // strided shard of the result; 7 rows split evenly only on 1 rank.
-      {"cat(0) of S(0), S(0)", s0, s0, {ranks() == 1 ? Placements{StridedShard(0, 2)} : r},
+      {"cat(0) of S(0), S(0)",
+       s0,
+       s0,
+       {ranks() == 1 ? Placements{StridedShard(0, 2)} : r},
        [](const at::Tensor& a, const at::Tensor& b) {
          return std::vector<at::Tensor>{at::cat({a, b}, 0)};
        }},
-      {"cat(1) of S(0), R", s0, r, {s0},
+      {"cat(1) of S(0), R",
+       s0,
+       r,
+       {s0},
        [](const at::Tensor& a, const at::Tensor& b) {
          return std::vector<at::Tensor>{at::cat({a, b}, 1)};
        }},
-      {"cat(1) of R, S(0)", r, s0, {r},
+      {"cat(1) of R, S(0)",
+       r,
+       s0,
+       {r},
        [](const at::Tensor& a, const at::Tensor& b) {
          return std::vector<at::Tensor>{at::cat({a, b}, 1)};
        }},
-      {"stack(0) of S(1), S(1)", s1, s1, {s2},
+      {"stack(0) of S(1), S(1)",
+       s1,
+       s1,
+       {s2},
        [](const at::Tensor& a, const at::Tensor& b) {
          return std::vector<at::Tensor>{at::stack({a, b}, 0)};
        }},
-      {"stack(2) of S(0), S(1)", s0, s1, {s0},
+      {"stack(2) of S(0), S(1)",
+       s0,
+       s1,
+       {s0},
        [](const at::Tensor& a, const at::Tensor& b) {
          return std::vector<at::Tensor>{at::stack({a, b}, 2)};
        }},
@@ -791,7 +924,8 @@ TEST(DTensorOps, PointwiseOpsFollowTheShard) {
     // Bounds from the input x, the reference output y and the gradient g
     // reaching the output.
     std::function<at::Tensor(const at::Tensor& x, const at::Tensor& y)> forward;
-    std::function<at::Tensor(const at::Tensor& x, const at::Tensor& y, const at::Tensor& g)> backward;
+    std::function<at::Tensor(const at::Tensor& x, const at::Tensor& y, const at::Tensor& g)>
+        backward;
   };
   auto zero = [](const at::Tensor&, const at::Tensor&) { return exact(); };
   auto zero_g = [](const at::Tensor&, const at::Tensor&, const at::Tensor&) { return exact(); };
@@ -846,14 +980,16 @@ TEST(DTensorOps, PointwiseOpsFollowTheShard) {
   // Broadcasting: a [10] bias or a [7, 1] column follows the [7, 10] input's
   // shard (sliced locally, or kept where it shards the same dim); their
   // gradients sum over the broadcast dim, reordered.
-  const at::Tensor bias = data({10}, 192), col = data({7, 1}, 193).abs() + 1, c = data({7, 10}, 194);
+  const at::Tensor bias = data({10}, 192), col = data({7, 1}, 193).abs() + 1,
+                   c = data({7, 10}, 194);
   struct Broadcast {
     Placements x, bias, col, out;
   };
-  for (const auto& k : std::vector<Broadcast>{{{Shard(1)}, {Shard(0)}, {Replicate()}, {Shard(1)}},
-                                              {{Shard(1)}, {Replicate()}, {Replicate()}, {Shard(1)}},
-                                              {{Shard(0)}, {Replicate()}, {Shard(0)}, {Shard(0)}},
-                                              {{Replicate()}, {Shard(0)}, {Replicate()}, {Shard(1)}}}) {
+  for (const auto& k :
+       std::vector<Broadcast>{{{Shard(1)}, {Shard(0)}, {Replicate()}, {Shard(1)}},
+                              {{Shard(1)}, {Replicate()}, {Replicate()}, {Shard(1)}},
+                              {{Shard(0)}, {Replicate()}, {Shard(0)}, {Shard(0)}},
+                              {{Replicate()}, {Shard(0)}, {Replicate()}, {Shard(1)}}}) {
     SCOPED_TRACE(to_string(k.x) + " + " + to_string(k.bias) + " bias, / " + to_string(k.col) +
                  " column");
     at::Tensor X = dleaf(x, k.x), Bias = dleaf(bias, k.bias), Col = dleaf(col, k.col);
@@ -997,8 +1133,8 @@ struct Branches {
 
   // The leaves in the order forward() takes them.
   static at::Tensor forward(const std::vector<at::Tensor>& p, const at::Tensor& ids,
-                            const at::Tensor& xs_input, const at::Tensor& c1,
-                            const at::Tensor& c2, const at::Tensor& c3, bool dtensor) {
+                            const at::Tensor& xs_input, const at::Tensor& c1, const at::Tensor& c2,
+                            const at::Tensor& c3, bool dtensor) {
     auto read = [&](const at::Tensor& out, const at::Tensor& c) {
       return dtensor ? readout(out, c) : (out * c).sum();
     };
@@ -1009,14 +1145,14 @@ struct Branches {
   std::vector<at::Tensor> grad_bounds() const {
     const at::Tensor c1f = c1.reshape({B * T, H}), c3f = c3.reshape({B * T, D});
     return {
-        mm_bound(c1, w1),                                                    // x
-        mm_bound(c1f.t(), x.reshape({B * T, D})),                            // w1
-        sum_bound(c1.abs().sum(at::IntArrayRef{0, 1}), B * T),                              // b1
-        sum_bound(at::zeros({V, D}, at::kDouble)
-                      .index_add(0, ids.reshape(-1), c2.abs().reshape({-1, D})),
-                  B * T),                                                    // table
-        mm_bound(c3f.t(), xs.reshape({B * T, H})),                           // w2
-        sum_bound(c3.abs().sum(at::IntArrayRef{0, 1}), B * T),                              // b2
+        mm_bound(c1, w1),                                       // x
+        mm_bound(c1f.t(), x.reshape({B * T, D})),               // w1
+        sum_bound(c1.abs().sum(at::IntArrayRef{0, 1}), B * T),  // b1
+        sum_bound(
+            at::zeros({V, D}, at::kDouble).index_add(0, ids.reshape(-1), c2.abs().reshape({-1, D})),
+            B * T),                                             // table
+        mm_bound(c3f.t(), xs.reshape({B * T, H})),              // w2
+        sum_bound(c3.abs().sum(at::IntArrayRef{0, 1}), B * T),  // b2
     };
   }
 };
@@ -1060,8 +1196,8 @@ TEST(DTensorOps, AdamWStepsDTensorParameters) {
   // b2 [5] sharded leaves one rank an empty shard on 4 ranks; s is a
   // Replicate scale of the output.
   const std::vector<std::string> names = {"w1", "b1", "w2", "b2", "s"};
-  const std::vector<Placements> layouts = {{Shard(0)}, {Shard(0)}, {Shard(1)}, {Shard(0)},
-                                           {Replicate()}};
+  const std::vector<Placements> layouts = {
+      {Shard(0)}, {Shard(0)}, {Shard(1)}, {Shard(0)}, {Replicate()}};
   const std::vector<at::Tensor> init = {data({H, D}, 143), data({H}, 144), data({D, H}, 145),
                                         data({D}, 146), data({D}, 147)};
   std::vector<at::Tensor> params, refs;
@@ -1186,7 +1322,8 @@ TEST(DTensorOps, TwoByTwoMesh) {
     const at::Tensor x = data({B, T, D}, 171), w1 = data({H, D}, 172), b1 = data({H}, 173),
                      w2 = data({D, H}, 174), b2 = data({D}, 175), c = data({B, T, D}, 176);
     at::Tensor X = dleaf(x, L({Shard(0), Replicate()})), W1 = dleaf(w1, L({Replicate(), Shard(0)})),
-               B1 = dleaf(b1, L({Replicate(), Shard(0)})), W2 = dleaf(w2, L({Replicate(), Shard(1)})),
+               B1 = dleaf(b1, L({Replicate(), Shard(0)})),
+               W2 = dleaf(w2, L({Replicate(), Shard(1)})),
                B2 = dleaf(b2, L({Replicate(), Replicate()}));
     at::Tensor rx = rleaf(x), rw1 = rleaf(w1), rb1 = rleaf(b1), rw2 = rleaf(w2), rb2 = rleaf(b2);
     at::Tensor h = F::linear(X, W1, B1), rh = F::linear(rx, rw1, rb1);
@@ -1203,16 +1340,17 @@ TEST(DTensorOps, TwoByTwoMesh) {
     (ry * c).sum().backward();
     const at::Tensor cf = c.reshape({B * T, D});
     const at::Tensor gh = c.matmul(w2), gh_bound = mm_bound(c, w2);
-    EXPECT_TRUE(holds(W2.grad(), {Replicate(), Shard(1)}, rw2.grad(),
-                      mm_bound(cf.t(), rhd.reshape({B * T, H})) +
-                          cf.abs().t().mm(h_bound.reshape({B * T, H}))));
+    EXPECT_TRUE(holds(
+        W2.grad(), {Replicate(), Shard(1)}, rw2.grad(),
+        mm_bound(cf.t(), rhd.reshape({B * T, H})) + cf.abs().t().mm(h_bound.reshape({B * T, H}))));
     EXPECT_TRUE(holds(B2.grad(), {Replicate(), Replicate()}, rb2.grad(),
                       sum_bound(c.abs().sum(at::IntArrayRef{0, 1}), B * T)));
     EXPECT_TRUE(holds(W1.grad(), {Replicate(), Shard(0)}, rw1.grad(),
                       mm_bound(gh.reshape({B * T, H}).t(), x.reshape({B * T, D})) +
                           gh_bound.reshape({B * T, H}).t().mm(x.reshape({B * T, D}).abs())));
     EXPECT_TRUE(holds(B1.grad(), {Replicate(), Shard(0)}, rb1.grad(),
-                      sum_bound(gh.abs().sum(at::IntArrayRef{0, 1}), B * T) + gh_bound.sum(at::IntArrayRef{0, 1})));
+                      sum_bound(gh.abs().sum(at::IntArrayRef{0, 1}), B * T) +
+                          gh_bound.sum(at::IntArrayRef{0, 1})));
     EXPECT_TRUE(holds(X.grad(), {Shard(0), Replicate()}, rx.grad(),
                       mm_bound(gh, w1) + gh_bound.matmul(w1.abs())));
   }
@@ -1226,10 +1364,11 @@ TEST(DTensorOps, TwoByTwoMesh) {
     EXPECT_TRUE(holds(out, {Shard(0), Partial()}, rout, exact()));
     readout(out, c).backward();
     (rout * c).sum().backward();
-    EXPECT_TRUE(holds(Table.grad(), {Replicate(), Shard(0)}, rt.grad(),
-                      sum_bound(at::zeros({V, D}, at::kDouble)
-                                    .index_add(0, ids.reshape(-1), c.abs().reshape({-1, D})),
-                                B * T)));
+    EXPECT_TRUE(holds(
+        Table.grad(), {Replicate(), Shard(0)}, rt.grad(),
+        sum_bound(
+            at::zeros({V, D}, at::kDouble).index_add(0, ids.reshape(-1), c.abs().reshape({-1, D})),
+            B * T)));
   }
   {
     SCOPED_TRACE("layer norm");
@@ -1251,6 +1390,51 @@ TEST(DTensorOps, TwoByTwoMesh) {
                       sum_bound(c.abs().sum(at::IntArrayRef{0, 1}), B * T)));
   }
   {
+    SCOPED_TRACE("views and sums");
+    // Dim 0 of [S(0), S(0)] is split over all 4 ranks, in mesh-dim order.
+    const Placements s00{Shard(0), Shard(0)}, s01{Shard(0), Shard(1)}, s0r{Shard(0), Replicate()};
+    const Placements s11{Shard(1), Shard(1)}, rr{Replicate(), Replicate()};
+    const std::vector<std::tuple<std::string, Placements, Placements,
+                                 std::function<at::Tensor(const at::Tensor&)>>>
+        cases = {
+            {"view [8, 12] -> [4, 2, 12]", s00, s00,
+             [](const at::Tensor& t) {
+               return t.view({4, 2, 12});
+             }},
+            {"view [8, 12] -> [2, 4, 12]", s00, rr,
+             [](const at::Tensor& t) {
+               return t.view({2, 4, 12});
+             }},
+            {"view [8, 12] -> [8, 2, 6]", s01, s01,
+             [](const at::Tensor& t) {
+               return t.view({8, 2, 6});
+             }},
+            {"view [8, 12] -> [96]", s0r, s0r, [](const at::Tensor& t) { return t.view({96}); }},
+            {"t()", s00, s11, [](const at::Tensor& t) { return t.t(); }},
+            {"t().contiguous()", s01, (Placements{Shard(1), Shard(0)}),
+             [](const at::Tensor& t) { return t.t().contiguous(); }},
+        };
+    uint64_t seed = 500;
+    for (const auto& [name, in, out_placements, op] : cases) {
+      SCOPED_TRACE(name + " of " + to_string(in));
+      const at::Tensor x = data({8, 12}, ++seed);
+      at::Tensor X = dleaf(x, L(in)), rx = rleaf(x);
+      at::Tensor out = op(X), rout = op(rx);
+      EXPECT_TRUE(holds(out, out_placements, rout, exact()));
+      const at::Tensor c = data(rout.sizes(), ++seed);
+      readout(out, c).backward();
+      (rout * c).sum().backward();
+      EXPECT_TRUE(holds(X.grad(), in, rx.grad(), exact()));
+    }
+    const at::Tensor x = data({8, 12}, 520);
+    at::Tensor X = distribute(x, L(s01));
+    EXPECT_TRUE(holds(X.sum(0), {Partial(), Shard(0)}, x.sum(0), sum_bound(x.abs().sum(0), 8)));
+    EXPECT_TRUE(holds(X.sum(1), {Shard(0), Partial()}, x.sum(1), sum_bound(x.abs().sum(1), 12)));
+    EXPECT_TRUE(holds(X.sum(), {Partial(), Partial()}, x.sum(), sum_bound(x.abs().sum(), 96)));
+    EXPECT_TRUE(holds(distribute(x, L(s00)).sum(0), {Partial(), Partial()}, x.sum(0),
+                      sum_bound(x.abs().sum(0), 8)));
+  }
+  {
     SCOPED_TRACE("loss over [S(0), S(1)] logits");
     const at::Tensor x = data({B, V}, 183) * 4;
     const at::Tensor target = at::tensor({0, 10, 3, 7, 4, 5, 10, 1}, at::kLong);
@@ -1258,9 +1442,9 @@ TEST(DTensorOps, TwoByTwoMesh) {
     at::Tensor loss = F::cross_entropy(X, target), rloss = F::cross_entropy(rx, target);
     const at::Tensor ry = x.log_softmax(1), y_bound = log_softmax_bound(x, ry, 1);
     const at::Tensor index = target.unsqueeze(1);
-    EXPECT_TRUE(holds(loss, {Partial(), Partial()}, rloss,
-                      (y_bound.gather(1, index).sum() +
-                       sum_bound(ry.gather(1, index).abs().sum(), B)) / B));
+    EXPECT_TRUE(holds(
+        loss, {Partial(), Partial()}, rloss,
+        (y_bound.gather(1, index).sum() + sum_bound(ry.gather(1, index).abs().sum(), B)) / B));
     loss.backward();
     rloss.backward();
     const at::Tensor g = at::zeros({B, V}, at::kDouble).scatter(1, index, -1.0 / B);
@@ -1281,9 +1465,9 @@ TEST(DTensorOps, OpWithoutRuleRaisesArgumentError) {
               ThrowsMessage<ArgumentError>(AllOf(HasSubstr("aten::cumsum"),
                                                  HasSubstr("aten::cumsum([S(0)][7, 5])"),
                                                  HasSubstr("has no sharding rule"))));
-  EXPECT_THAT([&] { X.sort(1); },
-              ThrowsMessage<ArgumentError>(AllOf(HasSubstr("aten::sort"), HasSubstr("([S(0)][7, 5])"),
-                                                 HasSubstr("has no sharding rule"))));
+  EXPECT_THAT([&] { X.sort(1); }, ThrowsMessage<ArgumentError>(
+                                      AllOf(HasSubstr("aten::sort"), HasSubstr("([S(0)][7, 5])"),
+                                            HasSubstr("has no sharding rule"))));
   EXPECT_THAT([&] { at::atan2(X, Y); },
               ThrowsMessage<ArgumentError>(HasSubstr("aten::atan2([S(0)][7, 5], [R][7, 5])")));
   EXPECT_THAT([&] { at::atan2(X, y); },
@@ -1299,11 +1483,11 @@ TEST(DTensorOps, InPlaceOpThatWouldChangeSelfsLayoutRaises) {
   at::Tensor P = distribute(a, on_line({Shard(1)})).mm(distribute(b, on_line({Shard(0)})));
   const at::Tensor local_before = local_of(P).clone();
   EXPECT_THAT([&] { P.exp_(); },
-              ThrowsMessage<ArgumentError>(AllOf(HasSubstr("aten::exp_([P(sum)][7, 5])"),
-                                                 HasSubstr("in place"))));
+              ThrowsMessage<ArgumentError>(
+                  AllOf(HasSubstr("aten::exp_([P(sum)][7, 5])"), HasSubstr("in place"))));
   EXPECT_THAT([&] { P.clamp_(-1.0, 1.0); },
-              ThrowsMessage<ArgumentError>(AllOf(HasSubstr("aten::clamp_([P(sum)][7, 5]"),
-                                                 HasSubstr("in place"))));
+              ThrowsMessage<ArgumentError>(
+                  AllOf(HasSubstr("aten::clamp_([P(sum)][7, 5]"), HasSubstr("in place"))));
   EXPECT_TRUE(test::tensors_equal(local_of(P), local_before));
   EXPECT_EQ(layout_of(P).placements(), Placements{Partial()});
 }
