@@ -38,6 +38,7 @@
 
 #include "hp/mesh/device_mesh.h"
 #include "hp/tensor/dtensor_tensor.h"
+#include "hp/tensor/shard_spec.h"
 #include "hp/util/error.h"
 #include "hp/util/format.h"
 #include "tests/support/rounding_bounds.h"
@@ -111,6 +112,13 @@ testing::AssertionResult holds(const at::Tensor& actual, const Placements& place
   if (actual.sizes() != expected.sizes() || full.sizes() != expected.sizes()) {
     return testing::AssertionFailure() << "global shape " << actual.sizes() << " (gathered "
                                        << full.sizes() << "), expected " << expected.sizes();
+  }
+  const Layout& layout = layout_of(actual);
+  const std::vector<int64_t> local = local_shape(
+      expected.sizes().vec(), layout.spec(), layout.mesh()->shape(), layout.mesh()->coordinate());
+  if (local_of(actual).sizes().vec() != local) {
+    return testing::AssertionFailure()
+           << "local shape " << local_of(actual).sizes() << ", expected " << to_string(local);
   }
   return test::within_bound(full, expected, bound);
 }
@@ -599,7 +607,9 @@ void check_views(const std::vector<ViewCase>& cases) {
 
 // A dim that is split or merged keeps its shard when the shard boundaries
 // stay whole rows of the result (the outer piece divisible by the number of
-// shards) and is gathered otherwise.
+// shards), becomes a strided shard when a sharded inner dim divisible by the
+// number of shards merges with outer ones (each rank holds its piece of
+// every block), and is gathered otherwise.
 TEST(DTensorOps, ViewsKeepDivisibleShardsAndGatherOthers) {
   const int64_t n = ranks();
   auto kept_if = [](bool divisible, Placement p) { return divisible ? p : Replicate(); };
@@ -628,9 +638,23 @@ TEST(DTensorOps, ViewsKeepDivisibleShardsAndGatherOthers) {
       {"view [7, 4, 3] -> [7, -1] (inner dim sharded)",
        {7, 4, 3},
        {Shard(2)},
-       {Replicate()},
+       {kept_if(3 % n == 0, StridedShard(1, 4))},
        [](const at::Tensor& t) {
          return t.view({7, -1});
+       }},
+      {"view [7, 3, 4] -> [7, 12] (inner dim sharded)",
+       {7, 3, 4},
+       {Shard(2)},
+       {kept_if(4 % n == 0, StridedShard(1, 3))},
+       [](const at::Tensor& t) {
+         return t.view({7, 12});
+       }},
+      {"view [7, 3, 4] -> [7, 12] -> [7, 3, 4]",
+       {7, 3, 4},
+       {Shard(2)},
+       {kept_if(4 % n == 0, Shard(2))},
+       [](const at::Tensor& t) {
+         return t.view({7, 12}).view({7, 3, 4});
        }},
       {"view [7, 12] -> [7, 2, 6] (other dim sharded)",
        {7, 12},
