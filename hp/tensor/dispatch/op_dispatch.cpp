@@ -317,6 +317,7 @@ void ensure_registered() {
     register_pointwise_rules();
     register_matrix_rules();
     register_view_rules();
+    register_view_backward_rules();
     register_reduction_rules();
     register_factory_rules();
     register_nn_rules();

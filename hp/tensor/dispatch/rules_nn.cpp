@@ -10,6 +10,8 @@
 //    logits is computed without gathering them (loss parallel).
 #include <ATen/ATen.h>
 
+#include <limits>
+
 #include "hp/tensor/dispatch/rule_util.h"
 #include "hp/tensor/redistribute_exec.h"
 #include "hp/tensor/redistribute_plan.h"
@@ -200,8 +202,17 @@ OpPlan softmax_rule(OpCall& call) {
     const bool log = call.name() == "aten::_log_softmax";
     plan.kernel = [dim, across, log, mesh = call.mesh()](torch::jit::Stack& stack) {
       at::Tensor self = stack[stack.size() - 3].toTensor();
-      at::Tensor shifted = self - reduce_across(std::get<0>(self.max(dim, true)), mesh, across,
-                                                dist::ReduceOp::kMax);
+      // A rank whose shard of `dim` is empty (uneven shards) still joins the
+      // max: it contributes -inf, which max() refuses to compute for it.
+      at::Tensor local_max;
+      if (self.size(dim) > 0) {
+        local_max = std::get<0>(self.max(dim, true));
+      } else {
+        std::vector<int64_t> shape = self.sizes().vec();
+        shape[dim] = 1;
+        local_max = at::full(shape, -std::numeric_limits<double>::infinity(), self.options());
+      }
+      at::Tensor shifted = self - reduce_across(local_max, mesh, across, dist::ReduceOp::kMax);
       at::Tensor sum = reduce_across(shifted.exp().sum(dim, true), mesh, across,
                                      dist::ReduceOp::kSum);
       replace_args_with(stack, 3, {log ? shifted - sum.log() : shifted.exp() / sum});

@@ -109,6 +109,7 @@ const RuleEntry* find_rule(const c10::OperatorName& op);
 void register_pointwise_rules();
 void register_matrix_rules();
 void register_view_rules();
+void register_view_backward_rules();
 void register_reduction_rules();
 void register_factory_rules();
 void register_nn_rules();
