@@ -1496,6 +1496,11 @@ TEST(DTensorOps, OpWithoutRuleRaisesArgumentError) {
               ThrowsMessage<ArgumentError>(HasSubstr("aten::atan2([S(0)][7, 5], [R][7, 5])")));
   EXPECT_THAT([&] { at::atan2(X, y); },
               ThrowsMessage<ArgumentError>(HasSubstr("aten::atan2([S(0)][7, 5], plain[7, 5])")));
+  // An out= overload is not covered by its functional op's rule.
+  at::Tensor out = distribute(at::zeros({5}, x.options()), on_line({Replicate()}));
+  EXPECT_THAT([&] { at::sum_out(out, X, {0}); },
+              ThrowsMessage<ArgumentError>(AllOf(HasSubstr("aten::sum.IntList_out"),
+                                                 HasSubstr("has no sharding rule"))));
   // The next op still works: the error left nothing half done.
   EXPECT_TRUE(holds(X + Y, {Shard(0)}, x + y, exact()));
 }

@@ -160,7 +160,7 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::St
   for (size_t i : written) written_values.push_back((*stack)[first + i]);
 
   OpCall call(op, *stack, first, std::move(inputs), mesh);
-  const RuleEntry* rule = find_rule(op.operator_name());
+  const RuleEntry* rule = find_rule(op);
   if (!rule) throw_unsupported(call);
   if (!rule->strided_aware) {
     for (OpInput& in : call.inputs()) {
@@ -288,17 +288,22 @@ void register_rule(const std::string& name, Rule rule, bool strided_aware) {
   table.by_name[name] = RuleEntry{std::move(rule), strided_aware};
 }
 
-const RuleEntry* find_rule(const c10::OperatorName& op) {
+const RuleEntry* find_rule(const c10::OperatorHandle& handle) {
   // Per thread, by the operator's (stable) name object: the hot path is one
   // lookup without a lock or a string.
+  const c10::OperatorName& op = handle.operator_name();
   thread_local std::unordered_map<const c10::OperatorName*, const RuleEntry*> resolved;
   auto hit = resolved.find(&op);
   if (hit != resolved.end()) return hit->second;
+  // An out= overload has extra tensor arguments the functional rule does
+  // not plan for: it needs a rule of its own.
+  bool out_variant = false;
+  for (const auto& argument : handle.schema().arguments()) out_variant |= argument.is_out();
   auto& table = rules();
   std::lock_guard<std::mutex> lock(table.mutex);
   const std::string full = op.overload_name.empty() ? op.name : op.name + "." + op.overload_name;
   auto it = table.by_name.find(full);
-  if (it == table.by_name.end()) it = table.by_name.find(op.name);
+  if (it == table.by_name.end() && !out_variant) it = table.by_name.find(op.name);
   const RuleEntry* entry = it == table.by_name.end() ? nullptr : &it->second;
   resolved.emplace(&op, entry);
   return entry;

@@ -96,10 +96,10 @@ struct RuleEntry {
   bool strided_aware = false;
 };
 
-// Rules by op name: "aten::mm" covers every overload, "aten::add.Tensor"
-// one overload (looked up first).
+// Rules by op name: "aten::mm" covers every overload but the out= ones,
+// "aten::add.Tensor" one overload (looked up first).
 void register_rule(const std::string& name, Rule rule, bool strided_aware = false);
-const RuleEntry* find_rule(const c10::OperatorName& op);
+const RuleEntry* find_rule(const c10::OperatorHandle& op);
 
 // [[noreturn]] The error for an op without a rule, or a rule that cannot
 // handle the placements it got.
