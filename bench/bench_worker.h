@@ -17,4 +17,9 @@ int run_gpt_worker(const std::string& row, const BenchConfig& config);
 // plain vs fully_shard on a world of one, forward + backward.
 int run_hook_worker(const BenchConfig& config);
 
+// The checkpoint row: save and load of a config.ckpt_layers x config.ckpt_d
+// GPT with AdamW state, sharded over the ranks, beside a plain write and
+// read of the same bytes (checkpoint_worker.cpp).
+int run_checkpoint_worker(const BenchConfig& config);
+
 }  // namespace hp::bench
