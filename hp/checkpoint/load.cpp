@@ -144,7 +144,8 @@ LoadResult load_from_metadata(State& state, const Metadata& metadata, const std:
       if (read.chunk->crc32c &&
           crc32c(0, data.data_ptr(), read.chunk->bytes) != *read.chunk->crc32c) {
         fail_file(path, cat("the data of key '", read.entry->key,
-                            "' does not match its checksum (corrupt)"));
+                            "' does not match its checksum (corrupt); the tensors read before "
+                            "it were already filled: load an intact checkpoint again"));
       }
       if (dtype == at::kBool) data = data.to(at::kBool);
       const StateEntry& entry = *read.entry;
