@@ -54,4 +54,14 @@ void run_agreed(const std::function<void()>& fn) {
         std::string(static_cast<const char*>(text.data_ptr()), static_cast<size_t>(length)));
 }
 
+bool same_on_every_rank(int64_t value) {
+  if (!dist::is_initialized() || dist::get_world_size() == 1) return true;
+  dist::Group& world = *dist::world_group();
+  at::Tensor low = at::full({1}, value, at::kLong);
+  at::Tensor high = at::full({1}, value, at::kLong);
+  dist::all_reduce(world, low, dist::ReduceOp::kMin).wait();
+  dist::all_reduce(world, high, dist::ReduceOp::kMax).wait();
+  return low.item<int64_t>() == high.item<int64_t>();
+}
+
 }  // namespace hp::checkpoint

@@ -3,6 +3,7 @@
 // waiting in a collective: checkpoint steps run through run_agreed.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 
 namespace hp::checkpoint {
@@ -13,5 +14,10 @@ namespace hp::checkpoint {
 // CheckpointError; anything else as CheckpointError), with its message.
 // Every rank of the job must call it at the same point.
 void run_agreed(const std::function<void()>& fn);
+
+// Collective over the world: whether every rank passed the same `value`
+// (e.g. a checksum of the keys, shapes and dtypes of a state, which must
+// agree before ranks plan collectives from them). One process: true.
+bool same_on_every_rank(int64_t value);
 
 }  // namespace hp::checkpoint

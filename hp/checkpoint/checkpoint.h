@@ -37,9 +37,9 @@
 namespace hp::checkpoint {
 
 struct SaveOptions {
-  // Test hooks, called on every rank at that point of the save (a test kills
-  // a rank there to check crash safety): after this rank's file is durable,
-  // and (rank 0) after metadata.json is durable, before the rename.
+  // Test hooks (a test kills a rank there to check crash safety):
+  // after_rank_file runs on every rank once every rank's file is durable;
+  // before_commit on rank 0 once metadata.json is durable, before the rename.
   std::function<void()> after_rank_file;
   std::function<void()> before_commit;
 };

@@ -33,8 +33,12 @@ std::string checkpoint_dir_name(int64_t step) { return fmt::format("step-{:08d}"
 
 std::string rank_file_name(int rank) { return fmt::format("rank-{:05d}.safetensors", rank); }
 
-std::string prepare_temp_dir(const std::string& root, int64_t step) {
-  const fs::path temp = fs::path(root) / ("." + std::string("tmp-") + checkpoint_dir_name(step));
+std::string temp_dir(const std::string& root, int64_t step) {
+  return (fs::path(root) / (".tmp-" + checkpoint_dir_name(step))).string();
+}
+
+void prepare_temp_dir(const std::string& root, int64_t step) {
+  const fs::path temp = temp_dir(root, step);
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) fail(root, cat("cannot create it: ", ec.message()));
@@ -42,7 +46,6 @@ std::string prepare_temp_dir(const std::string& root, int64_t step) {
   if (ec) fail(temp.string(), cat("cannot remove a leftover of an earlier save: ", ec.message()));
   fs::create_directory(temp, ec);
   if (ec) fail(temp.string(), cat("cannot create it: ", ec.message()));
-  return temp.string();
 }
 
 std::string commit_dir(const std::string& root, const std::string& temp, int64_t step) {

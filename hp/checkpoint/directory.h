@@ -10,8 +10,11 @@ namespace hp::checkpoint {
 
 inline constexpr const char* kMetadataFile = "metadata.json";
 
-// ROOT/.tmp-step-N, made empty (a leftover of a crashed save is removed).
-std::string prepare_temp_dir(const std::string& root, int64_t step);
+// ROOT/.tmp-step-N, where a save of step N writes before its commit.
+std::string temp_dir(const std::string& root, int64_t step);
+// Makes temp_dir(root, step) exist and be empty (a leftover of a crashed
+// save is removed), creating ROOT when missing.
+void prepare_temp_dir(const std::string& root, int64_t step);
 
 // "rank-00003.safetensors".
 std::string rank_file_name(int rank);

@@ -103,7 +103,10 @@ LoadResult load_from_metadata(State& state, const Metadata& metadata, const std:
     Box part;  // the overlap with this rank's piece
   };
   std::vector<Read> reads;
+  const bool same_states = same_on_every_rank(state.signature());
   run_agreed([&] {
+    HP_CHECK_ARG(same_states, source, ": the ranks' states differ in their keys, shapes, dtypes "
+                 "or layouts; every rank must load the same keys");
     for (const StateEntry& entry : state.entries()) {
       HP_CHECK_ARG(entry.key.compare(0, prefix.size(), prefix) == 0, source, ": key '",
                    entry.key, "' of the state does not start with '", prefix, "'");

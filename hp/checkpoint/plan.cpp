@@ -39,12 +39,11 @@ Box local_box(const StateEntry& entry) {
   return box_at(entry, entry.layout.mesh()->coordinate());
 }
 
-std::vector<PlannedChunk> plan_chunks(const StateEntry& entry, int world_size) {
+std::vector<PlannedChunk> plan_chunks(const StateEntry& entry) {
   std::vector<PlannedChunk> chunks;
   if (!entry.layout.defined()) {
     Box whole{std::vector<int64_t>(entry.shape.size(), 0), entry.shape};
     if (whole.numel() > 0) chunks.push_back({whole, 0});
-    (void)world_size;  // every rank holds it; rank 0 is the lowest
     return chunks;
   }
   const DeviceMesh& mesh = *entry.layout.mesh();

@@ -35,9 +35,9 @@ struct PlannedChunk {
 
 // Every distinct non-empty box the ranks hold, each with the lowest global
 // rank holding it, which writes it: a box held by several ranks (Replicate
-// dims, or an entry without a layout, held by all `world_size` ranks) is
-// written once. In mesh order.
-std::vector<PlannedChunk> plan_chunks(const StateEntry& entry, int world_size);
+// dims, or an entry without a layout, which every rank holds: rank 0 writes
+// it) is written once. In mesh order.
+std::vector<PlannedChunk> plan_chunks(const StateEntry& entry);
 
 // `part` of `box`'s data, where `data` holds exactly `box` (row-major): a
 // view, offsets taken relative to the box.

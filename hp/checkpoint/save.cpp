@@ -121,21 +121,24 @@ SaveResult save(const State& state, const std::string& root, int64_t step,
   std::vector<int64_t> owned_count(static_cast<size_t>(world.size), 0);
   std::vector<const StateEntry*> owned;
   for (const StateEntry& entry : state.entries()) {
-    plans.push_back(plan_chunks(entry, world.size));
+    plans.push_back(plan_chunks(entry));
     for (const PlannedChunk& c : plans.back()) {
       ++owned_count.at(static_cast<size_t>(c.writer));
       if (c.writer == world.rank) owned.push_back(&entry);
     }
   }
 
-  std::string temp;
+  const std::string temp = temp_dir(root, step);
+  // The plan above is only the same on every rank for the same states.
+  const bool same_states = same_on_every_rank(state.signature());
   run_agreed([&] {
+    HP_CHECK_ARG(same_states, "checkpoint::save: the ranks' states differ in their keys, shapes, "
+                 "dtypes or layouts; every rank must save the same keys");
     HP_CHECK_ARG(step >= 0, "checkpoint::save: step must be >= 0, got ", step);
     HP_CHECK_ARG(!root.empty(), "checkpoint::save: the root directory must be non-empty");
     for (const StateEntry& entry : state.entries()) check_piece(entry, "checkpoint::save");
     if (world.rank == 0) prepare_temp_dir(root, step);
   });
-  temp = (std::filesystem::path(root) / (".tmp-" + checkpoint_dir_name(step))).string();
 
   const std::string file = rank_file_name(world.rank);
   RankReport mine;
@@ -156,7 +159,6 @@ SaveResult save(const State& state, const std::string& root, int64_t step,
     reports.push_back(decode(all.data_ptr<int64_t>() + r * length, owned_count[r]));
   }
 
-  std::string final_path;
   run_agreed([&] {
     if (world.rank != 0) return;
     Metadata metadata;
@@ -188,7 +190,7 @@ SaveResult save(const State& state, const std::string& root, int64_t step,
     }
     write_file_atomically(temp + "/" + kMetadataFile, metadata.to_json());
     if (options.before_commit) options.before_commit();
-    final_path = commit_dir(root, temp, step);
+    commit_dir(root, temp, step);
   });
 
   SaveResult result;

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include "hp/checkpoint/crc32c.h"
 #include "hp/checkpoint/safetensors.h"
 #include "hp/util/error.h"
 
@@ -23,6 +24,15 @@ void State::add(const std::string& key, const at::Tensor& local, const Layout& l
   HP_CHECK_ARG(layout.defined(), "checkpoint state: tensor '", key,
                "' has an undefined layout; use add(key, tensor) for a tensor every rank holds");
   add_entry({key, local, shape, layout});
+}
+
+uint32_t State::signature() const {
+  std::string text;
+  for (const StateEntry& e : entries_) {
+    text += cat(e.key, '\n', to_string(e.shape), '\n', e.local.scalar_type(), '\n',
+                e.layout.defined() ? e.layout.str() : std::string("whole"), '\n');
+  }
+  return crc32c(0, text.data(), text.size());
 }
 
 const StateEntry* State::find(const std::string& key) const {

@@ -62,6 +62,9 @@ class State {
   // The entry named `key`, or nullptr.
   const StateEntry* find(const std::string& key) const;
   bool empty() const { return entries_.empty(); }
+  // A checksum of every key, global shape, dtype and layout, in order: the
+  // ranks of a job must hold states with equal signatures.
+  uint32_t signature() const;
 
  private:
   void add_entry(StateEntry entry);

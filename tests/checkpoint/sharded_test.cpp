@@ -223,6 +223,19 @@ TEST(ShardedCheckpoint, MismatchesRaiseOnEveryRankAndChangeNothing) {
     EXPECT_THAT([&] { save(piece, dir.path(), 4); },
                 ThrowsMessage<ArgumentError>(HasSubstr("tensor 'a' has a local piece of shape")));
   }
+  if (world() > 1) {
+    // A state that differs between ranks (rank 0 has one key more) would
+    // make the ranks plan different collectives: refused on every rank.
+    State uneven;
+    uneven.add("a", a, fsdp, {5, 3});
+    uneven.add("b", b);
+    if (test::rank() == 0) uneven.add("c", at::zeros({2}));
+    EXPECT_THAT([&] { save(uneven, dir.path(), 5); },
+                ThrowsMessage<ArgumentError>(HasSubstr("the ranks' states differ")));
+    EXPECT_THAT([&] { load(uneven, dir.path()); },
+                ThrowsMessage<ArgumentError>(HasSubstr("the ranks' states differ")));
+    unchanged();
+  }
   EXPECT_THAT([&] { load(state, dir / "nothing-here"); },
               ThrowsMessage<CheckpointError>(HasSubstr("holds no complete checkpoint")));
 }
