@@ -372,8 +372,27 @@ DTensor distribute_tensor(const at::Tensor& tensor, const Layout& layout) {
   std::vector<int64_t> shape = tensor.sizes().vec();
   at::Tensor piece = tensor.detach();
   for (int64_t d = 0; d < tensor.dim(); ++d) {
+    bool strided = false;
+    for (const auto& p : norm.placements()) strided |= p.is_strided_shard(d);
+    if (strided) continue;
     Span s = shard_span(shape[d], norm.spec(), d, mesh.shape(), coord);
     piece = piece.narrow(d, s.offset, s.size);
+  }
+  // A strided shard takes its piece of each block instead (the plain narrow
+  // above skipped its dim: shard_span reports k pieces, not one span).
+  for (int64_t m = 0; m < mesh.ndim(); ++m) {
+    const Placement& p = norm.placements()[m];
+    if (!p.is_strided_shard()) continue;
+    const int64_t d = p.dim(), k = p.split_factor();
+    HP_CHECK_ARG(shape[d] % (k * mesh.size(m)) == 0, "distribute_tensor: ", p.str(),
+                 " needs tensor dim ", d, " (size ", shape[d], ") divisible by ",
+                 k * mesh.size(m), " (", k, " blocks over ", mesh.size(m), " ranks)");
+    const int64_t each = shape[d] / k / mesh.size(m);
+    std::vector<at::Tensor> pieces;
+    for (int64_t b = 0; b < k; ++b) {
+      pieces.push_back(piece.narrow(d, b * (shape[d] / k) + coord[m] * each, each));
+    }
+    piece = at::cat(pieces, d);
   }
   bool zero = false;
   for (int64_t m = 0; m < mesh.ndim(); ++m) {

@@ -34,6 +34,19 @@ Layout::Layout(DeviceMeshPtr mesh, ShardSpec spec) : mesh_(std::move(mesh)), spe
                  " of tensor dim ", dim, " must list exactly the mesh dims ",
                  to_string(expected), " that shard it under ", to_string(spec_.placements));
   }
+  for (int64_t m = 0; m < mesh_->ndim(); ++m) {
+    const Placement& p = spec_.placements[m];
+    if (!p.is_strided_shard()) continue;
+    HP_CHECK_ARG(p.split_factor() >= 2, "Layout: ", p.str(), " on mesh dim '",
+                 mesh_->dim_names()[m], "' needs a split factor of at least 2");
+    for (int64_t o = 0; o < mesh_->ndim(); ++o) {
+      const Placement& q = spec_.placements[o];
+      HP_CHECK_ARG(o == m || !q.is_sharded() || q.dim() != p.dim(), "Layout: ", p.str(),
+                   " on mesh dim '", mesh_->dim_names()[m], "' and ", q.str(), " on mesh dim '",
+                   mesh_->dim_names()[o], "' shard the same tensor dim; a strided shard must be ",
+                   "the only one on its dim");
+    }
+  }
   spec_.canonicalize();
 }
 
@@ -123,14 +136,14 @@ Layout Layout::normalized(int64_t tensor_ndim) const {
   ShardSpec spec;
   for (int64_t m = 0; m < static_cast<int64_t>(spec_.placements.size()); ++m) {
     const Placement& p = spec_.placements[m];
-    if (!p.is_shard()) {
+    if (!p.is_sharded()) {
       spec.placements.push_back(p);
       continue;
     }
     HP_CHECK_ARG(p.dim() >= -tensor_ndim && p.dim() < tensor_ndim, p.str(), " on mesh dim '",
                  mesh_->dim_names()[m], "' is out of range for a tensor with ", tensor_ndim,
                  " dims; expected -", tensor_ndim, " <= dim < ", tensor_ndim);
-    spec.placements.push_back(Shard(p.dim() < 0 ? p.dim() + tensor_ndim : p.dim()));
+    spec.placements.push_back(p.with_dim(p.dim() < 0 ? p.dim() + tensor_ndim : p.dim()));
   }
   for (const auto& [dim, order] : spec_.orders) {
     spec.orders[dim < 0 ? dim + tensor_ndim : dim] = order;

@@ -9,6 +9,7 @@ std::string Placement::str() const {
     case Kind::kShard: return cat("S(", dim_, ")");
     case Kind::kReplicate: return "R";
     case Kind::kPartial: return cat("P(", dist::to_string(op_), ")");
+    case Kind::kStridedShard: return cat("S(", dim_, ", split ", split_factor_, ")");
   }
   return "?";
 }

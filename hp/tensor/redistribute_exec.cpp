@@ -121,6 +121,48 @@ at::Tensor all_to_all(const StepContext& c, const at::Tensor& x) {
   return at::cat(parts, 0).movedim({0, 1}, {d1, d2}).contiguous();
 }
 
+// Strided shards need every block to split evenly: the pieces are then
+// equal and the interleaving is a reshape.
+void check_strided_even(const StepContext& c) {
+  const int64_t length = c.global_shape.at(c.step.tensor_dim);
+  const int64_t k = c.step.split_factor;
+  HP_CHECK_ARG(length % (k * c.ranks) == 0, "StridedShard(", c.step.tensor_dim, ", ", k,
+               "): tensor dim ", c.step.tensor_dim, " of size ", length, " does not split into ",
+               k, " blocks of ", c.ranks, " equal pieces; expected a size divisible by ",
+               k * c.ranks);
+}
+
+at::Tensor strided_all_gather(const StepContext& c, const at::Tensor& x) {
+  check_strided_even(c);
+  const int64_t d = c.step.tensor_dim, k = c.step.split_factor;
+  at::Tensor piece = x.movedim(d, 0).contiguous();  // [k * p, rest...]
+  std::vector<int64_t> shape = piece.sizes().vec();
+  const int64_t p = shape[0] / k;
+  shape[0] *= c.ranks;
+  at::Tensor gathered = at::empty(shape, x.options());  // [ranks * k * p, rest...]
+  dist::all_gather_into(c.group, gathered, piece).wait();
+  std::vector<int64_t> blocks = piece.sizes().vec();
+  blocks[0] = p;
+  blocks.insert(blocks.begin(), {c.ranks, k});           // [ranks, k, p, rest...]
+  std::vector<int64_t> whole = piece.sizes().vec();
+  whole[0] = c.ranks * k * p;
+  return gathered.view(blocks).transpose(0, 1).reshape(whole).movedim(0, d).contiguous();
+}
+
+at::Tensor strided_chunk(const StepContext& c, const at::Tensor& x) {
+  check_strided_even(c);
+  const int64_t d = c.step.tensor_dim, k = c.step.split_factor;
+  at::Tensor moved = x.movedim(d, 0);
+  std::vector<int64_t> blocks = moved.sizes().vec();
+  const int64_t length = blocks[0];
+  blocks[0] = length / k;
+  blocks.insert(blocks.begin(), k);                      // [k, length / k, rest...]
+  const int64_t p = length / k / c.ranks;
+  std::vector<int64_t> mine = moved.sizes().vec();
+  mine[0] = k * p;
+  return moved.reshape(blocks).narrow(1, c.me * p, p).reshape(mine).movedim(0, d).contiguous();
+}
+
 at::Tensor partition(const StepContext& c, const at::Tensor& x) {
   return partition_keeps_value(c.step.op, c.me) ? x.clone(at::MemoryFormat::Contiguous)
                                                  : at::zeros_like(x, at::MemoryFormat::Contiguous);
@@ -142,6 +184,8 @@ at::Tensor execute_redistribute(const RedistributePlan& plan, const at::Tensor& 
       case Kind::kReduceScatter: x = reduce_scatter(c, x); break;
       case Kind::kAllToAll: x = all_to_all(c, x); break;
       case Kind::kPartition: x = partition(c, x); break;
+      case Kind::kStridedAllGather: x = strided_all_gather(c, x); break;
+      case Kind::kStridedChunk: x = strided_chunk(c, x); break;
     }
   }
   // An empty plan still hands back a tensor of its own.

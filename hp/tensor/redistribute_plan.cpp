@@ -115,7 +115,7 @@ class Planner {
 
   // Records a step that sets mesh dim m to `to` (shard orders already updated).
   void emit(Kind kind, int64_t m, int64_t d, int64_t d2, dist::ReduceOp op, Placement to) {
-    RedistributeStep step{kind, m, d, d2, op, before_, {}};
+    RedistributeStep step{kind, m, d, d2, op, 1, before_, {}};
     cur_.placements[m] = to;
     step.after = cur_.spec();
     before_ = step.after;
@@ -135,8 +135,9 @@ using PlanKey = std::vector<int64_t>;
 void append_key(PlanKey& key, const ShardSpec& spec) {
   key.push_back(static_cast<int64_t>(spec.placements.size()));
   for (const Placement& p : spec.placements) {
-    key.push_back(p.is_shard() ? 0 : p.is_replicate() ? 1 : 2);
-    key.push_back(p.is_shard() ? p.dim() : p.is_partial() ? static_cast<int64_t>(p.reduce_op()) : 0);
+    key.push_back(p.is_shard() ? 0 : p.is_replicate() ? 1 : p.is_partial() ? 2 : 3);
+    key.push_back(p.is_sharded() ? p.dim() : p.is_partial() ? static_cast<int64_t>(p.reduce_op()) : 0);
+    key.push_back(p.split_factor());
   }
   key.push_back(static_cast<int64_t>(spec.orders.size()));
   for (const auto& [tensor_dim, mesh_dims] : spec.orders) {
@@ -165,8 +166,62 @@ const char* verb(const RedistributeStep& s) {
     case Kind::kReduceScatter: return "reduce_scatter";
     case Kind::kAllToAll: return "all_to_all";
     case Kind::kPartition: return "local partition (no communication)";
+    case Kind::kStridedAllGather: return "all_gather of strided blocks";
+    case Kind::kStridedChunk: return "local strided chunk (no communication)";
   }
   return "?";
+}
+
+// Strided shards are moved through Replicate around the ordinary planner:
+// gathered first where the target differs, chunked last where the source
+// differs; one kept on both sides stays untouched (no other mesh dim may
+// shard its tensor dim, so no ordinary step touches it).
+std::vector<RedistributeStep> plan_steps(const ShardSpec& source, const ShardSpec& target) {
+  const size_t n = source.placements.size();
+  bool strided = false;
+  for (size_t m = 0; m < n; ++m) {
+    strided |= source.placements[m].is_strided_shard() || target.placements[m].is_strided_shard();
+  }
+  if (!strided) return Planner(source, target).run();
+  std::vector<RedistributeStep> steps;
+  ShardSpec cur = source;
+  for (size_t m = 0; m < n; ++m) {
+    const Placement& p = source.placements[m];
+    if (!p.is_strided_shard() || target.placements[m] == p) continue;
+    RedistributeStep step{Kind::kStridedAllGather, static_cast<int64_t>(m), p.dim(), -1,
+                          dist::ReduceOp::kSum, p.split_factor(), cur, {}};
+    cur.placements[m] = Replicate();
+    step.after = cur;
+    steps.push_back(std::move(step));
+  }
+  // The middle: both sides with every strided shard as Replicate.
+  ShardSpec mid_src = cur, mid_dst = target;
+  std::vector<size_t> kept;
+  for (size_t m = 0; m < n; ++m) {
+    if (mid_src.placements[m].is_strided_shard()) {
+      kept.push_back(m);
+      mid_src.placements[m] = Replicate();
+    }
+    if (mid_dst.placements[m].is_strided_shard()) mid_dst.placements[m] = Replicate();
+  }
+  for (RedistributeStep step : Planner(mid_src, mid_dst).run()) {
+    for (size_t m : kept) {
+      step.before.placements[m] = source.placements[m];
+      step.after.placements[m] = source.placements[m];
+    }
+    cur = step.after;
+    steps.push_back(std::move(step));
+  }
+  for (size_t m = 0; m < n; ++m) {
+    const Placement& p = target.placements[m];
+    if (!p.is_strided_shard() || source.placements[m] == p) continue;
+    RedistributeStep step{Kind::kStridedChunk, static_cast<int64_t>(m), p.dim(), -1,
+                          dist::ReduceOp::kSum, p.split_factor(), cur, {}};
+    cur.placements[m] = p;
+    step.after = cur;
+    steps.push_back(std::move(step));
+  }
+  return steps;
 }
 
 }  // namespace
@@ -191,6 +246,10 @@ std::string RedistributePlan::explain(const DeviceMesh* mesh) const {
     switch (s.kind) {
       case Kind::kAllGather:
       case Kind::kChunk: out += cat(" along tensor dim ", s.tensor_dim); break;
+      case Kind::kStridedAllGather:
+      case Kind::kStridedChunk:
+        out += cat(" along tensor dim ", s.tensor_dim, " (", s.split_factor, " blocks)");
+        break;
       case Kind::kAllReduce: out += cat("(", dist::to_string(s.op), ")"); break;
       case Kind::kReduceScatter:
         out += cat("(", dist::to_string(s.op), ") along tensor dim ", s.tensor_dim);
@@ -224,7 +283,7 @@ std::shared_ptr<const RedistributePlan> plan_redistribute(const ShardSpec& sourc
       return it->second;
     }
   }
-  auto steps = Planner(source, target).run();
+  auto steps = plan_steps(source, target);
   // A planner bug, not a user mistake: an internal assertion, not ArgumentError.
   TORCH_INTERNAL_ASSERT(steps.empty() ? source == target : steps.back().after == target,
                         "redistribute plan from ", source.str(), " ends at ",

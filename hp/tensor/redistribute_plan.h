@@ -32,16 +32,23 @@ namespace hp {
 class DeviceMesh;
 
 struct RedistributeStep {
-  enum class Kind { kAllGather, kChunk, kAllReduce, kReduceScatter, kAllToAll, kPartition };
+  enum class Kind {
+    kAllGather, kChunk, kAllReduce, kReduceScatter, kAllToAll, kPartition,
+    kStridedAllGather,  // StridedShard(d, k) -> R: all_gather, then interleave the k blocks
+    kStridedChunk,      // R -> StridedShard(d, k): this rank's piece of each block, no communication
+  };
   Kind kind;
   int64_t mesh_dim;
   int64_t tensor_dim = -1;     // gathered / chunked / scattered dim; all_to_all: source dim
   int64_t to_tensor_dim = -1;  // all_to_all: the newly sharded dim
   dist::ReduceOp op = dist::ReduceOp::kSum;
+  int64_t split_factor = 1;    // strided steps: the number of blocks
   ShardSpec before;            // the spec this step starts from
   ShardSpec after;
 
-  bool communicates() const { return kind != Kind::kChunk && kind != Kind::kPartition; }
+  bool communicates() const {
+    return kind != Kind::kChunk && kind != Kind::kPartition && kind != Kind::kStridedChunk;
+  }
 };
 
 class RedistributePlan {

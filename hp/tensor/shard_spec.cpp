@@ -46,6 +46,15 @@ Span chunk_span(int64_t length, int64_t pieces, int64_t index) {
 
 Span shard_span(int64_t length, const ShardSpec& spec, int64_t tensor_dim,
                 const std::vector<int64_t>& mesh_shape, const std::vector<int64_t>& coordinate) {
+  // A strided shard holds its piece of each of k blocks: the size is k
+  // pieces, the offset that of the piece in the first block.
+  for (size_t m = 0; m < spec.placements.size(); ++m) {
+    const Placement& p = spec.placements[m];
+    if (!p.is_strided_shard(tensor_dim)) continue;
+    const int64_t k = p.split_factor();
+    Span piece = chunk_span(length / k, mesh_shape[m], coordinate[m]);
+    return {piece.offset, k * piece.size};
+  }
   Span span{0, length};
   for (int64_t m : spec.mesh_dims_of(tensor_dim)) {
     Span piece = chunk_span(span.size, mesh_shape[m], coordinate[m]);

@@ -57,6 +57,7 @@
 #include "hp/nn/loss.h"
 #include "hp/util/trace.h"
 #include "tests/launcher/process_runner.h"
+#include "tests/nn/gpt_sensitivity.h"
 #include "tests/support/rounding_bounds.h"
 #include "tools/hp_train/batches.h"
 #include "tools/hp_train/corpus.h"
@@ -343,6 +344,47 @@ TEST(HpTrain, InitFromGivesTheFilesModelInEveryMode) {
   const double expected_fsdp = first_loss(model, 2);
   EXPECT_TRUE(test::within_bound(fsdp[0], expected_fsdp, first_loss_bound(expected_fsdp, 2)))
       << "--mode fsdp on 2 from the file";
+}
+
+// --mode tp from the same --init-from weights and data as --mode none.
+// Step 0: tensor parallelism reorders sums inside the forward (the
+// row-parallel products' partial sums, the vocabulary's exp-sum, the
+// replicated parameters' gradients), so the loss is held to the measured
+// bound of tests/nn/gpt_sensitivity.h in fp32, 4 n_max u S, where S is the
+// loss's response to relative changes of every parameter, measured in
+// float64 on the file's model and batch 0, and n_max = max(4 d, tokens,
+// vocab) the longest sum; plus first_loss_bound for the mean's order. Later
+// steps have no bound the logs support (see the top): tensor parallelism's
+// AdamW steps are checked elementwise in tests/tp/gpt_tp_test.cpp. Here tp
+// must train, repeat bit for bit, and write every rank's --trace.
+TEST(HpTrain, TensorParallelMatchesOneProcessAtStepZero) {
+  TempDir dir;
+  nn::GPT model = tiny_model(99);
+  const std::string weights = write_weights(dir, model);
+  const Args args = concat(kTiny, {"--init-from", weights});
+  const Args tp = concat(args, {"--mode", "tp", "--mesh", "2", "--trace", dir.file("tp.json")});
+  const std::vector<double> curve = losses(2, tp, dir, "tp");
+  ASSERT_EQ(curve.size(), 5u);
+
+  const Batch batch = first_batch();
+  const nn::GPTConfig config = model->config();
+  const nn::Sensitivity s = nn::measure_sensitivity(model, config, batch.inputs, batch.targets);
+  const int64_t n_max = std::max({4 * config.n_embd, kTokens, config.vocab_size});
+  const double expected = first_loss(model, 1);
+  const double bound = test::reordered_sum_bound(s.per_unit.at("loss"), n_max, at::kFloat) +
+                       first_loss_bound(expected, 1);
+  EXPECT_TRUE(test::within_bound(curve[0], expected, bound)) << "tp on 2, step 0";
+  EXPECT_LT(curve[4], curve[0] - 0.5) << "tp trains";
+  EXPECT_EQ(losses(2, tp, dir, "tp_again"), curve) << "tp repeats";
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_TRUE(std::ifstream(dir.file("tp.rank" + std::to_string(rank) + ".json")).good())
+        << "rank " << rank << "'s trace";
+  }
+  // Flags that configure fully_shard are refused, as with --mode none.
+  ProcessResult r = hp_train(2, concat(tp, {"--no-prefetch"}));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err + r.out, HasSubstr("--no-prefetch configures fully_shard and does not apply "
+                                       "to --mode tp"));
 }
 
 TEST(HpTrain, InitFromMismatchFailsEveryRankWithTheName) {

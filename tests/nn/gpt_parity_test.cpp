@@ -43,6 +43,7 @@
 #include "hp/nn/gpt.h"
 #include "hp/nn/loss.h"
 #include "tests/nn/raw_tensors.h"
+#include "tests/nn/gpt_sensitivity.h"
 #include "tests/support/rounding_bounds.h"
 #include "tests/support/tensor_checks.h"
 
@@ -53,30 +54,8 @@
 namespace hp::nn {
 namespace {
 
-// Bounds. Every compared value is a composition of elementwise functions
-// and sums (dot products in the linear layers and attention, LayerNorm's
-// mean and variance, softmax, the loss's mean, and in the backward pass the
-// weight gradients' sums over the B*T tokens) of at most n_max terms, with
-// n_max = max(4 d, B*T, vocab). Two orders of one sum of n terms differ by
-// at most 4 n u Σ|terms| (reordered_sum_bound), the same as scaling every
-// term by its own factor within 1 ± 4 n u; an elementwise function (exp,
-// erf, rsqrt) rounds by a few u, well inside that. To first order in u, an
-// output then moves by its response to relative changes of size 4 n_max u
-// in the terms of its sums. Each such term carries a parameter factor or
-// is built from parameters through the earlier layers, so we measure that
-// response: scale every parameter elementwise by 1 ± kProbe with random
-// signs (kProbeDraws draws), rerun forward and backward in float64, and take
-// S = max |change| / kProbe over the draws and over each compared tensor.
-// kProbe = 2^-30 is small enough that second-order terms (~kProbe^2 ≈ 1e-18
-// relative) and float64 rounding (~1e-16 relative) do not show in the
-// change, and large enough that it dominates both. The bound on a tensor is
-// then 4 n_max u S. This is a measurement, not a proof: random signs probe
-// typical directions, not the worst alignment of rounding errors; the
-// worst-case factor 4 n_max (n_max = 128 here, where real rounding grows
-// like √n) is the margin for that, and HP_TEST_PRINT_BOUND_USE=1 prints how
-// much of it the comparison uses.
-constexpr double kProbe = 0x1p-30;
-constexpr int kProbeDraws = 8;
+// Bounds: tests/nn/gpt_sensitivity.h (4 n_max u S, S measured by probing
+// every parameter).
 //
 // The AdamW step: AdamWBound turns the gradient bound into a bound on each
 // parameter after the step (Adam divides by sqrt(v), so where |g| is not
@@ -107,63 +86,6 @@ std::pair<int, std::string> run(const std::string& command) {
   while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
   const int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
-
-// The logits, the loss and every parameter's gradient of one forward and
-// backward pass, named as the reference names them.
-using Named = std::map<std::string, at::Tensor>;
-
-Named forward_backward(GPT& model, const at::Tensor& idx, const at::Tensor& targets) {
-  model->zero_grad();
-  at::Tensor logits = model(idx);
-  at::Tensor loss = cross_entropy(logits, targets);
-  loss.backward();
-  Named out{{"logits", logits.detach()}, {"loss", loss.detach()}};
-  for (const auto& p : model->named_parameters()) {
-    out.emplace("grad." + p.key(), p.value().grad().clone());
-  }
-  return out;
-}
-
-// A model of `config` in `dtype` holding `source`'s parameters.
-GPT copy_of(GPT& source, const GPTConfig& config, at::ScalarType dtype) {
-  GPT copy(config);
-  copy->to(dtype);
-  torch::NoGradGuard no_grad;
-  auto from = source->named_parameters();
-  for (auto& p : copy->named_parameters()) p.value().copy_(from[p.key()]);
-  return copy;
-}
-
-// The float64 results at `model`'s parameters and, for each of them, S (see
-// Bounds): the largest change per unit of relative parameter perturbation.
-struct Sensitivity {
-  Named base;
-  std::map<std::string, double> per_unit;
-};
-
-Sensitivity measure_sensitivity(GPT& model, const GPTConfig& config, const at::Tensor& idx,
-                                const at::Tensor& targets) {
-  GPT probe = copy_of(model, config, at::kDouble);
-  Sensitivity s{forward_backward(probe, idx, targets), {}};
-  Named original;
-  for (const auto& p : probe->named_parameters()) original.emplace(p.key(), p.value().clone());
-  auto gen = at::detail::createCPUGenerator(7);
-  for (int draw = 0; draw < kProbeDraws; ++draw) {
-    {
-      torch::NoGradGuard no_grad;
-      for (auto& p : probe->named_parameters()) {
-        at::Tensor sign = torch::randint(2, p.value().sizes(), gen, torch::kDouble) * 2 - 1;
-        p.value().copy_(original.at(p.key()) * (1 + kProbe * sign));
-      }
-    }
-    Named moved = forward_backward(probe, idx, targets);
-    for (const auto& [name, value] : s.base) {
-      const double change = (moved.at(name) - value).abs().max().item<double>() / kProbe;
-      s.per_unit[name] = std::max(s.per_unit[name], change);
-    }
-  }
-  return s;
 }
 
 // Tracks how much of their bounds a group of comparisons uses, for the log.

@@ -31,6 +31,7 @@
 #include "hp/nn/gpt.h"
 #include "hp/util/error.h"
 #include "hp/util/memory_stats.h"
+#include "hp/tensor/dtensor_tensor.h"
 #include "hp/util/trace.h"
 #include "tools/hp_train/checkpointing.h"
 #include "tools/hp_train/corpus.h"
@@ -64,6 +65,19 @@ int64_t parameter_count(hp::nn::GPT& model) {
   int64_t count = 0;
   for (const auto& p : model->parameters()) count += p.numel();
   return count;
+}
+
+// A plain model with the global values of `model`'s (tensor-parallel)
+// parameters; collective.
+hp::nn::GPT whole_copy(hp::nn::GPT& model) {
+  hp::nn::GPT copy(model->config());
+  torch::NoGradGuard no_grad;
+  auto from = model->named_parameters();
+  for (auto& p : copy->named_parameters()) {
+    const at::Tensor& value = from[p.key()];
+    p.value().copy_(hp::is_dtensor(value) ? hp::full_tensor(value) : value);
+  }
+  return copy;
 }
 
 // "out/trace.json" -> "out/trace.rank1.json": one file per rank.
@@ -134,8 +148,11 @@ int run(const TrainOptions& options) {
     hp::trace::set_origin(origin.item<int64_t>());
     hp::trace::enable(world.rank, fmt::format("rank {}", world.rank));
   }
-  Trainer trainer(model, fsdp, distributed ? hp::dist::world_group() : nullptr, corpus.tokens,
-                  options);
+  // Data-parallel ranks are the world's ranks in the fully_shard modes;
+  // tensor-parallel ranks all read the same samples.
+  const int64_t dp_rank = parallelism.dp_size > 1 ? world.rank : 0;
+  Trainer trainer(model, fsdp, distributed ? hp::dist::world_group() : nullptr, dp_rank,
+                  parallelism.dp_size, corpus.tokens, options);
 
   say(root, header_text(options, parallelism, corpus, parameters));
   ProgressMeter meter(options.steps, options.batch * options.seq);
@@ -191,11 +208,15 @@ int run(const TrainOptions& options) {
       // same tokens.
       std::optional<GatheredForInference> gathered;
       if (fsdp) gathered.emplace(fully_shard_units(model, *fsdp), options.reshard_after_forward);
-      model->eval();
+      // Tensor parallelism: sampling (top-k, multinomial) has no sharding
+      // rules, so every rank samples from a whole copy of the model.
+      hp::nn::GPT sampler =
+          parallelism.mode == Mode::kTP ? whole_copy(model) : model;
+      sampler->eval();
       at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
       at::Tensor prompt = corpus.tokens.narrow(0, 0, 1).view({1, 1});
-      sample = model->generate(prompt, options.sample_tokens, options.temperature, options.top_k,
-                               generator);
+      sample = sampler->generate(prompt, options.sample_tokens, options.temperature,
+                                 options.top_k, generator);
     }
     sample_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - sample_start).count();

@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 
 #include "hp/mesh/device_mesh.h"
+#include "hp/tp/gpt_plan.h"
+#include "hp/tp/shard_module.h"
 
 namespace hp::train {
 
@@ -21,6 +23,11 @@ at::ScalarType dtype_of(const std::string& name) {
 std::optional<FSDPModule> parallelize(nn::GPT& model, const Parallelism& parallelism,
                                       const TrainOptions& train) {
   if (parallelism.mode == Mode::kNone) return std::nullopt;
+  if (parallelism.mode == Mode::kTP) {
+    auto mesh = init_device_mesh("cpu", parallelism.mesh_shape, parallelism.mesh_names);
+    shard_module(model, mesh, gpt_tensor_parallel_plan(model->config(), *mesh, "tp"));
+    return std::nullopt;
+  }
   FullyShardOptions options;
   options.mesh = init_device_mesh("cpu", parallelism.mesh_shape, parallelism.mesh_names);
   options.comm_fusion = train.comm_fusion;

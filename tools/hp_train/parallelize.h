@@ -11,7 +11,8 @@
 namespace hp::train {
 
 // Collective (needs the process group) except for Mode::kNone, which leaves
-// the model alone and returns nullopt. Otherwise builds the mesh and makes
+// the model alone and returns nullopt. Mode::kTP shards every layer with
+// the GPT's tensor-parallel plan (hp/tp/gpt_plan.h) and returns nullopt. Otherwise builds the mesh and makes
 // every block a fully_shard unit, then the root (embeddings, final norm,
 // head), inner-first as fully_shard requires; returns the root's handle.
 // The mesh decides the mode: 1-D shards (FSDP), (replicate, shard) is HSDP,

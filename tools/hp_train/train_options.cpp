@@ -89,6 +89,7 @@ Mode parse_mode(const std::string& value) {
   if (value == "none") return Mode::kNone;
   if (value == "hsdp") return Mode::kHSDP;
   if (value == "ddp") return Mode::kDDP;
+  if (value == "tp") return Mode::kTP;
   return Mode::kFSDP;  // the validator admits nothing else
 }
 
@@ -202,6 +203,8 @@ const char* mode_name(Mode mode) {
       return "hsdp";
     case Mode::kDDP:
       return "ddp";
+    case Mode::kTP:
+      return "tp";
   }
   return "?";
 }
@@ -270,8 +273,10 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
                                             value);
              },
              "", "seed"));
-  option("--mode", mode, "fsdp | hsdp | ddp | none (default: fsdp under a launcher, else none)",
-         "M", one_of({"fsdp", "hsdp", "ddp", "none"}));
+  option("--mode", mode,
+         "fsdp | hsdp | ddp | tp | none (default: fsdp under a launcher, else none); tp is "
+         "tensor parallelism over --mesh T ranks",
+         "M", one_of({"fsdp", "hsdp", "ddp", "tp", "none"}));
   option("--mesh", o.mesh,
          "mesh shape: N ranks, or RxS = R replicas (data-parallel copies) x S shards each, for "
          "--mode hsdp; its product is the world size (default: the world size)",
@@ -390,6 +395,9 @@ std::string Parallelism::describe() const {
     case Mode::kDDP:
       text += fmt::format(": parameters replicated on {}", plural(mesh_shape[0], "rank"));
       break;
+    case Mode::kTP:
+      text += fmt::format(": every layer split over {}", plural(mesh_shape[0], "rank"));
+      break;
     case Mode::kNone:
       break;
   }
@@ -443,6 +451,11 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
       p.mesh_shape = {shape[0], 1};
       p.mesh_names = {"replicate", "shard"};
       break;
+    case Mode::kTP:
+      p.mesh_shape = shape;
+      p.mesh_names = {"tp"};
+      p.dp_size = 1;
+      return p;
     case Mode::kNone:
       break;
   }
@@ -459,15 +472,23 @@ void validate_options(const TrainOptions& o, const Parallelism& parallelism) {
                " (the global batch) must be divisible by the data-parallel size ",
                parallelism.dp_size, " (", mode_name(parallelism.mode), " on ",
                plural(parallelism.dp_size, "rank"), ")");
-  if (parallelism.mode == Mode::kNone) {
-    // These configure fully_shard; a single process has none, and taking
-    // them silently would train in another precision than asked for.
+  if (parallelism.mode == Mode::kNone || parallelism.mode == Mode::kTP) {
+    // These configure fully_shard; a single process or tensor parallelism
+    // alone has none, and taking them silently would train in another
+    // precision than asked for.
     HP_CHECK_ARG(o.fully_shard_flags.empty(), o.fully_shard_flags.front(),
-                 " configures fully_shard and does not apply to --mode none (one process, plain "
-                 "libtorch); leave it out, or start ranks with hprun and --mode fsdp, hsdp or "
-                 "ddp");
+                 " configures fully_shard and does not apply to --mode ",
+                 mode_name(parallelism.mode),
+                 " (no fully_shard units); leave it out, or use --mode fsdp, hsdp or ddp");
   }
-  if (o.reshard_after_forward > 0 && parallelism.mode != Mode::kNone) {
+  if (parallelism.mode == Mode::kTP) {
+    const int64_t tp = parallelism.mesh_shape.at(0);
+    HP_CHECK_ARG(o.heads % tp == 0, "--heads ", o.heads, " must be divisible by the "
+                 "tensor-parallel size ", tp, " (--mode tp --mesh ", tp,
+                 "): each rank computes whole heads");
+  }
+  if (o.reshard_after_forward > 0 && parallelism.mode != Mode::kNone &&
+      parallelism.mode != Mode::kTP) {
     const int64_t shard_size =
         parallelism.mode == Mode::kDDP ? 1 : parallelism.mesh_shape.back();
     HP_CHECK_ARG(shard_size % o.reshard_after_forward == 0 &&

@@ -17,9 +17,9 @@
 
 namespace hp::train {
 
-enum class Mode { kNone, kFSDP, kHSDP, kDDP };
+enum class Mode { kNone, kFSDP, kHSDP, kDDP, kTP };
 
-// "none", "fsdp", "hsdp", "ddp".
+// "none", "fsdp", "hsdp", "ddp", "tp".
 const char* mode_name(Mode mode);
 
 // The defaults are the README's main job: FSDP on 2 ranks of a 2-core
@@ -100,7 +100,9 @@ struct World {
 };
 
 // The mesh and mode after defaults. The data-parallel size is the world size
-// in every mode (the mesh is row-major, so data-parallel rank = global rank).
+// in the fully_shard modes (the mesh is row-major, so data-parallel rank =
+// global rank) and 1 under tensor parallelism (every rank sees the same
+// samples).
 struct Parallelism {
   Mode mode = Mode::kNone;
   std::vector<int64_t> mesh_shape;      // init_device_mesh's shape; empty for kNone
@@ -115,12 +117,14 @@ struct Parallelism {
 // for a process started on its own (a process group needs a launcher's
 // environment). fsdp takes a 1-D mesh N, hsdp a 2-D mesh RxS (replicas x
 // shards, built as (replicate, shard)), ddp a 1-D mesh N (built as [N, 1]);
-// the mesh's product must equal the world size; none runs in a world of one.
+// the mesh's product must equal the world size; none runs in a world of one;
+// tp takes a 1-D mesh T (tensor parallel over T ranks, one data-parallel
+// copy).
 Parallelism resolve_parallelism(const TrainOptions& options, const World& world);
 
 // Combinations of flags: heads dividing d, seq <= ctx, the global batch
 // divisible by the data-parallel size, --vocab only with --data-file (and
-// required by it).
+// required by it), heads dividing by the tensor-parallel size.
 void validate_options(const TrainOptions& options, const Parallelism& parallelism);
 
 // The corpus holds at least seq + 2 tokens (one full window and a target);

@@ -14,16 +14,14 @@
 namespace hp::train {
 
 Trainer::Trainer(nn::GPT model, std::optional<FSDPModule> root, dist::GroupPtr group,
-                 at::Tensor tokens, const TrainOptions& options)
+                 int64_t dp_rank, int64_t dp_size, at::Tensor tokens, const TrainOptions& options)
     : model_(std::move(model)),
       root_(std::move(root)),
       group_(std::move(group)),
       tokens_(std::move(tokens)),
-      options_(options) {
-  if (group_) {
-    dp_rank_ = group_->rank();
-    dp_size_ = group_->size();
-  }
+      options_(options),
+      dp_rank_(dp_rank),
+      dp_size_(dp_size) {
   optimizer_ = std::make_unique<torch::optim::AdamW>(
       model_->parameters(), torch::optim::AdamWOptions(options_.lr)
                                 .betas({0.9, 0.95})
@@ -52,12 +50,13 @@ StepRecord Trainer::step(int64_t step) {
   optimizer_->step();
 
   // One gather carries both metrics: every rank's local loss (equal local
-  // batches, so their mean is the global-batch mean) and its memory peak.
+  // batches, so their mean is the global-batch mean; under tensor
+  // parallelism every rank holds the same loss) and its memory peak.
   at::Tensor mine = torch::tensor(
       {loss.item<double>(), static_cast<double>(memory_stats().peak_bytes)}, torch::kDouble);
   at::Tensor all = mine;
   if (group_) {
-    all = torch::empty({dp_size_ * 2}, torch::kDouble);
+    all = torch::empty({group_->size() * 2}, torch::kDouble);
     dist::all_gather_into(*group_, all, mine).wait();
   }
   all = all.view({-1, 2});

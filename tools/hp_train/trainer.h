@@ -32,14 +32,16 @@ struct StepRecord {
 
 class Trainer {
  public:
-  // `model` is already sharded when `root` is set (its fully_shard handle);
-  // `group` holds every data-parallel rank (the world), null in one process.
+  // `model` is already sharded when `root` is set (its fully_shard handle)
+  // or by tensor parallelism; `group` holds every rank (the world), null in
+  // one process; this rank reads the slice `dp_rank` of `dp_size` of each
+  // global batch.
   // The optimizer is built here from model->parameters(), after sharding, so
   // it steps the local shards: AdamW, constant options.lr, betas (0.9, 0.95),
   // eps 1e-8, options.weight_decay on every parameter. Needs
   // hp::enable_memory_tracking() to have been called.
-  Trainer(nn::GPT model, std::optional<FSDPModule> root, dist::GroupPtr group, at::Tensor tokens,
-          const TrainOptions& options);
+  Trainer(nn::GPT model, std::optional<FSDPModule> root, dist::GroupPtr group, int64_t dp_rank,
+          int64_t dp_size, at::Tensor tokens, const TrainOptions& options);
   ~Trainer();
 
   // Runs step `step` (collective in a distributed run; every rank calls it
