@@ -4,12 +4,16 @@
 
 #include "hp/checkpoint/crc32c.h"
 #include "hp/checkpoint/safetensors.h"
+#include "hp/tensor/dtensor_tensor.h"
 #include "hp/util/error.h"
 
 namespace hp::checkpoint {
 
 void State::add(const std::string& key, const at::Tensor& whole) {
   HP_CHECK_ARG(whole.defined(), "checkpoint state: tensor '", key, "' is undefined");
+  // A tensor-form DTensor (a tensor-parallel parameter, its optimizer
+  // state) is its local shard and layout.
+  if (is_dtensor(whole)) return add(key, local_of(whole), layout_of(whole), whole.sizes().vec());
   add_entry({key, whole, whole.sizes().vec(), Layout()});
 }
 
@@ -57,6 +61,10 @@ void State::add_entry(StateEntry entry) {
   if (entry.layout.defined()) {
     entry.layout = entry.layout.normalized(entry.local.dim());
     for (const Placement& p : entry.layout.placements()) {
+      HP_CHECK_ARG(!p.is_strided_shard(), "checkpoint state: tensor '", key, "' has layout ",
+                   entry.layout.str(),
+                   "; checkpoints hold pieces that are boxes of the global tensor, and a "
+                   "StridedShard piece is not: redistribute it to Shard or Replicate first");
       HP_CHECK_ARG(!p.is_partial(), "checkpoint state: tensor '", key, "' has layout ",
                    entry.layout.str(),
                    "; a Partial value is not a tensor yet: redistribute it to Replicate or "

@@ -11,7 +11,9 @@
 // given here must be the ones the model and optimizer use (parameters,
 // optimizer state), not copies. A piece whose layout says ranks hold the
 // same data (Replicate dims) is written once, by the lowest rank holding it.
-// Adding checks what needs no communication (names, dtypes, placements);
+// Pieces must be boxes of the global tensor: Shard and Replicate placements
+// (StridedShard and Partial are refused). Adding checks what needs no
+// communication (names, dtypes, placements);
 // whether each rank's piece fits its layout is checked by save and load,
 // collectively, before they touch a file or a tensor.
 #pragma once
@@ -41,7 +43,8 @@ struct StateEntry {
 class State {
  public:
   // A tensor every rank holds whole (a one-process or data-parallel model's
-  // parameter, a step counter).
+  // parameter, a step counter); a tensor-form DTensor (dtensor_tensor.h:
+  // a tensor-parallel parameter) is taken as its local shard and layout.
   void add(const std::string& key, const at::Tensor& whole);
   // A DTensor's local piece, laid out as the DTensor says.
   void add(const std::string& key, const DTensor& value);

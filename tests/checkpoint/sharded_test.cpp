@@ -21,6 +21,7 @@
 #include "hp/checkpoint/file_io.h"
 #include "hp/fsdp/fully_shard.h"
 #include "hp/mesh/device_mesh.h"
+#include "hp/tensor/dtensor_tensor.h"
 #include "hp/util/error.h"
 #include "tests/checkpoint/checkpoint_test_util.h"
 #include "tests/fsdp/gpt_fixture.h"
@@ -335,6 +336,36 @@ TEST(ShardedCheckpoint, TheNewestCompleteCheckpointIsLoaded) {
   EXPECT_EQ(load(into, dir.path()).step, 99);
   EXPECT_TRUE(tensors_equal(x, at::full({3}, 5.0)));
   EXPECT_FALSE(std::filesystem::exists(dir / ".tmp-step-00000099"));
+}
+
+// Tensor-parallel parameters are tensor-form DTensors (dtensor_tensor.h):
+// a state takes them as their shards and layouts, and load writes the shards.
+TEST(ShardedCheckpoint, TensorFormDTensorsAreTheirShards) {
+  SharedTempDir dir("tensorform");
+  Meshes meshes;
+  const Layout tp(meshes.flat, {Shard(0)});
+  const at::Tensor global = numbered({6, 4}, at::kFloat, 5);
+  const at::Tensor param = distribute(global, tp);
+  State state;
+  state.add("w", param);
+  save(state, dir.path(), 0);
+  const at::Tensor target = distribute(at::zeros({6, 4}), tp);
+  State into;
+  into.add("w", target);
+  load(into, dir.path());
+  EXPECT_TRUE(tensors_equal(local_of(target), local_of(param)));
+  at::Tensor whole = at::zeros({6, 4});
+  State one;
+  one.add("w", whole);
+  load(one, dir.path());
+  EXPECT_TRUE(tensors_equal(whole, global));
+  // A StridedShard piece is several boxes, which the format does not hold.
+  EXPECT_THAT(
+      [&] {
+        State strided;
+        strided.add("q", at::zeros({2, 4}), Layout(meshes.flat, {StridedShard(0, 3)}), {6, 4});
+      },
+      ThrowsMessage<ArgumentError>(HasSubstr("StridedShard")));
 }
 
 // ---- a GPT with AdamW ------------------------------------------------------

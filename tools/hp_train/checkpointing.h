@@ -22,8 +22,10 @@ class AdamW;
 namespace hp::train {
 
 // Flag combinations, before any collective: --save-every needs --save-dir,
-// --export names a .safetensors file.
-void validate_checkpoint_options(const TrainOptions& options);
+// --export names a .safetensors file, and --mode tp takes none of the
+// checkpoint flags yet (its fused QKV weight is StridedShard, whose pieces
+// are not boxes of the global tensor, which the checkpoint format stores).
+void validate_checkpoint_options(const TrainOptions& options, const Parallelism& parallelism);
 
 // Creates --save-dir when missing (on every rank: a shared file system sees
 // one directory), so that a path that cannot be created is an error before

@@ -101,7 +101,7 @@ int run(const TrainOptions& options) {
   const World world = read_world();
   const Parallelism parallelism = resolve_parallelism(options, world);
   validate_options(options, parallelism);
-  validate_checkpoint_options(options);
+  validate_checkpoint_options(options, parallelism);
   // Loaded before memory tracking starts: the token stream is the same on
   // every rank in every mode (fortunes: 2.6M int64 tokens, 20 MiB) and would
   // bury what the modes differ in, the model's share of each rank.
