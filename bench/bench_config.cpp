@@ -31,7 +31,11 @@ std::vector<std::string> BenchConfig::worker_args() const {
           "--hook-units",   std::to_string(hook_units),
           "--hook-width",   std::to_string(hook_width),
           "--hook-batch",   std::to_string(hook_batch),
-          "--hook-steps",   std::to_string(hook_steps)};
+          "--hook-steps",   std::to_string(hook_steps),
+          "--ckpt-layers",  std::to_string(ckpt_layers),
+          "--ckpt-d",       std::to_string(ckpt_d),
+          "--ckpt-dir",     ckpt_dir,
+          "--ckpt-repeats", std::to_string(ckpt_repeats)};
 }
 
 }  // namespace hp::bench

@@ -18,9 +18,12 @@ inline const std::vector<std::string>& row_names() {
 
 // Rows --rows accepts beyond the default set, for investigation:
 // ddp_unfused = ddp without comm_fusion (one all-reduce per parameter, where
-// ddp buckets them per unit as DDP does), fsdp_prefetch = fsdp with prefetch on (separates prefetch from fusion).
+// ddp buckets them per unit as DDP does), fsdp_prefetch = fsdp with prefetch on (separates prefetch from fusion),
+// checkpoint = save and load GB/s of a ~100M-parameter model beside a plain
+// write and read of the same bytes (bench/checkpoint_worker.cpp; run once,
+// after the rounds).
 inline const std::vector<std::string>& extra_row_names() {
-  static const std::vector<std::string> names = {"ddp_unfused", "fsdp_prefetch"};
+  static const std::vector<std::string> names = {"ddp_unfused", "fsdp_prefetch", "checkpoint"};
   return names;
 }
 
@@ -57,6 +60,12 @@ struct BenchConfig {
   int64_t hook_width = 16;
   int64_t hook_batch = 8;
   int64_t hook_steps = 400;
+  // The checkpoint measurement (row "checkpoint"): a GPT of this depth and
+  // width (14 x 768: ~100M parameters), saved and loaded in ckpt_dir.
+  int64_t ckpt_layers = 14;
+  int64_t ckpt_d = 768;
+  std::string ckpt_dir = "/tmp";
+  int ckpt_repeats = 2;
 
   // Flags that reproduce this configuration on a worker's command line.
   std::vector<std::string> worker_args() const;

@@ -499,9 +499,67 @@ void print_table(const json& report) {
 
 }  // namespace
 
+// The checkpoint row's repeats, each phase's best (fastest) repeat, and the
+// targets: save and load at least 0.5x the plain write and read, and peak
+// extra memory during save at most one file buffer per rank, taken as the
+// largest piece a rank holds (no gather of the model).
+json summarize_checkpoint(json result) {
+  auto best = [&](const char* key) {
+    double b = 0;
+    for (const auto& r : result["repeats"]) b = std::max(b, r[key].get<double>());
+    return b;
+  };
+  const double save = best("save_gb_per_s"), write = best("plain_write_gb_per_s");
+  const double load = best("load_gb_per_s"), read = best("plain_read_gb_per_s");
+  double peak = 0;
+  for (const auto& r : result["repeats"]) {
+    peak = std::max(peak, r["peak_extra_bytes_during_save_per_rank"].get<double>());
+  }
+  // Each repeat's ratios too: the plain phase runs right after its
+  // checkpoint phase, so a repeat compares under the same machine load.
+  std::vector<double> save_ratios, load_ratios;
+  for (const auto& r : result["repeats"]) {
+    save_ratios.push_back(r["save_gb_per_s"].get<double>() / r["plain_write_gb_per_s"].get<double>());
+    load_ratios.push_back(r["load_gb_per_s"].get<double>() / r["plain_read_gb_per_s"].get<double>());
+  }
+  result["save_vs_plain_write_per_repeat"] = save_ratios;
+  result["load_vs_plain_read_per_repeat"] = load_ratios;
+  result["best"] = {{"save_gb_per_s", save}, {"plain_write_gb_per_s", write},
+                    {"load_gb_per_s", load}, {"plain_read_gb_per_s", read},
+                    {"peak_extra_bytes_during_save_per_rank", peak}};
+  result["targets"] = {
+      {"save_vs_plain_write", {{"ratio", save / write}, {"limit", 0.5}, {"pass", save / write >= 0.5}}},
+      {"load_vs_plain_read", {{"ratio", load / read}, {"limit", 0.5}, {"pass", load / read >= 0.5}}},
+      {"peak_extra_during_save",
+       {{"bytes", peak}, {"limit_bytes", result["largest_piece_bytes"]},
+        {"pass", peak <= result["largest_piece_bytes"].get<double>()}}}};
+  return result;
+}
+
+void print_checkpoint(const json& c) {
+  const json& b = c["best"];
+  std::cout << fmt::format(
+                   "\ncheckpoint ({:.1f}M parameters + AdamW, {:.2f} GB, {} ranks, {} on {}):\n"
+                   "  save {:.2f} GB/s vs plain write {:.2f} GB/s ({:.2f}x)\n"
+                   "  load {:.2f} GB/s vs plain read  {:.2f} GB/s ({:.2f}x)\n"
+                   "  peak extra memory during save: {:.1f} MiB per rank\n",
+                   c["parameters"].get<double>() / 1e6,
+                   c["repeats"][0]["checkpoint_bytes"].get<double>() / 1e9, c["ranks"].get<int>(),
+                   c["directory"].get<std::string>(), c["filesystem"].get<std::string>(),
+                   b["save_gb_per_s"].get<double>(), b["plain_write_gb_per_s"].get<double>(),
+                   b["save_gb_per_s"].get<double>() / b["plain_write_gb_per_s"].get<double>(),
+                   b["load_gb_per_s"].get<double>(), b["plain_read_gb_per_s"].get<double>(),
+                   b["load_gb_per_s"].get<double>() / b["plain_read_gb_per_s"].get<double>(),
+                   b["peak_extra_bytes_during_save_per_rank"].get<double>() / (1 << 20));
+}
+
 int run_driver(DriverOptions o) {
   BenchConfig& c = o.config;
   if (o.rows.empty()) o.rows = row_names();
+  // The checkpoint row is no step-time row: it runs once, after the rounds.
+  const auto checkpoint_row = std::find(o.rows.begin(), o.rows.end(), "checkpoint");
+  const bool run_checkpoint = checkpoint_row != o.rows.end();
+  if (run_checkpoint) o.rows.erase(checkpoint_row);
   const std::string self = self_path();
   const fs::path build_dir = fs::path(self).parent_path().parent_path();
   if (o.hprun.empty()) o.hprun = (build_dir / "tools" / "hprun" / "hprun").string();
@@ -642,13 +700,32 @@ int run_driver(DriverOptions o) {
     }
   }
 
+  json checkpoint_report = nullptr;
+  bool checkpoint_failed = false;
+  if (run_checkpoint) {
+    std::vector<std::string> argv = {o.hprun, "-n", std::to_string(c.ranks), "--timeout",
+                                     std::to_string(static_cast<int>(o.row_timeout_s) * 3), self,
+                                     "--worker", "checkpoint"};
+    for (const auto& a : c.worker_args()) argv.push_back(a);
+    RunOutcome out = launch("checkpoint", argv, o.verbose);
+    if (out.ok) {
+      checkpoint_report = summarize_checkpoint(out.result);
+    } else {
+      checkpoint_report = {{"error", out.error}};
+      checkpoint_failed = true;
+      errors["checkpoint"] = out.error;
+    }
+  }
+
   config["machine"]["load_average_at_end"] = load_average();
   json report = {{"config", config},
                  {"rows", rows},
                  {"targets", compute_targets(rows, c)},
                  {"hook_overhead", hook},
                  {"dispatch_overhead", dispatch}};
+  if (run_checkpoint) report["checkpoint"] = checkpoint_report;
   print_table(report);
+  if (run_checkpoint && !checkpoint_failed) print_checkpoint(checkpoint_report);
 
   std::error_code ec;
   fs::remove_all(tmp, ec);

@@ -20,4 +20,9 @@ int run_hook_worker(const BenchConfig& config);
 // The DTensor op dispatch's cost per op on tiny tensors (bench/dispatch_overhead.cpp).
 int run_dispatch_worker(const BenchConfig& config);
 
+// The checkpoint row: save and load of a config.ckpt_layers x config.ckpt_d
+// GPT with AdamW state, sharded over the ranks, beside a plain write and
+// read of the same bytes (checkpoint_worker.cpp).
+int run_checkpoint_worker(const BenchConfig& config);
+
 }  // namespace hp::bench

@@ -91,6 +91,14 @@ int main(int argc, char** argv) {
   app.add_option("--hook-width", c.hook_width, "their Linear width (16)");
   app.add_option("--hook-batch", c.hook_batch, "their batch (8)");
   app.add_option("--hook-steps", c.hook_steps, "timed forward+backward steps per variant (400)");
+  app.add_option("--ckpt-layers", c.ckpt_layers, "checkpoint row: GPT blocks (14)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--ckpt-d", c.ckpt_d, "checkpoint row: GPT width (768; with 14 blocks ~100M parameters)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--ckpt-dir", c.ckpt_dir, "checkpoint row: where to write (/tmp)")
+      ->check(CLI::ExistingDirectory);
+  app.add_option("--ckpt-repeats", c.ckpt_repeats, "checkpoint row: save/load repeats (2)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--hprun", o.hprun, "the launcher (default: tools/hprun/hprun of this build)");
   app.add_option("--python", o.python, "Python with PyTorch 1.13 (/usr/bin/python3)");
   app.add_option("--torch-script", o.torch_script, "the PyTorch DDP baseline script");
@@ -113,6 +121,7 @@ int main(int argc, char** argv) {
     validate(o);
     if (worker == "hook_overhead") return hp::bench::run_hook_worker(c);
     if (worker == "dispatch_overhead") return hp::bench::run_dispatch_worker(c);
+    if (worker == "checkpoint") return hp::bench::run_checkpoint_worker(c);
     if (!worker.empty()) {
       HP_CHECK_ARG(!c.tokens_path.empty(), "--worker needs --tokens FILE");
       HP_CHECK_ARG(c.steps >= 1, "--worker-steps ", c.steps, " must be at least 1");

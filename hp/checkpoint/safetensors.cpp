@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <set>
 
+#include "hp/checkpoint/file_io.h"
 #include "hp/util/error.h"
 #include "hp/util/format.h"
 
@@ -64,53 +65,6 @@ const DtypeInfo* dtype_by_type(at::ScalarType type) {
 [[noreturn]] void fail_tensor(const std::string& path, const std::string& name,
                               const std::string& what) {
   throw SafetensorsError(cat("tensor '", name, "' in ", path, ": ", what));
-}
-
-std::string errno_text() { return std::strerror(errno); }
-
-// Closes the descriptor on every path out.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  // Closes now, so that a failing close (a deferred write error) is seen.
-  int close() {
-    int rc = ::close(fd_);
-    fd_ = -1;
-    return rc;
-  }
-
- private:
-  int fd_;
-};
-
-void read_exact(int fd, void* into, size_t bytes, uint64_t offset, const std::string& path) {
-  auto* p = static_cast<char*>(into);
-  while (bytes > 0) {
-    ssize_t got = ::pread(fd, p, bytes, static_cast<off_t>(offset));
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) fail(path, cat("read failed at byte ", offset, ": ", errno_text()));
-    if (got == 0) fail(path, cat("file ended at byte ", offset, " while reading"));
-    p += got;
-    bytes -= static_cast<size_t>(got);
-    offset += static_cast<uint64_t>(got);
-  }
-}
-
-void write_all(int fd, const void* from, size_t bytes, const std::string& path) {
-  const auto* p = static_cast<const char*>(from);
-  while (bytes > 0) {
-    ssize_t put = ::write(fd, p, bytes);
-    if (put < 0 && errno == EINTR) continue;
-    if (put < 0) fail(path, cat("write failed: ", errno_text()));
-    p += put;
-    bytes -= static_cast<size_t>(put);
-  }
 }
 
 // ---- reading ---------------------------------------------------------------
@@ -214,59 +168,40 @@ std::string temp_path_for(const std::string& path) {
   return cat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
 }
 
-void fsync_directory_of(const std::string& path) {
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
-  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0 || ::fsync(fd.get()) != 0) {
-    fail(path, cat("cannot fsync directory '", dir, "': ", errno_text()));
-  }
-}
-
-void write_file(const std::string& temp, const std::string& header,
-                const std::vector<at::Tensor>& data, const std::string& path) {
-  Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
-  if (fd.get() < 0) fail(path, cat("cannot create '", temp, "': ", errno_text()));
-  unsigned char length[8];
-  for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(header.size() >> (8 * i));
-  write_all(fd.get(), length, sizeof(length), temp);
-  write_all(fd.get(), header.data(), header.size(), temp);
-  for (const at::Tensor& t : data) write_all(fd.get(), t.data_ptr(), t.nbytes(), temp);
-  if (::fsync(fd.get()) != 0) fail(path, cat("cannot fsync '", temp, "': ", errno_text()));
-  if (fd.close() != 0) fail(path, cat("cannot close '", temp, "': ", errno_text()));
-}
 
 }  // namespace
 
-void write_safetensors(const std::string& path,
-                       const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+SafetensorsWriter::SafetensorsWriter(const std::string& path,
+                                     const std::vector<SafetensorsSpec>& tensors,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(path) {
   // Everything that can be wrong with the arguments is found before the
   // disk is touched.
   Json header = Json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::set<std::string> names;
-  std::vector<at::Tensor> data;
   uint64_t offset = 0;
-  for (const auto& [name, tensor] : tensors) {
+  for (const SafetensorsSpec& spec : tensors) {
+    const std::string& name = spec.name;
     HP_CHECK_ARG(!name.empty(), "write_safetensors(", path, "): tensor names must be non-empty");
     HP_CHECK_ARG(name != "__metadata__", "write_safetensors(", path,
                  "): '__metadata__' is reserved for the metadata and cannot name a tensor");
     HP_CHECK_ARG(names.insert(name).second, "write_safetensors(", path, "): tensor name '", name,
                  "' is given twice; names must be unique");
-    HP_CHECK_ARG(tensor.defined(), "write_safetensors(", path, "): tensor '", name,
-                 "' is undefined");
-    const DtypeInfo* dtype = dtype_by_type(tensor.scalar_type());
+    const DtypeInfo* dtype = dtype_by_type(spec.dtype);
     HP_CHECK_ARG(dtype != nullptr, "write_safetensors(", path, "): tensor '", name, "' has dtype ",
-                 tensor.scalar_type(), ", which safetensors cannot hold; supported: ",
-                 supported_names());
-    at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
-    const uint64_t bytes = t.nbytes();
+                 spec.dtype, ", which safetensors cannot hold; supported: ", supported_names());
+    uint64_t bytes = at::elementSize(spec.dtype);
+    for (int64_t d : spec.shape) {
+      HP_CHECK_ARG(d >= 0, "write_safetensors(", path, "): tensor '", name, "' has shape ",
+                   to_string(spec.shape), " with a negative size");
+      bytes *= static_cast<uint64_t>(d);
+    }
     header[name] = {{"dtype", dtype->name},
-                    {"shape", t.sizes().vec()},
+                    {"shape", spec.shape},
                     {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
-    data.push_back(std::move(t));
+    expected_.push_back(spec);
   }
   std::string text;
   try {
@@ -279,24 +214,114 @@ void write_safetensors(const std::string& path,
   // package does, which lets readers map tensors straight from the file.
   text.append((8 - text.size() % 8) % 8, ' ');
 
-  const std::string temp = temp_path_for(path);
+  temp_ = temp_path_for(path);
+  fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  if (fd_ < 0) fail(path, cat("cannot create '", temp_, "': ", errno_text()));
   try {
-    write_file(temp, text, data, path);
-    if (::rename(temp.c_str(), path.c_str()) != 0) {
-      fail(path, cat("cannot rename '", temp, "' over it: ", errno_text()));
-    }
+    unsigned char length[8];
+    for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(text.size() >> (8 * i));
+    write_all(fd_, length, sizeof(length), temp_);
+    write_all(fd_, text.data(), text.size(), temp_);
   } catch (...) {
-    ::unlink(temp.c_str());
+    abandon();
     throw;
   }
-  fsync_directory_of(path);
+  data_start_ = 8 + text.size();
 }
 
-SafetensorsFile read_safetensors(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) fail(path, cat("cannot open: ", errno_text()));
+SafetensorsWriter::~SafetensorsWriter() { abandon(); }
+
+void SafetensorsWriter::abandon() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  if (!temp_.empty()) {
+    ::unlink(temp_.c_str());
+    temp_.clear();
+  }
+}
+
+void SafetensorsWriter::write(const at::Tensor& tensor) {
+  HP_CHECK_ARG(fd_ >= 0, "write_safetensors(", path_, "): the writer is closed");
+  HP_CHECK_ARG(written_ < expected_.size(), "write_safetensors(", path_, "): ", expected_.size(),
+               " tensors were announced and all are written");
+  const SafetensorsSpec& spec = expected_[written_];
+  HP_CHECK_ARG(tensor.defined(), "write_safetensors(", path_, "): tensor '", spec.name,
+               "' is undefined");
+  HP_CHECK_ARG(tensor.scalar_type() == spec.dtype && tensor.sizes().vec() == spec.shape,
+               "write_safetensors(", path_, "): tensor '", spec.name, "' was announced as ",
+               spec.dtype, " ", to_string(spec.shape), " but is ", tensor.scalar_type(), " ",
+               to_string(tensor.sizes().vec()));
+  at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
+  try {
+    write_all(fd_, t.data_ptr(), t.nbytes(), temp_);
+  } catch (...) {
+    abandon();
+    throw;
+  }
+  ++written_;
+}
+
+void SafetensorsWriter::commit() {
+  HP_CHECK_ARG(fd_ >= 0, "write_safetensors(", path_, "): the writer is closed");
+  HP_CHECK_ARG(written_ == expected_.size(), "write_safetensors(", path_, "): ", written_, " of ",
+               expected_.size(), " announced tensors were written");
+  try {
+    if (::fsync(fd_) != 0) fail(path_, cat("cannot fsync '", temp_, "': ", errno_text()));
+    const int rc = ::close(fd_);
+    fd_ = -1;
+    if (rc != 0) fail(path_, cat("cannot close '", temp_, "': ", errno_text()));
+    if (::rename(temp_.c_str(), path_.c_str()) != 0) {
+      fail(path_, cat("cannot rename '", temp_, "' over it: ", errno_text()));
+    }
+    temp_.clear();
+  } catch (...) {
+    abandon();
+    throw;
+  }
+  fsync_directory_of(path_);
+}
+
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<SafetensorsSpec> specs;
+  for (const auto& [name, tensor] : tensors) {
+    HP_CHECK_ARG(tensor.defined(), "write_safetensors(", path, "): tensor '", name,
+                 "' is undefined");
+    specs.push_back({name, tensor.scalar_type(), tensor.sizes().vec()});
+  }
+  SafetensorsWriter writer(path, specs, metadata);
+  for (const auto& entry : tensors) writer.write(entry.second);
+  writer.commit();
+}
+
+std::optional<std::string> safetensors_dtype_name(at::ScalarType type) {
+  const DtypeInfo* d = dtype_by_type(type);
+  if (d == nullptr) return std::nullopt;
+  return std::string(d->name);
+}
+
+std::optional<at::ScalarType> safetensors_dtype(const std::string& name) {
+  const DtypeInfo* d = dtype_by_name(name);
+  if (d == nullptr) return std::nullopt;
+  return d->type;
+}
+
+namespace {
+
+// The checked header of an open file, its entries sorted by offset.
+struct ParsedHeader {
+  std::vector<Entry> entries;
+  std::map<std::string, std::string> metadata;
+  uint64_t data_start = 0;
+  uint64_t file_size = 0;
+};
+
+ParsedHeader parse_file_header(int fd, const std::string& path) {
   struct stat st;
-  if (::fstat(fd.get(), &st) != 0) fail(path, cat("cannot stat: ", errno_text()));
+  if (::fstat(fd, &st) != 0) fail(path, cat("cannot stat: ", errno_text()));
   if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
 
@@ -304,7 +329,7 @@ SafetensorsFile read_safetensors(const std::string& path) {
     fail(path, cat("truncated: ", file_size, " bytes, too short for the 8-byte header length"));
   }
   unsigned char length[8];
-  read_exact(fd.get(), length, 8, 0, path);
+  read_exact(fd, length, 8, 0, path);
   uint64_t header_size = 0;
   for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | length[i];
   if (header_size > file_size - 8) {
@@ -312,18 +337,18 @@ SafetensorsFile read_safetensors(const std::string& path) {
                    " bytes that follow it (truncated or not a safetensors file)"));
   }
   std::string text(header_size, '\0');
-  read_exact(fd.get(), text.data(), header_size, 8, path);
+  read_exact(fd, text.data(), header_size, 8, path);
   const Json header = parse_header(text, path);
 
-  SafetensorsFile file;
-  std::vector<Entry> entries;
+  ParsedHeader parsed;
   for (const auto& [name, info] : header.items()) {
     if (name == "__metadata__") {
-      file.metadata = parse_metadata(info, path);
+      parsed.metadata = parse_metadata(info, path);
     } else {
-      entries.push_back(parse_entry(name, info, path));
+      parsed.entries.push_back(parse_entry(name, info, path));
     }
   }
+  std::vector<Entry>& entries = parsed.entries;
 
   // The ranges, in offset order, must tile the data section exactly.
   std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
@@ -350,14 +375,40 @@ SafetensorsFile read_safetensors(const std::string& path) {
     fail(path, cat("the tensors' data_offsets end at byte ", expected, " but the data section has ",
                    data_size, " bytes"));
   }
+  parsed.data_start = 8 + header_size;
+  parsed.file_size = file_size;
+  return parsed;
+}
 
-  const uint64_t data_start = 8 + header_size;
-  for (const Entry& e : entries) {
+}  // namespace
+
+SafetensorsIndex read_safetensors_index(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) fail(path, cat("cannot open: ", errno_text()));
+  ParsedHeader parsed = parse_file_header(fd.get(), path);
+  SafetensorsIndex index;
+  for (const Entry& e : parsed.entries) {
+    index.entries.push_back(
+        {e.name, e.dtype->type, e.shape, parsed.data_start + e.begin, e.end - e.begin});
+  }
+  index.metadata = std::move(parsed.metadata);
+  index.data_start = parsed.data_start;
+  index.file_size = parsed.file_size;
+  return index;
+}
+
+SafetensorsFile read_safetensors(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) fail(path, cat("cannot open: ", errno_text()));
+  ParsedHeader parsed = parse_file_header(fd.get(), path);
+  SafetensorsFile file;
+  file.metadata = std::move(parsed.metadata);
+  for (const Entry& e : parsed.entries) {
     // Bytes that are not 0 or 1 would make an invalid bool: read them as
     // bytes and convert, as numpy does.
     const bool is_bool = e.dtype->type == at::kBool;
     at::Tensor t = at::empty(e.shape, is_bool ? at::kByte : e.dtype->type);
-    read_exact(fd.get(), t.data_ptr(), e.end - e.begin, data_start + e.begin, path);
+    read_exact(fd.get(), t.data_ptr(), e.end - e.begin, parsed.data_start + e.begin, path);
     file.tensors.emplace_back(e.name, is_bool ? t.to(at::kBool) : t);
   }
   return file;

@@ -33,6 +33,7 @@
 #include "hp/util/memory_stats.h"
 #include "hp/tensor/dtensor_tensor.h"
 #include "hp/util/trace.h"
+#include "tools/hp_train/checkpointing.h"
 #include "tools/hp_train/corpus.h"
 #include "tools/hp_train/gathered_for_inference.h"
 #include "tools/hp_train/init_weights.h"
@@ -100,6 +101,7 @@ int run(const TrainOptions& options) {
   const World world = read_world();
   const Parallelism parallelism = resolve_parallelism(options, world);
   validate_options(options, parallelism);
+  validate_checkpoint_options(options, parallelism);
   // Loaded before memory tracking starts: the token stream is the same on
   // every rank in every mode (fortunes: 2.6M int64 tokens, 20 MiB) and would
   // bury what the modes differ in, the model's share of each rank.
@@ -122,6 +124,8 @@ int run(const TrainOptions& options) {
   torch::manual_seed(options.seed);
   hp::nn::GPT model(config);
   if (!options.init_from.empty()) load_initial_weights(*model, options.init_from);
+  const std::optional<ResumePoint> resume_point = find_resume_point(options, model);
+  prepare_save_dir(options);
   const int64_t parameters = parameter_count(model);
 
   const bool root = world.rank == 0;
@@ -152,10 +156,16 @@ int run(const TrainOptions& options) {
 
   say(root, header_text(options, parallelism, corpus, parameters));
   ProgressMeter meter(options.steps, options.batch * options.seq);
+  TrainCheckpoints checkpoints(model, trainer.optimizer(), options);
+  const int64_t first_step = resume_point ? resume_point->step : 0;
+  if (resume_point) {
+    say(root, checkpoints.resume(*resume_point));
+    meter.start_at(first_step);
+  }
   std::vector<int64_t> rank_peaks(world.size, 0);
   double first_loss = 0, last_loss = 0;
   const auto start = std::chrono::steady_clock::now();
-  for (int64_t s = 0; s < options.steps; ++s) {
+  for (int64_t s = first_step; s < options.steps; ++s) {
     StepRecord record;
     {
       hp::trace::Span span(fmt::format("step {}", s), "step", "step");
@@ -164,13 +174,15 @@ int run(const TrainOptions& options) {
     for (size_t r = 0; r < rank_peaks.size(); ++r) {
       rank_peaks[r] = std::max(rank_peaks[r], record.rank_peak_bytes.at(r));
     }
-    if (s == 0) first_loss = record.loss;
+    if (s == first_step) first_loss = record.loss;
     last_loss = record.loss;
     meter.record(record.step_time_s);
     if (step_log) step_log->write(record);
     const bool due = s == 0 || (s + 1) % options.log_every == 0 || s + 1 == options.steps;
     if (due) say(root, meter.line(record.loss));
+    if (checkpoints.due(s + 1)) say(root, checkpoints.save(s + 1));
   }
+  if (!options.export_path.empty()) say(root, checkpoints.export_weights());
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
@@ -218,10 +230,16 @@ int run(const TrainOptions& options) {
                                : "",
                           render_tokens(sample[0], corpus.vocab_size)));
   }
-  say(root, summary_line(first_loss, last_loss, options.steps, seconds,
-                         static_cast<double>(options.batch * options.seq * options.steps) /
-                             std::max(seconds, 1e-9),
-                         sample_seconds));
+  const int64_t steps_run = options.steps - first_step;
+  if (steps_run == 0) {
+    say(root, fmt::format("no step to run: the checkpoint was saved after --steps {}",
+                          options.steps));
+  } else {
+    say(root, summary_line(first_loss, last_loss, steps_run, seconds,
+                           static_cast<double>(options.batch * options.seq * steps_run) /
+                               std::max(seconds, 1e-9),
+                           sample_seconds));
+  }
   if (distributed) {
     // Rank 0 hosts the rendezvous store: nobody leaves before all are done.
     hp::dist::barrier(*hp::dist::world_group()).wait();

@@ -17,8 +17,11 @@ class ProgressMeter {
  public:
   ProgressMeter(int64_t total_steps, int64_t tokens_per_step, int64_t window = 20);
 
-  // Records the step just finished (steps are recorded in order from 0).
+  // Records the step just finished (steps are recorded in order from 0,
+  // or from the step given to start_at).
   void record(double step_time_s);
+  // A resumed run: `done` steps were finished by an earlier run.
+  void start_at(int64_t done) { done_ = done; }
 
   // The line for the state after the last record(); loss is that step's.
   std::string line(double loss) const;

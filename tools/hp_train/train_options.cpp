@@ -287,6 +287,19 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
          "rank 0 writes one JSON object per step, one per line: step (0-based), loss, "
          "step_time_s, tokens_per_s, peak_bytes; FILE's folder is created if missing",
          "FILE", kFileName);
+  option("--save-dir", o.save_dir,
+         "save a sharded checkpoint (DIR/step-N) every --save-every steps and at the end",
+         "DIR", kFileName);
+  option("--save-every", o.save_every,
+         "steps between checkpoints, with --save-dir (default: only at the end)", "N",
+         positive_integer());
+  option("--resume", o.resume,
+         "continue from the newest complete checkpoint in DIR (any mode or mesh saved it); "
+         "--steps stays the total",
+         "DIR", kFileName);
+  option("--export", o.export_path,
+         "write the trained weights, whole, by GPT-2 name, to FILE.safetensors at the end",
+         "FILE", kFileName);
   option("--threads", o.threads,
          fmt::format("torch intra-op threads per rank (default {})", defaults.threads), "N",
          integer_in(1, 1024, "a positive integer at most 1024"));

@@ -55,6 +55,12 @@ struct TrainOptions {
   std::string init_from;  // a .safetensors file of the full initial weights
   std::string log_json;   // rank 0 appends one JSON object per step
 
+  // Checkpoints (tools/hp_train/checkpointing.h).
+  std::string save_dir;    // --save-dir: sharded checkpoints go here
+  int64_t save_every = 0;  // --save-every N (0: only at the end)
+  std::string resume;      // --resume DIR: continue from its newest checkpoint
+  std::string export_path; // --export FILE.safetensors: whole weights at the end
+
   // fully_shard's performance options (refused with --mode none). The
   // defaults are the fastest correct configuration: one all-gather and one
   // reduce-scatter per unit over flat buffers, the next unit gathered while

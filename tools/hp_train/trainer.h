@@ -49,6 +49,9 @@ class Trainer {
   // for step_time_s and tokens_per_s.
   StepRecord step(int64_t step);
 
+  // The optimizer, for checkpoints (tools/hp_train/checkpointing.h).
+  torch::optim::AdamW& optimizer() { return *optimizer_; }
+
  private:
   nn::GPT model_;
   std::optional<FSDPModule> root_;

@@ -1,0 +1,238 @@
+// hp-bench's checkpoint measurement (`--rows checkpoint`): save and load of
+// a ~100M-parameter GPT (weights and AdamW's two moments, fp32: ~1.2 GB,
+// plus the step counters) sharded by FSDP over the ranks, beside a plain
+// sequential write and read of the same bytes per rank in the same
+// directory, in the same run.
+//
+// Each phase starts after a barrier and its time is the slowest rank's. A
+// phase's GB/s is all ranks' bytes over that time. The plain write writes
+// each rank's checkpoint file size from one 64 MiB buffer and fsyncs, as
+// the checkpoint does; before each read phase the files' cached pages are
+// dropped (posix_fadvise DONTNEED after fsync), so both reads come from the
+// device rather than from memory that the write left behind. Peak extra
+// memory is hp::memory_stats's peak during save above what was allocated
+// before it, per rank, against the largest piece a rank holds (one file
+// buffer's worth: the writer writes each piece from its own memory and
+// copies at most a strided one).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "bench/bench_worker.h"
+#include "hp/checkpoint/checkpoint.h"
+#include "hp/checkpoint/training_state.h"
+#include "hp/dist/collectives.h"
+#include "hp/dist/world.h"
+#include "hp/fsdp/fully_shard.h"
+#include "hp/mesh/device_mesh.h"
+#include "hp/nn/gpt.h"
+#include "hp/util/error.h"
+#include "hp/util/memory_stats.h"
+
+namespace hp::bench {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The slowest rank's value.
+double max_over_ranks(double v) {
+  at::Tensor t = at::full({1}, v, at::kDouble);
+  dist::all_reduce(*dist::world_group(), t, dist::ReduceOp::kMax).wait();
+  return t.item<double>();
+}
+
+double sum_over_ranks(double v) {
+  at::Tensor t = at::full({1}, v, at::kDouble);
+  dist::all_reduce(*dist::world_group(), t, dist::ReduceOp::kSum).wait();
+  return t.item<double>();
+}
+
+void barrier() { dist::barrier(*dist::world_group()).wait(); }
+
+constexpr size_t kBlock = 64 << 20;
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error(what + ": " + std::strerror(errno));
+}
+
+void plain_write(const std::string& path, uint64_t bytes, std::vector<char>& buffer) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  check(fd >= 0, "open " + path);
+  for (uint64_t done = 0; done < bytes;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kBlock, bytes - done));
+    const ssize_t put = ::write(fd, buffer.data(), n);
+    check(put > 0, "write " + path);
+    done += static_cast<uint64_t>(put);
+  }
+  check(::fsync(fd) == 0, "fsync " + path);
+  ::close(fd);
+}
+
+void plain_read(const std::string& path, std::vector<char>& buffer) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  check(fd >= 0, "open " + path);
+  while (true) {
+    const ssize_t got = ::read(fd, buffer.data(), buffer.size());
+    check(got >= 0, "read " + path);
+    if (got == 0) break;
+  }
+  ::close(fd);
+}
+
+// Drops the cached pages of every file under `dir` (they are clean: written
+// and fsynced), so the next read goes to the device.
+void drop_cache(const fs::path& dir) {
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    if (!entry.is_regular_file()) continue;
+    int fd = ::open(entry.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ::fdatasync(fd);
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
+std::string filesystem_of(const std::string& path) {
+  struct statfs s {};
+  if (::statfs(path.c_str(), &s) != 0) return "unknown";
+  switch (static_cast<unsigned long>(s.f_type)) {
+    case 0xEF53: return "ext4";
+    case 0x01021994: return "tmpfs";
+    case 0x58465342: return "xfs";
+    case 0x794c7630: return "overlayfs";
+    case 0x9123683E: return "btrfs";
+    default: return fmt::format("0x{:x}", static_cast<unsigned long>(s.f_type));
+  }
+}
+
+}  // namespace
+
+int run_checkpoint_worker(const BenchConfig& c) {
+  at::set_num_threads(1);
+  dist::init_process_group();
+  const int rank = dist::get_rank();
+  const int world = dist::get_world_size();
+  enable_memory_tracking();
+
+  nn::GPTConfig config;
+  config.vocab_size = c.vocab;
+  config.context = c.ctx;
+  config.n_layer = c.ckpt_layers;
+  config.n_head = c.heads;
+  config.n_embd = c.ckpt_d;
+  torch::manual_seed(c.seed);
+  nn::GPT model(config);
+  int64_t parameters = 0;
+  for (const auto& p : model->parameters()) parameters += p.numel();
+  FullyShardOptions options;
+  options.mesh = init_device_mesh("cpu", {world}, {"shard"});
+  for (const nn::Block& block : model->blocks()) fully_shard(block.ptr(), options);
+  fully_shard(model.ptr(), options);
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(c.lr));
+  int64_t step = 1;
+  checkpoint::State state;
+  checkpoint::add_model(state, *model);
+  checkpoint::add_adamw(state, optimizer, *model);
+  checkpoint::add_int(state, "train.step", step);
+  {
+    // Moments that are not all zeros (a file system could store those sparsely).
+    torch::NoGradGuard no_grad;
+    for (const checkpoint::StateEntry& e : state.entries()) {
+      if (e.key.find(".exp_avg") != std::string::npos) e.local.copy_(at::randn_like(e.local).abs_());
+    }
+  }
+
+  // The bound on save's extra memory: one piece, the largest this rank holds
+  // (a writer that copies at most one piece at a time stays under it).
+  double largest_piece = 0;
+  for (const checkpoint::StateEntry& e : state.entries()) {
+    largest_piece = std::max(largest_piece, static_cast<double>(e.local.nbytes()));
+  }
+  largest_piece = max_over_ranks(largest_piece);
+
+  const fs::path dir = fs::path(c.ckpt_dir) / fmt::format("job-{}", std::getenv("MASTER_PORT"));
+  if (rank == 0) fs::create_directories(dir / "plain");
+  barrier();
+  std::vector<char> buffer(kBlock, 1);
+
+  nlohmann::json repeats = nlohmann::json::array();
+  for (int repeat = 0; repeat < c.ckpt_repeats; ++repeat) {
+    // Save.
+    barrier();
+    const int64_t before = memory_stats().current_bytes;
+    reset_peak_memory();
+    auto t0 = Clock::now();
+    const checkpoint::SaveResult saved = checkpoint::save(state, (dir / "ckpt").string(), repeat);
+    const double save_s = max_over_ranks(seconds_since(t0));
+    const double peak_extra = max_over_ranks(static_cast<double>(memory_stats().peak_bytes - before));
+    const double total_bytes = static_cast<double>(saved.total_bytes);
+
+    // A plain write of this rank's file size.
+    const std::string plain = (dir / "plain" / fmt::format("rank-{}.bin", rank)).string();
+    barrier();
+    t0 = Clock::now();
+    plain_write(plain, saved.rank_bytes, buffer);
+    const double write_s = max_over_ranks(seconds_since(t0));
+    const double plain_bytes = sum_over_ranks(static_cast<double>(saved.rank_bytes));
+
+    // Reads, from the device.
+    barrier();
+    if (rank == 0) drop_cache(dir);
+    barrier();
+    t0 = Clock::now();
+    const checkpoint::LoadResult loaded = checkpoint::load(state, saved.path);
+    const double load_s = max_over_ranks(seconds_since(t0));
+    const double read_bytes = sum_over_ranks(static_cast<double>(loaded.bytes_read));
+    barrier();
+    if (rank == 0) drop_cache(dir);
+    barrier();
+    t0 = Clock::now();
+    plain_read(plain, buffer);
+    const double read_s = max_over_ranks(seconds_since(t0));
+
+    repeats.push_back({{"save_s", save_s},
+                       {"save_gb_per_s", total_bytes / save_s / 1e9},
+                       {"plain_write_s", write_s},
+                       {"plain_write_gb_per_s", plain_bytes / write_s / 1e9},
+                       {"load_s", load_s},
+                       {"load_gb_per_s", read_bytes / load_s / 1e9},
+                       {"plain_read_s", read_s},
+                       {"plain_read_gb_per_s", plain_bytes / read_s / 1e9},
+                       {"checkpoint_bytes", total_bytes},
+                       {"load_bytes_read", read_bytes},
+                       {"peak_extra_bytes_during_save_per_rank", peak_extra}});
+    if (rank == 0) std::cerr << "checkpoint repeat " << repeat << ": " << repeats.back().dump() << std::endl;
+  }
+  barrier();
+  if (rank == 0) fs::remove_all(dir);
+  if (rank == 0) {
+    nlohmann::json out = {{"parameters", parameters},
+                          {"ranks", world},
+                          {"layers", c.ckpt_layers},
+                          {"d", c.ckpt_d},
+                          {"directory", c.ckpt_dir},
+                          {"filesystem", filesystem_of(c.ckpt_dir)},
+                          {"largest_piece_bytes", largest_piece},
+                          {"repeats", repeats}};
+    std::cout << kResultMarker << out.dump() << std::endl;
+  }
+  barrier();
+  dist::destroy_process_group();
+  return 0;
+}
+
+}  // namespace hp::bench

@@ -1,0 +1,23 @@
+// Errors agreed by every rank, so a failure on one rank (a file it cannot
+// write, a piece that does not fit its layout) never leaves the others
+// waiting in a collective: checkpoint steps run through run_agreed.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+namespace hp::checkpoint {
+
+// Runs `fn` on this rank, then, in a distributed job, learns collectively
+// (over the world) whether it raised on any rank: if so every rank raises
+// the error of the lowest such rank, of the same kind (hp::ArgumentError,
+// CheckpointError; anything else as CheckpointError), with its message.
+// Every rank of the job must call it at the same point.
+void run_agreed(const std::function<void()>& fn);
+
+// Collective over the world: whether every rank passed the same `value`
+// (e.g. a checksum of the keys, shapes and dtypes of a state, which must
+// agree before ranks plan collectives from them). One process: true.
+bool same_on_every_rank(int64_t value);
+
+}  // namespace hp::checkpoint

@@ -1,0 +1,94 @@
+// Sharded checkpoints (C1, C2, C4 in docs/features.md): every rank writes
+// the pieces of a State it owns into its own safetensors file, rank 0 adds
+// one metadata file (metadata.h), and a load on any mesh, world size or mode
+// reads back only the saved chunks that overlap the pieces each rank holds.
+//
+//   hp::checkpoint::State state;  ...                    // state.h, training_state.h
+//   hp::checkpoint::save(state, "ckpt", step);            // ckpt/step-00000100/
+//   hp::checkpoint::load(state, "ckpt");                  // the newest complete one
+//
+// Layout of a checkpoint root:
+//   ROOT/step-00000100/metadata.json            the index (written last)
+//   ROOT/step-00000100/rank-00000.safetensors   what rank 0 owns, ...
+//   ROOT/.tmp-step-00000200/                    a save in progress, or one that crashed
+//
+// Crash safety: a save writes into ROOT/.tmp-step-N; each rank fsyncs its
+// file; rank 0 writes metadata.json (fsynced) only after every rank's file is
+// on disk, then renames the directory to step-N and fsyncs ROOT. The rename
+// is the commit: a crash or kill -9 of any rank at any point leaves every
+// earlier checkpoint intact and the new one either complete or invisible
+// (loads never look at .tmp- directories; the next save of that step
+// removes it).
+//
+// Both calls are collective over every rank of the job (in one process they
+// run alone), in the same order on every rank, with states holding the same
+// keys. Every failure is agreed: all ranks raise the same error (agreement.h).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hp/checkpoint/errors.h"
+#include "hp/checkpoint/state.h"
+
+namespace hp::checkpoint {
+
+struct SaveOptions {
+  // Test hooks (a test kills a rank there to check crash safety):
+  // after_rank_file runs on every rank once every rank's file is durable;
+  // before_commit on rank 0 once metadata.json is durable, before the rename.
+  std::function<void()> after_rank_file;
+  std::function<void()> before_commit;
+};
+
+struct SaveResult {
+  std::string path;            // ROOT/step-N
+  uint64_t rank_bytes = 0;     // this rank's file
+  uint64_t total_bytes = 0;    // every file, metadata included
+  double seconds = 0;          // wall time of the whole save on this rank
+};
+
+// Collectively saves `state` as ROOT/step-<step> (replacing a checkpoint of
+// the same step). Before any file is written, every rank checks that its
+// pieces fit their layouts; a rank's bad piece raises hp::ArgumentError on
+// every rank. An I/O failure raises CheckpointError on every rank and leaves
+// earlier checkpoints as they were.
+SaveResult save(const State& state, const std::string& root, int64_t step,
+                const SaveOptions& options = {});
+
+struct LoadOptions {
+  // Checkpoint keys the state does not hold are an error (false: ignored).
+  bool strict = true;
+};
+
+struct LoadResult {
+  std::string path;         // the checkpoint directory read
+  int64_t step = 0;         // the step it was saved at
+  uint64_t bytes_read = 0;  // by this rank
+  double seconds = 0;
+};
+
+// Collectively fills every tensor of `state` in place from `path`: a
+// checkpoint directory (one holding metadata.json), or a root, whose newest
+// complete checkpoint is taken. Before any tensor changes, every rank
+// checks the metadata (its checksum), that the state and the checkpoint hold
+// the same keys, with the same global shapes and dtypes, and that the files
+// are all there at their recorded sizes; a mismatch raises hp::ArgumentError
+// naming the key (missing, unexpected, shape or dtype), a missing or
+// truncated file CheckpointError naming it, on every rank. Each chunk read is
+// checked against its checksum; a corrupt chunk raises CheckpointError
+// naming the file and the key on every rank, after the chunks read before it
+// were copied: the state is then partly loaded and must be loaded again.
+LoadResult load(State& state, const std::string& path, const LoadOptions& options = {});
+
+// ROOT/step-N of the largest N whose save completed, or nullopt (none, or
+// no such directory).
+std::optional<std::string> latest_checkpoint(const std::string& root);
+
+// "step-00000100": the directory name of step `step`'s checkpoint.
+std::string checkpoint_dir_name(int64_t step);
+
+}  // namespace hp::checkpoint

@@ -1,0 +1,187 @@
+// load(): the reading half of checkpoint.h, and its core shared with the
+// import of a consolidated file (consolidated.h).
+#include <ATen/ATen.h>
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "hp/checkpoint/agreement.h"
+#include "hp/checkpoint/checkpoint.h"
+#include "hp/checkpoint/crc32c.h"
+#include "hp/checkpoint/directory.h"
+#include "hp/checkpoint/file_io.h"
+#include "hp/checkpoint/load_core.h"
+#include "hp/checkpoint/metadata.h"
+#include "hp/checkpoint/plan.h"
+#include "hp/checkpoint/safetensors.h"
+#include "hp/util/error.h"
+
+namespace hp::checkpoint {
+namespace {
+
+std::string quoted_list(const std::vector<std::string>& keys) {
+  constexpr size_t kListed = 8;
+  std::string s;
+  for (size_t i = 0; i < keys.size() && i < kListed; ++i) s += cat(i ? ", " : "", "'", keys[i], "'");
+  if (keys.size() > kListed) s += cat(" and ", keys.size() - kListed, " more");
+  return s;
+}
+
+[[noreturn]] void fail_file(const std::string& path, const std::string& what) {
+  throw CheckpointError(cat("checkpoint file ", path, ": ", what));
+}
+
+// The keys, shapes and dtypes of `state` against `metadata`.
+void check_keys(const State& state, const Metadata& metadata, const std::string& source,
+                const std::string& prefix, bool strict) {
+  std::vector<std::string> missing, unexpected;
+  for (const StateEntry& entry : state.entries()) {
+    if (!metadata.find(entry.key.substr(prefix.size()))) missing.push_back(entry.key);
+  }
+  if (strict) {
+    for (const auto& [key, record] : metadata.tensors) {
+      if (!state.find(prefix + key)) unexpected.push_back(prefix + key);
+    }
+  }
+  if (!missing.empty() || !unexpected.empty()) {
+    std::string message = cat(source, " does not match the state:");
+    if (!missing.empty()) message += cat(" missing key(s) ", quoted_list(missing), ";");
+    if (!unexpected.empty()) message += cat(" unexpected key(s) ", quoted_list(unexpected), ";");
+    message.back() = '.';
+    throw_argument_error(message);
+  }
+  for (const StateEntry& entry : state.entries()) {
+    const TensorRecord& record = *metadata.find(entry.key.substr(prefix.size()));
+    HP_CHECK_ARG(record.shape == entry.shape, source, ": key '", entry.key, "' has shape ",
+                 to_string(record.shape), " in the checkpoint but ", to_string(entry.shape),
+                 " in the state");
+    const std::string dtype = *safetensors_dtype_name(entry.local.scalar_type());
+    HP_CHECK_ARG(record.dtype == dtype, source, ": key '", entry.key, "' has dtype ",
+                 record.dtype, " in the checkpoint but ", dtype, " (", entry.local.scalar_type(),
+                 ") in the state");
+  }
+}
+
+// A file this rank reads: there, of its recorded size, its header intact.
+void check_file(const std::string& dir, const std::string& name, const FileRecord& record) {
+  const std::string path = dir + "/" + name;
+  Fd fd(open_for_reading(path));
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) fail_file(path, cat("cannot stat: ", errno_text()));
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size != record.bytes) {
+    fail_file(path, cat(size < record.bytes ? "truncated: " : "", "it has ", size,
+                        " bytes but the checkpoint's metadata records ", record.bytes));
+  }
+  if (!record.header_crc32c) return;
+  std::string header(record.header_bytes, '\0');
+  read_exact(fd.get(), header.data(), header.size(), 0, path);
+  const uint32_t crc = crc32c(0, header.data(), header.size());
+  if (crc != *record.header_crc32c) {
+    fail_file(path, cat("its header does not match its checksum (corrupt)"));
+  }
+}
+
+}  // namespace
+
+LoadResult load_from_metadata(State& state, const Metadata& metadata, const std::string& dir,
+                              const std::string& source, const std::string& prefix, bool strict) {
+  const auto start = std::chrono::steady_clock::now();
+  LoadResult result;
+  result.path = dir;
+  result.step = metadata.step;
+
+  // What this rank reads: per entry, the saved chunks its piece overlaps.
+  struct Read {
+    const StateEntry* entry;
+    const ChunkRecord* chunk;
+    Box box;   // the chunk's
+    Box part;  // the overlap with this rank's piece
+  };
+  std::vector<Read> reads;
+  const bool same_states = same_on_every_rank(state.signature());
+  run_agreed([&] {
+    HP_CHECK_ARG(same_states, source, ": the ranks' states differ in their keys, shapes, dtypes "
+                 "or layouts; every rank must load the same keys");
+    for (const StateEntry& entry : state.entries()) {
+      HP_CHECK_ARG(entry.key.compare(0, prefix.size(), prefix) == 0, source, ": key '",
+                   entry.key, "' of the state does not start with '", prefix, "'");
+    }
+    check_keys(state, metadata, source, prefix, strict);
+    std::set<std::string> files;
+    for (const StateEntry& entry : state.entries()) {
+      const Box mine = local_box(entry);
+      HP_CHECK_ARG(mine.sizes == entry.local.sizes().vec(), source, ": key '", entry.key,
+                   "' has a local piece of shape ", to_string(entry.local.sizes().vec()),
+                   " but its layout gives this rank ", to_string(mine.sizes));
+      if (mine.numel() == 0) continue;
+      for (const ChunkRecord& chunk : metadata.find(entry.key.substr(prefix.size()))->chunks) {
+        Box box{chunk.offsets, chunk.sizes};
+        if (auto part = intersect(mine, box)) {
+          reads.push_back({&entry, &chunk, box, *part});
+          files.insert(chunk.file);
+        }
+      }
+    }
+    for (const std::string& name : files) check_file(dir, name, metadata.files.at(name));
+  });
+
+  // Chunk by chunk: read, check, copy the overlap into the piece.
+  run_agreed([&] {
+    at::NoGradGuard no_grad;
+    std::map<std::string, std::unique_ptr<Fd>> open;
+    for (const Read& read : reads) {
+      const std::string path = dir + "/" + read.chunk->file;
+      auto& fd = open[read.chunk->file];
+      if (!fd) fd = std::make_unique<Fd>(open_for_reading(path));
+      const at::ScalarType dtype = read.entry->local.scalar_type();
+      // Bool bytes are read as bytes, as the safetensors reader does.
+      at::Tensor data =
+          at::empty(read.box.sizes, dtype == at::kBool ? at::kByte : dtype);
+      read_exact(fd->get(), data.data_ptr(), read.chunk->bytes, read.chunk->byte_offset, path);
+      result.bytes_read += read.chunk->bytes;
+      if (read.chunk->crc32c &&
+          crc32c(0, data.data_ptr(), read.chunk->bytes) != *read.chunk->crc32c) {
+        fail_file(path, cat("the data of key '", read.entry->key,
+                            "' does not match its checksum (corrupt); the tensors read before "
+                            "it were already filled: load an intact checkpoint again"));
+      }
+      if (dtype == at::kBool) data = data.to(at::kBool);
+      const StateEntry& entry = *read.entry;
+      view_of(entry.local.detach(), local_box(entry), read.part)
+          .copy_(view_of(data, read.box, read.part));
+    }
+  });
+  state.run_on_loaded();
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+LoadResult load(State& state, const std::string& path, const LoadOptions& options) {
+  std::string dir;
+  Metadata metadata;
+  run_agreed([&] {
+    namespace fs = std::filesystem;
+    if (fs::exists(fs::path(path) / kMetadataFile)) {
+      dir = path;
+    } else {
+      std::optional<std::string> latest = latest_checkpoint(path);
+      if (!latest) {
+        throw CheckpointError(cat("checkpoint::load: '", path,
+                                  "' holds no complete checkpoint (no ", kMetadataFile,
+                                  " in it nor in a step-N directory under it)"));
+      }
+      dir = *latest;
+    }
+    const std::string metadata_path = dir + "/" + kMetadataFile;
+    metadata = Metadata::parse(read_whole_file(metadata_path), metadata_path);
+  });
+  return load_from_metadata(state, metadata, dir, cat("checkpoint ", dir), "", options.strict);
+}
+
+}  // namespace hp::checkpoint

@@ -1,0 +1,209 @@
+// save(): the writing half of checkpoint.h.
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "hp/checkpoint/agreement.h"
+#include "hp/checkpoint/checkpoint.h"
+#include "hp/checkpoint/crc32c.h"
+#include "hp/checkpoint/directory.h"
+#include "hp/checkpoint/file_io.h"
+#include "hp/checkpoint/metadata.h"
+#include "hp/checkpoint/plan.h"
+#include "hp/checkpoint/safetensors.h"
+#include "hp/dist/collectives.h"
+#include "hp/dist/world.h"
+#include "hp/util/error.h"
+
+namespace hp::checkpoint {
+namespace {
+
+struct World {
+  int rank = 0;
+  int size = 1;
+};
+
+World this_world() {
+  if (!dist::is_initialized()) return {};
+  return {dist::get_rank(), dist::get_world_size()};
+}
+
+// Whether this rank's piece has the shape its layout gives it. Local; the
+// caller agrees on the outcome.
+void check_piece(const StateEntry& entry, const char* what) {
+  const Box box = local_box(entry);
+  HP_CHECK_ARG(box.sizes == entry.local.sizes().vec(), what, ": tensor '", entry.key,
+               "' has a local piece of shape ", to_string(entry.local.sizes().vec()), " on rank ",
+               this_world().rank, ", but ",
+               entry.layout.defined() ? entry.layout.str() : std::string("a whole tensor"),
+               " of global shape ", to_string(entry.shape), " gives it ", to_string(box.sizes));
+}
+
+// What one rank wrote, as every rank learns it: its file and, per chunk it
+// owns (in state order), where the chunk lies and its checksum.
+struct RankReport {
+  bool has_file = false;
+  uint64_t file_bytes = 0;
+  uint64_t header_bytes = 0;
+  uint32_t header_crc = 0;
+  std::vector<std::pair<uint64_t, uint32_t>> chunks;  // (byte offset, crc32c)
+};
+
+constexpr int64_t kReportHead = 4;
+
+at::Tensor encode(const RankReport& report, int64_t length) {
+  at::Tensor t = at::zeros({length}, at::kLong);
+  auto* p = t.data_ptr<int64_t>();
+  p[0] = report.has_file;
+  p[1] = static_cast<int64_t>(report.file_bytes);
+  p[2] = static_cast<int64_t>(report.header_bytes);
+  p[3] = report.header_crc;
+  for (size_t i = 0; i < report.chunks.size(); ++i) {
+    p[kReportHead + 2 * i] = static_cast<int64_t>(report.chunks[i].first);
+    p[kReportHead + 2 * i + 1] = report.chunks[i].second;
+  }
+  return t;
+}
+
+RankReport decode(const int64_t* p, int64_t chunks) {
+  RankReport r;
+  r.has_file = p[0] != 0;
+  r.file_bytes = static_cast<uint64_t>(p[1]);
+  r.header_bytes = static_cast<uint64_t>(p[2]);
+  r.header_crc = static_cast<uint32_t>(p[3]);
+  for (int64_t i = 0; i < chunks; ++i) {
+    r.chunks.emplace_back(static_cast<uint64_t>(p[kReportHead + 2 * i]),
+                          static_cast<uint32_t>(p[kReportHead + 2 * i + 1]));
+  }
+  return r;
+}
+
+// Writes this rank's file (if it owns any chunk) and reports it.
+RankReport write_rank_file(const std::vector<const StateEntry*>& owned, const std::string& path) {
+  RankReport report;
+  if (owned.empty()) return report;
+  std::vector<SafetensorsSpec> specs;
+  for (const StateEntry* e : owned) {
+    specs.push_back({e->key, e->local.scalar_type(), e->local.sizes().vec()});
+  }
+  SafetensorsWriter writer(path, specs);
+  for (const StateEntry* e : owned) {
+    // A contiguous piece is written from its own memory; only a strided one
+    // is copied, one at a time.
+    at::Tensor data = e->local.detach().contiguous();
+    report.chunks.emplace_back(0, crc32c(0, data.data_ptr(), data.nbytes()));
+    writer.write(data);
+  }
+  writer.commit();
+  // The offsets as the file records them, and the header under a checksum.
+  const SafetensorsIndex index = read_safetensors_index(path);
+  for (size_t i = 0; i < owned.size(); ++i) report.chunks[i].first = index.entries.at(i).offset;
+  std::string header(index.data_start, '\0');
+  Fd fd(open_for_reading(path));
+  read_exact(fd.get(), header.data(), header.size(), 0, path);
+  report.has_file = true;
+  report.file_bytes = index.file_size;
+  report.header_bytes = index.data_start;
+  report.header_crc = crc32c(0, header.data(), header.size());
+  return report;
+}
+
+}  // namespace
+
+SaveResult save(const State& state, const std::string& root, int64_t step,
+                const SaveOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  const World world = this_world();
+
+  // Who writes what: the same plan on every rank.
+  std::vector<std::vector<PlannedChunk>> plans;
+  std::vector<int64_t> owned_count(static_cast<size_t>(world.size), 0);
+  std::vector<const StateEntry*> owned;
+  for (const StateEntry& entry : state.entries()) {
+    plans.push_back(plan_chunks(entry));
+    for (const PlannedChunk& c : plans.back()) {
+      ++owned_count.at(static_cast<size_t>(c.writer));
+      if (c.writer == world.rank) owned.push_back(&entry);
+    }
+  }
+
+  const std::string temp = temp_dir(root, step);
+  // The plan above is only the same on every rank for the same states.
+  const bool same_states = same_on_every_rank(state.signature());
+  run_agreed([&] {
+    HP_CHECK_ARG(same_states, "checkpoint::save: the ranks' states differ in their keys, shapes, "
+                 "dtypes or layouts; every rank must save the same keys");
+    HP_CHECK_ARG(step >= 0, "checkpoint::save: step must be >= 0, got ", step);
+    HP_CHECK_ARG(!root.empty(), "checkpoint::save: the root directory must be non-empty");
+    for (const StateEntry& entry : state.entries()) check_piece(entry, "checkpoint::save");
+    if (world.rank == 0) prepare_temp_dir(root, step);
+  });
+
+  const std::string file = rank_file_name(world.rank);
+  RankReport mine;
+  run_agreed([&] { mine = write_rank_file(owned, temp + "/" + file); });
+  if (options.after_rank_file) options.after_rank_file();
+
+  // Every rank's report, so rank 0 can write the index.
+  int64_t length = kReportHead;
+  for (int64_t n : owned_count) length = std::max(length, kReportHead + 2 * n);
+  at::Tensor all = encode(mine, length);
+  if (world.size > 1) {
+    at::Tensor gathered = at::empty({world.size * length}, at::kLong);
+    dist::all_gather_into(*dist::world_group(), gathered, all).wait();
+    all = gathered;
+  }
+  std::vector<RankReport> reports;
+  for (int r = 0; r < world.size; ++r) {
+    reports.push_back(decode(all.data_ptr<int64_t>() + r * length, owned_count[r]));
+  }
+
+  run_agreed([&] {
+    if (world.rank != 0) return;
+    Metadata metadata;
+    metadata.step = step;
+    metadata.world_size = world.size;
+    for (int r = 0; r < world.size; ++r) {
+      const RankReport& report = reports[r];
+      if (report.has_file) {
+        metadata.files[rank_file_name(r)] = {report.file_bytes, report.header_bytes,
+                                             report.header_crc};
+      }
+    }
+    std::vector<size_t> next(static_cast<size_t>(world.size), 0);
+    const auto& entries = state.entries();
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const StateEntry& entry = entries[i];
+      TensorRecord record;
+      record.dtype = *safetensors_dtype_name(entry.local.scalar_type());
+      record.shape = entry.shape;
+      record.layout = entry.layout.defined() ? entry.layout.str() : "whole on every rank";
+      for (const PlannedChunk& c : plans[i]) {
+        const auto& [offset, crc] = reports[c.writer].chunks.at(next[c.writer]++);
+        record.chunks.push_back({c.box.offsets, c.box.sizes, rank_file_name(c.writer), offset,
+                                 static_cast<uint64_t>(c.box.numel()) *
+                                     at::elementSize(entry.local.scalar_type()),
+                                 crc});
+      }
+      metadata.tensors.emplace_back(entry.key, std::move(record));
+    }
+    write_file_atomically(temp + "/" + kMetadataFile, metadata.to_json());
+    if (options.before_commit) options.before_commit();
+    commit_dir(root, temp, step);
+  });
+
+  SaveResult result;
+  result.path = (std::filesystem::path(root) / checkpoint_dir_name(step)).string();
+  result.rank_bytes = mine.file_bytes;
+  for (const RankReport& r : reports) result.total_bytes += r.file_bytes;
+  std::error_code ec;
+  const auto metadata_bytes =
+      std::filesystem::file_size(std::filesystem::path(result.path) / kMetadataFile, ec);
+  if (!ec) result.total_bytes += metadata_bytes;
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace hp::checkpoint

@@ -1,0 +1,230 @@
+// hp-train's checkpoints end to end (C3, C5): the real binary under hprun.
+//
+// - Resume on the same mesh: 3 steps, save, a new job resumes to 6; its
+//   losses and its exported weights equal an uninterrupted 6-step run's
+//   bit for bit (the same arithmetic on the same values: nothing to bound).
+// - Resume on other meshes (HSDP 2x2 on 4 ranks, one process): the loaded
+//   weights are the saved ones exactly (exported right after the load), and
+//   the first resumed loss is the loss of those weights on step 3's batch as
+//   computed here on that mesh's slices, within the bound of a reordered
+//   fp32 mean (4 n u L, as tests/hp_train/run_test.cpp derives for step 0);
+//   later steps differ by rounding that AdamW amplifies, which the
+//   fully_shard parity tests bound where the weights are visible.
+// - The export is read back by PyTorch (tests/checkpoint/export_check.py:
+//   strict load into the PyTorch GPT, a forward) and by --init-from.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "hp/checkpoint/safetensors.h"
+#include "hp/nn/gpt.h"
+#include "hp/nn/loss.h"
+#include "tests/launcher/process_runner.h"
+#include "tests/support/rounding_bounds.h"
+#include "tests/support/tensor_checks.h"
+#include "tools/hp_train/batches.h"
+#include "tools/hp_train/corpus.h"
+#include "tools/hp_train/init_weights.h"
+
+namespace hp::train {
+namespace {
+
+using launcher::testing::ProcessResult;
+using launcher::testing::run_process;
+using launcher::testing::TempDir;
+using testing::HasSubstr;
+using Args = std::vector<std::string>;
+
+// The tiny GPT of run_test.cpp, 6 steps, gradient clipping on (a resume
+// must restore everything the clip depends on too).
+const Args kTiny = {"--layers", "2", "--d", "32", "--heads", "2", "--ctx", "16", "--seq", "16",
+                    "--batch", "4", "--lr", "1e-2", "--sample-tokens", "0", "--log-every", "1"};
+constexpr int64_t kTokens = 4 * 16;
+
+Args with(Args a, const Args& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+ProcessResult hp_train(int ranks, const Args& args) {
+  Args argv = ranks == 0 ? Args{HP_TRAIN_PATH}
+                         : Args{HPRUN_PATH, "-n", std::to_string(ranks), HP_TRAIN_PATH};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_process(argv, {"OMP_NUM_THREADS=1"}, /*limit_s=*/120);
+}
+
+std::string describe(const ProcessResult& r) {
+  return "exit " + std::to_string(r.exit_code) + "\n--- stdout ---\n" + r.out +
+         "--- stderr ---\n" + r.err;
+}
+
+// step -> loss from --log-json.
+std::map<int64_t, double> read_losses(const std::string& path) {
+  std::map<int64_t, double> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    out[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
+  }
+  return out;
+}
+
+std::map<std::string, at::Tensor> read_weights(const std::string& path) {
+  std::map<std::string, at::Tensor> out;
+  for (auto& [name, t] : checkpoint::read_safetensors(path).tensors) out[name] = t;
+  return out;
+}
+
+void expect_same_weights(const std::string& actual, const std::string& expected,
+                         const std::string& what) {
+  const auto a = read_weights(actual), e = read_weights(expected);
+  ASSERT_EQ(a.size(), e.size()) << what;
+  for (const auto& [name, t] : e) EXPECT_TRUE(test::tensors_equal(a.at(name), t)) << what << ": " << name;
+}
+
+nn::GPT tiny_model_from(const std::string& weights) {
+  nn::GPTConfig config;
+  config.vocab_size = 256;
+  config.context = 16;
+  config.n_layer = 2;
+  config.n_head = 2;
+  config.n_embd = 32;
+  nn::GPT model(config);
+  load_initial_weights(*model, weights);
+  return model;
+}
+
+// Step `step`'s loss as hp-train logs it on `dp_size` ranks, computed here:
+// each rank's slice through the model, fp32 means averaged in double.
+double loss_at(nn::GPT& model, int64_t step, int64_t dp_size) {
+  static const at::Tensor tokens = load_fortunes().tokens;
+  torch::NoGradGuard no_grad;
+  at::set_num_threads(1);
+  double sum = 0;
+  for (int64_t r = 0; r < dp_size; ++r) {
+    const Batch batch = batch_for_step(tokens, step, 4, 16, r, dp_size);
+    sum += nn::cross_entropy(model(batch.inputs), batch.targets).item<double>();
+  }
+  return sum / static_cast<double>(dp_size);
+}
+
+double mean_bound(double loss, int64_t dp_size) {
+  return test::reordered_sum_bound(loss, kTokens, at::kFloat) +
+         test::reordered_sum_bound(loss, dp_size, at::kDouble);
+}
+
+TEST(HpTrainCheckpoints, ResumeEqualsAnUninterruptedRunAndMovesToOtherMeshes) {
+  TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  ProcessResult straight = hp_train(2, with(kTiny, {"--steps", "6", "--log-json", dir.file("straight.jsonl"),
+                                                    "--export", dir.file("straight.safetensors")}));
+  ASSERT_EQ(straight.exit_code, 0) << describe(straight);
+  ProcessResult first = hp_train(2, with(kTiny, {"--steps", "3", "--save-dir", ckpt, "--save-every", "2",
+                                                 "--export", dir.file("step3.safetensors")}));
+  ASSERT_EQ(first.exit_code, 0) << describe(first);
+  EXPECT_THAT(first.out, HasSubstr("[rank 0] checkpoint " + ckpt + "/step-00000002 saved: "));
+  EXPECT_THAT(first.out, HasSubstr("[rank 0] checkpoint " + ckpt + "/step-00000003 saved: "));
+  EXPECT_THAT(first.out, HasSubstr("[rank 0] weights exported to " + dir.file("step3.safetensors")));
+
+  // The same mesh: bit for bit.
+  ProcessResult resumed = hp_train(2, with(kTiny, {"--steps", "6", "--resume", ckpt, "--log-json",
+                                                   dir.file("resumed.jsonl"), "--export",
+                                                   dir.file("resumed.safetensors")}));
+  ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+  EXPECT_THAT(resumed.out, HasSubstr("[rank 0] resumed from " + ckpt + "/step-00000003 after 3 steps"));
+  EXPECT_THAT(resumed.out, HasSubstr("[rank 0] step 4/6 | loss "));
+  const auto all = read_losses(dir.file("straight.jsonl"));
+  const auto tail = read_losses(dir.file("resumed.jsonl"));
+  ASSERT_EQ(tail.size(), 3u) << describe(resumed);
+  for (const auto& [step, loss] : tail) EXPECT_EQ(loss, all.at(step)) << "step " << step;
+  expect_same_weights(dir.file("resumed.safetensors"), dir.file("straight.safetensors"),
+                      "6 steps, resumed after 3");
+
+  // Other meshes: the weights load exactly; the first resumed loss is those
+  // weights' loss on that mesh's slices.
+  nn::GPT at3 = tiny_model_from(dir.file("step3.safetensors"));
+  for (const auto& [ranks, mode] : std::vector<std::pair<int, Args>>{
+           {4, {"--mode", "hsdp", "--mesh", "2x2"}}, {0, {"--mode", "none"}}}) {
+    const std::string name = ranks == 0 ? "none" : "hsdp";
+    ProcessResult loaded = hp_train(ranks, with(with(kTiny, mode), {"--steps", "3", "--resume", ckpt,
+                                                                     "--export", dir.file(name + ".safetensors")}));
+    ASSERT_EQ(loaded.exit_code, 0) << describe(loaded);
+    expect_same_weights(dir.file(name + ".safetensors"), dir.file("step3.safetensors"), name);
+    ProcessResult step = hp_train(ranks, with(with(kTiny, mode), {"--steps", "4", "--resume", ckpt,
+                                                                   "--log-json", dir.file(name + ".jsonl")}));
+    ASSERT_EQ(step.exit_code, 0) << describe(step);
+    const auto losses = read_losses(dir.file(name + ".jsonl"));
+    ASSERT_EQ(losses.size(), 1u) << describe(step);
+    const int64_t dp = std::max(ranks, 1);
+    const double expected = loss_at(at3, 3, dp);
+    EXPECT_TRUE(test::within_bound(losses.at(3), expected, mean_bound(expected, dp))) << name;
+  }
+}
+
+TEST(HpTrainCheckpoints, ResumeOfAnotherModelFailsBeforeTraining) {
+  TempDir dir;
+  ProcessResult saved = hp_train(0, with(kTiny, {"--steps", "1", "--save-dir", dir.file("c")}));
+  ASSERT_EQ(saved.exit_code, 0) << describe(saved);
+  ProcessResult other = hp_train(2, with(kTiny, {"--steps", "2", "--d", "64", "--resume", dir.file("c")}));
+  EXPECT_EQ(other.exit_code, 2) << describe(other);
+  EXPECT_THAT(other.err, HasSubstr("--resume '" + dir.file("c") + "/step-00000001' holds another model"));
+  EXPECT_THAT(other.err, HasSubstr("'wpe.weight' has shape [16, 32] in the checkpoint, [16, 64] in this run"));
+  EXPECT_THAT(other.out, testing::Not(HasSubstr("step 1/"))) << "nothing trained";
+  ProcessResult beyond = hp_train(0, with(kTiny, {"--steps", "1", "--resume", dir.file("c"), "--d", "32"}));
+  EXPECT_EQ(beyond.exit_code, 0) << describe(beyond);  // saved at 1 of 1: nothing left to train
+  ProcessResult none = hp_train(0, with(kTiny, {"--steps", "2", "--resume", dir.file("nothing")}));
+  EXPECT_EQ(none.exit_code, 2);
+  EXPECT_THAT(none.err, HasSubstr("holds no complete checkpoint"));
+}
+
+TEST(HpTrainCheckpoints, ExportReadsBackInPyTorchAndThroughInitFrom) {
+  TempDir dir;
+  const std::string weights = dir.file("w.safetensors");
+  ProcessResult r = hp_train(2, with(kTiny, {"--steps", "2", "--export", weights}));
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  nn::GPT model = tiny_model_from(weights);  // names and shapes are the model's
+
+  // PyTorch: strict load by name, then the loss of step 2's batch, which
+  // runs the same libtorch kernels as ours on the same weights; the bound
+  // allows the reordered mean only.
+  static const at::Tensor tokens = load_fortunes().tokens;
+  const Batch batch = batch_for_step(tokens, 2, 4, 16, 0, 1);
+  nlohmann::json cfg = {{"vocab_size", 256}, {"context", 16}, {"n_layer", 2}, {"n_head", 2},
+                        {"n_embd", 32}};
+  for (const char* field : {"idx", "targets"}) {
+    const at::Tensor t = std::string(field) == "idx" ? batch.inputs : batch.targets;
+    nlohmann::json rows = nlohmann::json::array();
+    for (int64_t i = 0; i < t.size(0); ++i) {
+      rows.push_back(std::vector<int64_t>(t[i].data_ptr<int64_t>(), t[i].data_ptr<int64_t>() + t.size(1)));
+    }
+    cfg[field] = rows;
+  }
+  std::ofstream(dir.file("cfg.json")) << cfg.dump();
+  ProcessResult py = run_process({"/usr/bin/python3", HP_SOURCE_DIR "/tests/checkpoint/export_check.py",
+                                  weights, dir.file("cfg.json"), dir.file("out.json")},
+                                 {}, 120);
+  ASSERT_EQ(py.exit_code, 0) << describe(py);
+  std::ifstream in(dir.file("out.json"));
+  const auto out = nlohmann::json::parse(in);
+  EXPECT_EQ(out.at("names").size(), model->named_parameters().size());
+  const double ours = loss_at(model, 2, 1);
+  EXPECT_TRUE(test::within_bound(out.at("loss").get<double>(), ours, mean_bound(ours, 1)));
+
+  // --init-from: training starts from the exported weights.
+  ProcessResult init = hp_train(2, with(kTiny, {"--steps", "1", "--init-from", weights, "--log-json",
+                                                dir.file("init.jsonl")}));
+  ASSERT_EQ(init.exit_code, 0) << describe(init);
+  const double expected = loss_at(model, 0, 2);
+  EXPECT_TRUE(test::within_bound(read_losses(dir.file("init.jsonl")).at(0), expected,
+                                 mean_bound(expected, 2)));
+}
+
+}  // namespace
+}  // namespace hp::train

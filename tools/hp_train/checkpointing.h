@@ -1,0 +1,70 @@
+// hp-train's checkpoints (C1-C5 in docs/features.md): --save-dir with
+// --save-every, --resume, --export.
+//
+// A checkpoint holds the model ("model.<GPT-2 name>"), AdamW's state
+// ("optim.<name>.exp_avg", ...), the number of steps done ("train.step")
+// and the CPU generator ("train.rng"). The data position is the step: the
+// batch of step s is a function of s alone (batches.h), so a resumed run
+// continues with the same data order, and the learning rate is constant.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "hp/nn/gpt.h"
+#include "tools/hp_train/train_options.h"
+
+namespace torch::optim {
+class AdamW;
+}
+
+namespace hp::train {
+
+// Flag combinations, before any collective: --save-every needs --save-dir,
+// --export names a .safetensors file, and --mode tp takes none of the
+// checkpoint flags yet (its fused QKV weight is StridedShard, whose pieces
+// are not boxes of the global tensor, which the checkpoint format stores).
+void validate_checkpoint_options(const TrainOptions& options, const Parallelism& parallelism);
+
+// Creates --save-dir when missing (on every rank: a shared file system sees
+// one directory), so that a path that cannot be created is an error before
+// training rather than at the first save.
+void prepare_save_dir(const TrainOptions& options);
+
+struct ResumePoint {
+  std::string path;  // the checkpoint directory
+  int64_t step = 0;  // steps done when it was saved
+};
+
+// --resume DIR, checked before the process group is joined (every rank reads
+// the same metadata, so every rank reaches the same verdict): the newest
+// complete checkpoint in DIR, saved at a step not beyond --steps, whose model
+// has this run's parameter names and shapes. Otherwise hp::ArgumentError
+// naming --resume and what differs (e.g. the vocabulary or --d). nullopt
+// without --resume.
+std::optional<ResumePoint> find_resume_point(const TrainOptions& options, nn::GPT& model);
+
+// Saves, resumes and exports one run's state. Every call is collective.
+class TrainCheckpoints {
+ public:
+  TrainCheckpoints(nn::GPT model, torch::optim::AdamW& optimizer, const TrainOptions& options);
+
+  // Whether a checkpoint is due after `steps_done` steps (every
+  // --save-every, and at the end).
+  bool due(int64_t steps_done) const;
+  // Saves DIR/step-<steps_done>; returns the progress line ("checkpoint
+  // ... saved: 4.2 MiB in 0.05 s").
+  std::string save(int64_t steps_done);
+  // Loads `point` into the model and optimizer; returns the line to print.
+  std::string resume(const ResumePoint& point);
+  // --export: the whole weights by GPT-2 name; returns the line to print.
+  std::string export_weights();
+
+ private:
+  nn::GPT model_;
+  torch::optim::AdamW& optimizer_;
+  TrainOptions options_;
+};
+
+}  // namespace hp::train
