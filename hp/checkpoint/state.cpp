@@ -9,12 +9,50 @@
 
 namespace hp::checkpoint {
 
+namespace {
+
+// `layout` with every StridedShard made the plain Shard of its dim.
+Layout plain_of(const Layout& layout) {
+  ShardSpec spec = layout.spec();
+  for (auto& p : spec.placements) {
+    if (p.is_strided_shard()) p = Shard(p.dim());
+  }
+  return Layout(layout.mesh(), std::move(spec));
+}
+
+bool has_strided(const Layout& layout) {
+  for (const auto& p : layout.placements()) {
+    if (p.is_strided_shard()) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 void State::add(const std::string& key, const at::Tensor& whole) {
   HP_CHECK_ARG(whole.defined(), "checkpoint state: tensor '", key, "' is undefined");
+  if (!is_dtensor(whole)) return add_entry({key, whole, whole.sizes().vec(), Layout()});
   // A tensor-form DTensor (a tensor-parallel parameter, its optimizer
-  // state) is its local shard and layout.
-  if (is_dtensor(whole)) return add(key, local_of(whole), layout_of(whole), whole.sizes().vec());
-  add_entry({key, whole, whole.sizes().vec(), Layout()});
+  // state) is its local shard and layout. A StridedShard piece is not a box
+  // of the global tensor, so it goes in moved to the plain Shard of its dim
+  // (a collective: every rank adds the same keys in the same order) and
+  // comes back into the strided piece after a load.
+  const Layout& layout = layout_of(whole);
+  const std::vector<int64_t> shape = whole.sizes().vec();
+  if (!has_strided(layout)) return add(key, local_of(whole), layout, shape);
+  at::NoGradGuard no_grad;
+  FromLocalOptions options;
+  options.shape = shape;
+  const Layout plain = plain_of(layout);
+  at::Tensor piece = from_local(local_of(whole), layout, options).redistribute(plain).local();
+  add(key, piece, plain, shape);
+  const at::Tensor target = local_of(whole);
+  on_loaded([piece, plain, layout, shape, target] {
+    at::NoGradGuard no_grad;
+    FromLocalOptions options;
+    options.shape = shape;
+    target.copy_(from_local(piece, plain, options).redistribute(layout).local());
+  });
 }
 
 void State::add(const std::string& key, const DTensor& value) {
@@ -64,7 +102,8 @@ void State::add_entry(StateEntry entry) {
       HP_CHECK_ARG(!p.is_strided_shard(), "checkpoint state: tensor '", key, "' has layout ",
                    entry.layout.str(),
                    "; checkpoints hold pieces that are boxes of the global tensor, and a "
-                   "StridedShard piece is not: redistribute it to Shard or Replicate first");
+                   "StridedShard piece is not: add the tensor-form DTensor itself (add(key, "
+                   "tensor) moves it to a plain shard), or redistribute it first");
       HP_CHECK_ARG(!p.is_partial(), "checkpoint state: tensor '", key, "' has layout ",
                    entry.layout.str(),
                    "; a Partial value is not a tensor yet: redistribute it to Replicate or "

@@ -12,8 +12,10 @@
 // optimizer state), not copies. A piece whose layout says ranks hold the
 // same data (Replicate dims) is written once, by the lowest rank holding it.
 // Pieces must be boxes of the global tensor: Shard and Replicate placements
-// (StridedShard and Partial are refused). Adding checks what needs no
-// communication (names, dtypes, placements);
+// (Partial is refused; a tensor-form DTensor with a StridedShard is moved to
+// the plain Shard of its dim when added, collectively, and moved back after
+// a load). Adding checks what needs no communication (names, dtypes,
+// placements);
 // whether each rank's piece fits its layout is checked by save and load,
 // collectively, before they touch a file or a tensor.
 #pragma once
@@ -44,7 +46,9 @@ class State {
  public:
   // A tensor every rank holds whole (a one-process or data-parallel model's
   // parameter, a step counter); a tensor-form DTensor (dtensor_tensor.h:
-  // a tensor-parallel parameter) is taken as its local shard and layout.
+  // a tensor-parallel parameter) is taken as its local shard and layout,
+  // except that a StridedShard layout is saved as a plain Shard copy
+  // (collective; copied back by load) so its pieces are boxes.
   void add(const std::string& key, const at::Tensor& whole);
   // A DTensor's local piece, laid out as the DTensor says.
   void add(const std::string& key, const DTensor& value);

@@ -359,13 +359,31 @@ TEST(ShardedCheckpoint, TensorFormDTensorsAreTheirShards) {
   one.add("w", whole);
   load(one, dir.path());
   EXPECT_TRUE(tensors_equal(whole, global));
-  // A StridedShard piece is several boxes, which the format does not hold.
+  // A raw StridedShard piece is several boxes, which the format does not hold.
   EXPECT_THAT(
       [&] {
         State strided;
         strided.add("q", at::zeros({2, 4}), Layout(meshes.flat, {StridedShard(0, 3)}), {6, 4});
       },
       ThrowsMessage<ArgumentError>(HasSubstr("StridedShard")));
+  // The tensor form of one (a fused QKV weight) is saved as its plain shard
+  // and loaded back into the strided piece, or into any other layout.
+  const Layout qkv(meshes.flat, {StridedShard(0, 3)});  // 3 blocks of 12 rows: any of 1-4 ranks
+  const at::Tensor fused = numbered({36, 4}, at::kFloat, 9);
+  const at::Tensor strided = distribute(fused, qkv);
+  State with_strided;
+  with_strided.add("qkv", strided);
+  save(with_strided, dir.path(), 1);
+  const at::Tensor strided_target = distribute(at::zeros({36, 4}), qkv);
+  State strided_into;
+  strided_into.add("qkv", strided_target);
+  load(strided_into, dir.path());
+  EXPECT_TRUE(tensors_equal(local_of(strided_target), local_of(strided)));
+  at::Tensor fused_whole = at::zeros({36, 4});
+  State whole_into;
+  whole_into.add("qkv", fused_whole);
+  load(whole_into, dir.path());
+  EXPECT_TRUE(tensors_equal(fused_whole, fused));
 }
 
 // ---- a GPT with AdamW ------------------------------------------------------

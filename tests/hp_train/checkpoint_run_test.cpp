@@ -168,6 +168,37 @@ TEST(HpTrainCheckpoints, ResumeEqualsAnUninterruptedRunAndMovesToOtherMeshes) {
   }
 }
 
+// Tensor parallelism (its fused QKV weight is a StridedShard): resumed on
+// the same mesh bit for bit, and its checkpoint loads exactly into one
+// process.
+TEST(HpTrainCheckpoints, TensorParallelResumesAndMovesToOneProcess) {
+  TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  const Args tp = with(kTiny, {"--mode", "tp", "--mesh", "2"});
+  ProcessResult straight = hp_train(2, with(tp, {"--steps", "6", "--log-json",
+                                                 dir.file("straight.jsonl"), "--export",
+                                                 dir.file("straight.safetensors")}));
+  ASSERT_EQ(straight.exit_code, 0) << describe(straight);
+  ProcessResult first = hp_train(2, with(tp, {"--steps", "3", "--save-dir", ckpt, "--export",
+                                              dir.file("step3.safetensors")}));
+  ASSERT_EQ(first.exit_code, 0) << describe(first);
+  ProcessResult resumed = hp_train(2, with(tp, {"--steps", "6", "--resume", ckpt, "--log-json",
+                                                dir.file("resumed.jsonl"), "--export",
+                                                dir.file("resumed.safetensors")}));
+  ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+  const auto all = read_losses(dir.file("straight.jsonl"));
+  const auto tail = read_losses(dir.file("resumed.jsonl"));
+  ASSERT_EQ(tail.size(), 3u) << describe(resumed);
+  for (const auto& [step, loss] : tail) EXPECT_EQ(loss, all.at(step)) << "step " << step;
+  expect_same_weights(dir.file("resumed.safetensors"), dir.file("straight.safetensors"),
+                      "tp: 6 steps, resumed after 3");
+  ProcessResult one = hp_train(0, with(kTiny, {"--mode", "none", "--steps", "3", "--resume", ckpt,
+                                               "--export", dir.file("none.safetensors")}));
+  ASSERT_EQ(one.exit_code, 0) << describe(one);
+  expect_same_weights(dir.file("none.safetensors"), dir.file("step3.safetensors"),
+                      "tp's checkpoint in one process");
+}
+
 TEST(HpTrainCheckpoints, ResumeOfAnotherModelFailsBeforeTraining) {
   TempDir dir;
   ProcessResult saved = hp_train(0, with(kTiny, {"--steps", "1", "--save-dir", dir.file("c")}));

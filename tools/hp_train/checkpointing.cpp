@@ -32,15 +32,6 @@ checkpoint::State run_state(nn::GPT& model, torch::optim::AdamW& optimizer, int6
 }  // namespace
 
 void validate_checkpoint_options(const TrainOptions& o, const Parallelism& parallelism) {
-  if (parallelism.mode == Mode::kTP) {
-    const std::string flag = !o.save_dir.empty() ? "--save-dir"
-                             : !o.resume.empty() ? "--resume"
-                             : !o.export_path.empty() ? "--export"
-                                                      : "";
-    HP_CHECK_ARG(flag.empty(), flag, " does not work with --mode tp yet: its QKV weight is laid "
-                 "out StridedShard, which checkpoints cannot store; use --mode fsdp, hsdp, ddp "
-                 "or none");
-  }
   HP_CHECK_ARG(o.save_every == 0 || !o.save_dir.empty(), "--save-every ", o.save_every,
                " needs --save-dir DIR (where the checkpoints go)");
   const std::string suffix = ".safetensors";
