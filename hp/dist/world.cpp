@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "hp/util/error.h"
+#include "hp/util/torch_compat.h"
 
 namespace hp::dist {
 namespace {
@@ -74,15 +75,17 @@ GroupPtr make_group(World& w, const std::vector<int>& ranks, const std::string& 
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
   options->devices.push_back(w.device);
   options->threads = w.threads;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
   try {
     // A group of one has no peer to meet: it rendezvouses in a local store,
     // so it never depends on rank 0's TCPStore still being there.
     c10::intrusive_ptr<c10d::Store> base = w.store;
     if (ranks.size() == 1) base = c10::make_intrusive<c10d::HashStore>();
     auto store = c10::make_intrusive<c10d::PrefixStore>("hp/" + name, base);
-    pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, group_rank,
-                                                     static_cast<int>(ranks.size()), options);
+    pg = compat::gloo_process_group(
+        c10::make_intrusive<c10d::ProcessGroupGloo>(store, group_rank,
+                                                    static_cast<int>(ranks.size()), options),
+        store);
     // Members leave only once all of them are connected (torch.distributed
     // does the same with a store barrier): a rank that finished early must
     // not exit and take the store (hosted by rank 0) from a peer that is
