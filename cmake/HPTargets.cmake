@@ -8,13 +8,17 @@
 
 set(HP_WARNINGS -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers)
 
+add_library(hp_gloo_headers INTERFACE)
+target_include_directories(hp_gloo_headers SYSTEM INTERFACE
+                           $<BUILD_INTERFACE:${HP_GLOO_INCLUDE_DIR}>)
+
 add_library(hp_pch_aten STATIC ${HP_ROOT}/cmake/pch_anchor.cpp)
-target_link_libraries(hp_pch_aten PUBLIC torch Threads::Threads)
+target_link_libraries(hp_pch_aten PUBLIC torch hp_gloo_headers Threads::Threads)
 target_include_directories(hp_pch_aten PUBLIC ${HP_ROOT})
 target_precompile_headers(hp_pch_aten PRIVATE ${HP_ROOT}/cmake/pch_aten.h)
 
 add_library(hp_pch_torch STATIC ${HP_ROOT}/cmake/pch_anchor.cpp)
-target_link_libraries(hp_pch_torch PUBLIC torch Threads::Threads)
+target_link_libraries(hp_pch_torch PUBLIC torch hp_gloo_headers Threads::Threads)
 target_include_directories(hp_pch_torch PUBLIC ${HP_ROOT})
 target_precompile_headers(hp_pch_torch PRIVATE ${HP_ROOT}/cmake/pch_torch.h)
 
@@ -27,7 +31,7 @@ function(hp_library name)
   cmake_parse_arguments(A "" "PCH" "SOURCES;DEPS" ${ARGN})
   add_library(${name} STATIC ${A_SOURCES})
   target_include_directories(${name} PUBLIC ${HP_ROOT})
-  target_link_libraries(${name} PUBLIC torch Threads::Threads ${A_DEPS})
+  target_link_libraries(${name} PUBLIC torch hp_gloo_headers Threads::Threads ${A_DEPS})
   target_compile_options(${name} PRIVATE ${HP_WARNINGS})
   hp_use_pch(${name} ${A_PCH})
 endfunction()
