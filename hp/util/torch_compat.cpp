@@ -15,8 +15,6 @@ namespace hp::compat {
 
 const char* torch_version() { return TORCH_VERSION; }
 
-const char* to_string(Backend backend) { return backend == Backend::kNccl ? "nccl" : "gloo"; }
-
 c10::intrusive_ptr<c10d::ProcessGroup> gloo_process_group(
     const c10::intrusive_ptr<c10d::ProcessGroupGloo>& gloo,
     const c10::intrusive_ptr<c10d::Store>& store) {

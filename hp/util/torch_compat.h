@@ -53,10 +53,6 @@ class CountingAllocatorBase : public c10::Allocator {
 #endif
 };
 
-// The backend a group's collectives run on.
-enum class Backend { kGloo, kNccl };
-const char* to_string(Backend backend);
-
 // The ProcessGroup that runs collectives on `gloo` (made over `store`). In
 // 1.13 that is `gloo` itself; in 2.x a ProcessGroup that dispatches CPU and,
 // on a CUDA build, CUDA tensors to it.
