@@ -50,7 +50,8 @@ endfunction()
 function(hp_library name)
   cmake_parse_arguments(A "" "PCH" "SOURCES;DEPS" ${ARGN})
   add_library(${name} STATIC ${A_SOURCES})
-  target_include_directories(${name} PUBLIC ${HP_ROOT})
+  # Installed, the headers are under <prefix>/include (cmake/HPInstall.cmake).
+  target_include_directories(${name} PUBLIC $<BUILD_INTERFACE:${HP_ROOT}>)
   target_link_libraries(${name} PUBLIC hp_link_order torch hp_gloo_headers Threads::Threads
                                         ${A_DEPS})
   target_compile_options(${name} PRIVATE ${HP_WARNINGS})
