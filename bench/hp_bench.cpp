@@ -70,7 +70,9 @@ int main(int argc, char** argv) {
   app.add_option("--ranks", c.ranks, "ranks of the data-parallel rows (2)");
   app.add_option("--hsdp-ranks", c.hsdp_ranks,
                  "ranks of hsdp_fused_prefetch: 2 = degenerate [1,2] mesh, 4 = [2,2] (2)");
-  app.add_option("--rows", rows, "comma-separated rows to run (default: the 7 standard rows; extras: ddp_unfused, fsdp_prefetch)");
+  app.add_option("--rows", rows,
+                 "comma-separated rows to run (default: the 8 standard rows; extras: "
+                 "ddp_unfused, fsdp_prefetch)");
   app.add_option("--vocab", c.vocab, "vocabulary (512)");
   app.add_option("--seq", c.seq, "tokens per sample (128)");
   app.add_option("--d", c.d, "model width (256)");
