@@ -89,8 +89,7 @@ def main():
 
     torch.set_num_threads(1)
     ref = base.load_reference()
-    import numpy as np
-    tokens = torch.from_numpy(np.fromfile(args.tokens, dtype="<u2").astype(np.int64))
+    tokens = base.read_tokens(args.tokens)
     assert int(tokens.max()) < args.vocab, "token file holds ids beyond --vocab"
 
     dist.init_process_group("gloo")
