@@ -71,12 +71,19 @@ try:
         for entry in json.load(f):
             path = os.path.relpath(entry["file"], os.getcwd())
             args = entry.get("arguments") or shlex.split(entry["command"])
-            defs[path] = [a for a in args if a.startswith("-D") and a[2:].startswith("HP")]
+            # The file's own definitions; not those that 1.13's libtorch, the
+            # system's fmt, glog or the build type add (the flags above stand
+            # for libtorch's, and the precompiled header has no NDEBUG).
+            foreign = ("USE_", "_GLIBCXX_", "FMT_", "GFLAGS_", "GLOG_", "NDEBUG")
+            defs[path] = [a for a in args
+                          if a.startswith("-D") and not a[2:].startswith(foreign)]
 except FileNotFoundError:
     pass
 for path in sys.argv[1:]:
     # A test's path macros only have to be string literals to compile.
-    fallback = ['-DHP_SOURCE_DIR="."', '-DHPRUN_PATH="hprun"', '-DHP_BENCH_SOURCE_DIR="."']
+    fallback = ['-DHP_SOURCE_DIR="."', '-DHPRUN_PATH="hprun"', '-DHP_BENCH_SOURCE_DIR="."',
+                '-DHP_TRAIN_PATH="hp-train"', '-DDTENSOR_DEMO_PATH="dtensor_demo"',
+                '-DHP_PYTHON="python3"']
     print(path + "\t" + " ".join(shlex.quote(d) for d in defs.get(path, fallback)))
 EOF
 
