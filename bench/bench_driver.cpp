@@ -210,7 +210,7 @@ json summarize(const std::string& name, const std::vector<json>& runs, const Ben
   row["first_loss"] = last.value("first_loss", json(nullptr));
   row["last_loss"] = last["losses"].empty() ? json(nullptr) : last["losses"].back();
 
-  const bool torch_row = name == "torch_ddp";
+  const bool torch_row = name.rfind("torch_", 0) == 0;
   // Memory: the highest rank over every round.
   auto max_over = [&](const char* key) {
     std::vector<int64_t> each;
@@ -244,11 +244,13 @@ json summarize(const std::string& name, const std::vector<json>& runs, const Ben
   const double steps = static_cast<double>(times.size());
   if (torch_row) {
     const json& coll = last["collectives"];
-    const json per_step = coll["all_reduce_per_step"];
-    row["collectives_per_step"] = {{"total", per_step},
-                                   {"all_gather", 0},
-                                   {"reduce_scatter", 0},
-                                   {"all_reduce", per_step},
+    const double ag = coll.value("all_gather_per_step", 0.0);
+    const double rs = coll.value("reduce_scatter_per_step", 0.0);
+    const double ar = coll.value("all_reduce_per_step", 0.0);
+    row["collectives_per_step"] = {{"total", ag + rs + ar},
+                                   {"all_gather", ag},
+                                   {"reduce_scatter", rs},
+                                   {"all_reduce", ar},
                                    {"other", 0}};
     row["collectives_method"] = coll["method"];
     row["exposed_comm_fraction"] = nullptr;
@@ -435,6 +437,11 @@ void print_table(const json& report) {
              "loss");
   for (const auto& r : report["rows"]) {
     const std::string name = r["name"];
+    if (r.contains("skipped")) {
+      fmt::print("{:<20} {:>5}  skipped: {}\n", name, r["ranks"].get<int>(),
+                 r["skipped"].get<std::string>());
+      continue;
+    }
     if (r.contains("error")) {
       const std::string error = r["error"];
       fmt::print("{:<20} {:>5}  FAILED: {}\n", name, r["ranks"].get<int>(),
@@ -455,7 +462,7 @@ void print_table(const json& report) {
                r["peak_bytes_per_rank"].get<double>() / (1 << 20), c["total"].get<double>(),
                c["all_gather"].get<double>(), c["reduce_scatter"].get<double>(),
                c["all_reduce"].get<double>(), exposed, loss,
-               name == "torch_ddp" ? "  (peak: RSS delta)" : "",
+               name.rfind("torch_", 0) == 0 ? "  (peak: RSS delta)" : "",
                r.contains("failed_rounds") ? "  [a round failed]" : "");
   }
   fmt::print("\ntargets:\n");
@@ -612,6 +619,7 @@ int run_driver(DriverOptions o) {
 
   std::map<std::string, std::vector<json>> results;
   std::map<std::string, std::string> errors;
+  std::map<std::string, json> skipped;
   for (int round = 0; round < o.rounds; ++round) {
     std::vector<std::string> order = o.rows;
     if (round % 2 == 1) std::reverse(order.begin(), order.end());
@@ -622,6 +630,10 @@ int run_driver(DriverOptions o) {
       if (row == "torch_ddp") {
         argv.push_back(o.python);
         argv.push_back(o.torch_script);
+      } else if (row == "torch_fsdp2") {
+        argv.push_back(o.python);
+        const fs::path script = fs::path(o.torch_script).parent_path() / "torch_fsdp2_baseline.py";
+        argv.push_back(script.string());
       } else {
         argv.push_back(self);
         argv.push_back("--worker");
@@ -637,6 +649,12 @@ int run_driver(DriverOptions o) {
         errors[row] += "round " + std::to_string(round + 1) + ": " + out.error;
         continue;
       }
+      if (out.result.contains("skipped")) {  // e.g. torch_fsdp2 on a PyTorch without FSDP2
+        skipped[row] = out.result;
+        std::cerr << "[hp-bench] " << label << ": skipped ("
+                  << out.result["skipped"].get<std::string>() << ")" << std::endl;
+        continue;
+      }
       results[row].push_back(out.result);
       std::cerr << "[hp-bench] " << label << ": median "
                 << fmt::format("{:.4f} s/step ({:.1f} s wall)",
@@ -648,6 +666,15 @@ int run_driver(DriverOptions o) {
 
   json rows = json::array();
   for (const auto& row : o.rows) {
+    if (results[row].empty() && skipped.count(row) && !errors.count(row)) {
+      rows.push_back({{"name", row}, {"ranks", row_ranks(row, c)},
+                      {"skipped", skipped[row]["skipped"]},
+                      {"torch_version", skipped[row].value("torch_version", json(nullptr))},
+                      {"step_time_s_median", nullptr}, {"tokens_per_s", nullptr},
+                      {"peak_bytes_per_rank", nullptr}, {"collectives_per_step", nullptr},
+                      {"exposed_comm_fraction", nullptr}});
+      continue;
+    }
     if (results[row].empty()) {
       json r = {{"name", row}, {"ranks", row_ranks(row, c)}, {"error", errors[row]},
                 {"step_time_s_median", nullptr}, {"tokens_per_s", nullptr},

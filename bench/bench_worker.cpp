@@ -85,7 +85,7 @@ RowSpec row_spec(const std::string& row, int world) {
     return {hsdp_mesh(world), {"replicate", "shard"}, true, true};
   }
   throw ArgumentError(cat("--worker ", row, " is not a GPT row of ours; expected one of ",
-                          to_string(row_names()), " (but torch_ddp) or ",
+                          to_string(row_names()), " (but the torch_ rows) or ",
                           to_string(extra_row_names())));
 }
 

@@ -1,12 +1,13 @@
 // hp-bench (A2): step time, memory and communication of a GPT trained
 // with our fully_shard in every mode, side by side with plain libtorch and
-// PyTorch's DistributedDataParallel, in one run.
+// PyTorch's DistributedDataParallel and FSDP2, in one run.
 //
 //   build/bench/hp-bench --json out/bench.json --png out/bench.png
 //
 // The driver (this program without --worker) launches each row as its own
 // job, one after another: `hprun -n R hp-bench --worker ROW ...` for our rows,
-// `hprun -n R /usr/bin/python3 bench/torch_ddp_baseline.py ...` for PyTorch,
+// `hprun -n R /usr/bin/python3 bench/torch_ddp_baseline.py ...` (and
+// torch_fsdp2_baseline.py beside it) for PyTorch,
 // then `hprun -n 1 hp-bench --worker hook_overhead`. Each prints one result
 // line; the driver pools them, prints the table and writes the JSON and the
 // plot. A failing row is reported and the others still run; the exit status
@@ -69,7 +70,9 @@ int main(int argc, char** argv) {
   app.add_option("--ranks", c.ranks, "ranks of the data-parallel and tensor-parallel rows (2)");
   app.add_option("--hsdp-ranks", c.hsdp_ranks,
                  "ranks of hsdp_fused_prefetch: 2 = degenerate [1,2] mesh, 4 = [2,2] (2)");
-  app.add_option("--rows", rows, "comma-separated rows to run (default: the 8 standard rows; extras: ddp_unfused, fsdp_prefetch)");
+  app.add_option("--rows", rows,
+                 "comma-separated rows to run (default: the 9 standard rows; extras: "
+                 "ddp_unfused, fsdp_prefetch)");
   app.add_option("--vocab", c.vocab, "vocabulary (512)");
   app.add_option("--seq", c.seq, "tokens per sample (128)");
   app.add_option("--d", c.d, "model width (256)");
@@ -100,8 +103,10 @@ int main(int argc, char** argv) {
   app.add_option("--ckpt-repeats", c.ckpt_repeats, "checkpoint row: save/load repeats (2)")
       ->check(CLI::PositiveNumber);
   app.add_option("--hprun", o.hprun, "the launcher (default: tools/hprun/hprun of this build)");
-  app.add_option("--python", o.python, "Python with PyTorch 1.13 (/usr/bin/python3)");
-  app.add_option("--torch-script", o.torch_script, "the PyTorch DDP baseline script");
+  app.add_option("--python", o.python,
+                 "Python with PyTorch, for the torch_ rows (/usr/bin/python3)");
+  app.add_option("--torch-script", o.torch_script,
+                 "the PyTorch DDP baseline script (the FSDP2 one is taken from beside it)");
   app.add_option("--plot-script", o.plot_script, "the plotting script");
   app.add_option("--row-timeout", o.row_timeout_s, "seconds one row's job may take (180)");
   app.add_flag("--verbose", o.verbose, "echo the rows' output");

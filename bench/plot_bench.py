@@ -22,7 +22,7 @@ KINDS = [("all_gather", "#55a868"), ("reduce_scatter", "#c44e52"),
 ROW_COLORS = {
     "single": "#8c8c8c", "ddp": "#4c72b0", "fsdp": "#dd8452", "fsdp_fused": "#e6a26c",
     "fsdp_fused_prefetch": "#c44e52", "hsdp_fused_prefetch": "#8172b3", "tp": "#55a868",
-    "torch_ddp": "#000000",
+    "torch_ddp": "#000000", "torch_fsdp2": "#444444",
 }
 
 
@@ -37,10 +37,11 @@ def bars(ax, rows, key, scale=1.0, fmt="{:.3g}", title="", hatch_torch=False):
     for x, r in zip(xs, rows):
         v = value(r, key)
         if v is None:
-            ax.text(x, 0, "failed" if "error" in r else "n/a", ha="center", va="bottom",
+            label = "failed" if "error" in r else "skipped" if "skipped" in r else "n/a"
+            ax.text(x, 0, label, ha="center", va="bottom",
                     rotation=90, fontsize=8)
             continue
-        hatch = "//" if hatch_torch and r["name"] == "torch_ddp" else None
+        hatch = "//" if hatch_torch and r["name"].startswith("torch_") else None
         ax.bar(x, v * scale, color=ROW_COLORS.get(r["name"], "#999999"), hatch=hatch,
                edgecolor="white" if hatch else None)
         ax.text(x, v * scale, fmt.format(v * scale), ha="center", va="bottom", fontsize=7)
@@ -70,7 +71,7 @@ def main(path, out):
 
     ax = axes[1][0]
     bars(ax, rows, "peak_bytes_per_rank", scale=1 / 2**20, fmt="{:.1f}",
-         title="peak memory per rank (MiB); torch_ddp hatched = RSS delta", hatch_torch=True)
+         title="peak memory per rank (MiB); torch_ rows hatched = RSS delta", hatch_torch=True)
     rss = [(x, value(r, "peak_rss_delta_bytes_per_rank")) for x, r in enumerate(rows)]
     rss = [(x, v / 2**20) for x, v in rss if v is not None]
     if rss:
@@ -84,7 +85,8 @@ def main(path, out):
     for x, r in enumerate(rows):
         c = r.get("collectives_per_step")
         if not isinstance(c, dict):
-            ax.text(x, 0, "failed" if "error" in r else "n/a", ha="center", va="bottom",
+            label = "failed" if "error" in r else "skipped" if "skipped" in r else "n/a"
+            ax.text(x, 0, label, ha="center", va="bottom",
                     rotation=90, fontsize=8)
             continue
         bottom = 0.0

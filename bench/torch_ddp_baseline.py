@@ -20,6 +20,7 @@ memory; rank 0 prints one line "HPBENCH_RESULT {json}".
 Unknown flags (hp-bench passes its whole worker configuration) are ignored.
 """
 import argparse
+import array
 import importlib.util
 import json
 import os
@@ -28,13 +29,12 @@ import sys
 import time
 
 try:
-    import numpy as np
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 except ImportError as e:
     sys.stderr.write(f"torch_ddp_baseline.py: cannot import {e.name} ({e}); "
-                     "install python3-torch and python3-numpy (scripts/install-deps.sh)\n")
+                     "install python3-torch (scripts/install-deps.sh)\n")
     sys.exit(3)
 
 MARKER = "HPBENCH_RESULT "
@@ -59,6 +59,17 @@ def current_rss_bytes():
 
 def peak_rss_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def read_tokens(path):
+    """The token file: little-endian uint16 ids, as int64 (no numpy needed:
+    a pip PyTorch does not bring it)."""
+    ids = array.array("H")
+    with open(path, "rb") as f:
+        ids.frombytes(f.read())
+    if sys.byteorder == "big":
+        ids.byteswap()
+    return torch.tensor(ids, dtype=torch.int64)
 
 
 def batch_for_step(tokens, step, global_batch, seq, rank, world):
@@ -98,7 +109,7 @@ def main():
     args = parse_args()
     torch.set_num_threads(1)
     ref = load_reference()
-    tokens = torch.from_numpy(np.fromfile(args.tokens, dtype="<u2").astype(np.int64))
+    tokens = read_tokens(args.tokens)
     assert int(tokens.max()) < args.vocab, "token file holds ids beyond --vocab"
 
     dist.init_process_group("gloo")

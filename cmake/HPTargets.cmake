@@ -8,13 +8,37 @@
 
 set(HP_WARNINGS -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers)
 
+# libstdc++ first in the dynamic loader's search order. The PyTorch wheels'
+# libtorch.so and libtorch_cpu.so export their own copies of some libstdc++
+# functions (std::filesystem among them, linked in statically when the wheel
+# was built). The loader binds each undefined symbol to the first definition
+# in its search order (the executable, then its DT_NEEDED entries in order),
+# and an unversioned definition there satisfies even a versioned reference;
+# g++ adds -lstdc++ at the end of the link line, after libtorch, so our
+# std::filesystem calls would run libtorch's copies against the inline parts
+# compiled here, with their layouts, and crash (a remove_all in a test's
+# TearDown did). Naming libstdc++ before the objects and libraries, with
+# --no-as-needed so that it is recorded even before anything refers to it,
+# makes it the first DT_NEEDED entry. hp_link_order is an interface target
+# every hp library links, so every program using them (and the installed
+# HyperParallel::hp) gets the same order.
+add_library(hp_link_order INTERFACE)
+if(UNIX AND NOT APPLE)
+  target_link_options(hp_link_order INTERFACE
+    "LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state")
+endif()
+
+add_library(hp_gloo_headers INTERFACE)
+target_include_directories(hp_gloo_headers SYSTEM INTERFACE
+                           $<BUILD_INTERFACE:${HP_GLOO_INCLUDE_DIR}>)
+
 add_library(hp_pch_aten STATIC ${HP_ROOT}/cmake/pch_anchor.cpp)
-target_link_libraries(hp_pch_aten PUBLIC torch Threads::Threads)
+target_link_libraries(hp_pch_aten PUBLIC torch hp_gloo_headers Threads::Threads)
 target_include_directories(hp_pch_aten PUBLIC ${HP_ROOT})
 target_precompile_headers(hp_pch_aten PRIVATE ${HP_ROOT}/cmake/pch_aten.h)
 
 add_library(hp_pch_torch STATIC ${HP_ROOT}/cmake/pch_anchor.cpp)
-target_link_libraries(hp_pch_torch PUBLIC torch Threads::Threads)
+target_link_libraries(hp_pch_torch PUBLIC torch hp_gloo_headers Threads::Threads)
 target_include_directories(hp_pch_torch PUBLIC ${HP_ROOT})
 target_precompile_headers(hp_pch_torch PRIVATE ${HP_ROOT}/cmake/pch_torch.h)
 
@@ -26,8 +50,10 @@ endfunction()
 function(hp_library name)
   cmake_parse_arguments(A "" "PCH" "SOURCES;DEPS" ${ARGN})
   add_library(${name} STATIC ${A_SOURCES})
-  target_include_directories(${name} PUBLIC ${HP_ROOT})
-  target_link_libraries(${name} PUBLIC torch Threads::Threads ${A_DEPS})
+  # Installed, the headers are under <prefix>/include (cmake/HPInstall.cmake).
+  target_include_directories(${name} PUBLIC $<BUILD_INTERFACE:${HP_ROOT}>)
+  target_link_libraries(${name} PUBLIC hp_link_order torch hp_gloo_headers Threads::Threads
+                                        ${A_DEPS})
   target_compile_options(${name} PRIVATE ${HP_WARNINGS})
   hp_use_pch(${name} ${A_PCH})
 endfunction()

@@ -7,6 +7,8 @@ set -euo pipefail
 PACKAGES=(
   # toolchain
   g++ cmake ninja-build make pkg-config
+  # unpacks the libtorch 2.11 headers of the compile-only check
+  xz-utils
   # tensors, autograd, c10d (Gloo) and its headers; fast BLAS
   libtorch-dev libgloo-dev libopenblas0-pthread
   # tests, CLI, JSON, logging

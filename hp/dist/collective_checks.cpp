@@ -41,15 +41,21 @@ void set_collective_checks(bool enabled) { checks_flag().store(enabled); }
 
 void verify_same_call(Group& group, const CallFingerprint& mine) {
   if (group.size() == 1) return;
+  // NCCL moves only CUDA tensors: there the fingerprints travel on this
+  // rank's current GPU.
+  const at::TensorOptions options = group.backend_kind() == Backend::kNccl
+                                        ? at::TensorOptions(at::kLong).device(at::kCUDA)
+                                        : at::TensorOptions(at::kLong);
   at::Tensor local = at::tensor(
       std::vector<int64_t>{static_cast<int64_t>(mine.kind), static_cast<int64_t>(mine.sequence),
                            mine.input_numel, mine.output_numel, mine.dtype, mine.extra},
-      at::kLong);
-  at::Tensor all = at::empty({group.size(), kFields}, at::kLong);
+      at::kLong).to(options.device());
+  at::Tensor gathered = at::empty({group.size(), kFields}, options);
   std::vector<std::vector<at::Tensor>> outputs(1);
-  for (int r = 0; r < group.size(); ++r) outputs[0].push_back(all[r]);
+  for (int r = 0; r < group.size(); ++r) outputs[0].push_back(gathered[r]);
   std::vector<at::Tensor> inputs{local};
   group.backend().allgather(outputs, inputs)->wait();
+  at::Tensor all = gathered.cpu();
 
   auto rows = all.accessor<int64_t, 2>();
   bool same = true;

@@ -1,6 +1,8 @@
 #include "hp/dist/collectives.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <atomic>
@@ -8,6 +10,7 @@
 #include <cstdlib>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <ostream>
 
 #include "hp/dist/collective_checks.h"
@@ -23,6 +26,14 @@ namespace hp::dist {
 // complete() then runs the local step and the continuations there, so that
 // buffers are released and local reductions done while the caller computes.
 // wait() only blocks until complete() has run.
+//
+// On CUDA tensors the backend completes its future once the collective is
+// queued on its own stream (NCCL) or copied back (Gloo), and runs the
+// callback on a stream that waits for it; the local step and continuations
+// are queued there. complete() records an event on that stream, and wait()
+// (and then() after completion) make the caller's current stream wait for
+// it: the host never blocks on the GPU, and compute queued meanwhile
+// overlaps the communication.
 //
 // The text a failure message needs is not built on the success path: the
 // group's description is the group's own shared string, and `sizes` formats
@@ -46,6 +57,11 @@ struct Work::State {
   c10::intrusive_ptr<c10d::Work> backend_work;  // dropped once finished
   std::function<void()> finish;                 // the local step
   std::vector<std::function<void()>> continuations;
+  std::optional<c10::Device> device;  // the CUDA device of the tensors, if any
+  std::optional<c10::Event> done;     // recorded after the local step (CUDA)
+
+  // Makes the calling thread's current stream wait for the local step (CUDA).
+  void order_current_stream() const;
 
   // Runs the local step and continuations once; `cause` is the backend's error.
   void complete(std::exception_ptr cause);
@@ -126,10 +142,17 @@ void check_member(const Group& group, const char* op) {
   HP_CHECK_ARG(group.is_member(), op, ": this process is not a member of ", group.describe());
 }
 
-void check_defined(const at::Tensor& t, const char* op, const char* name) {
+// Gloo moves CPU tensors, and CUDA tensors on a CUDA build (through host
+// copies); NCCL only CUDA tensors.
+void check_defined(const Group& group, const at::Tensor& t, const char* op, const char* name) {
   HP_CHECK_ARG(t.defined(), op, ": ", name, " is an undefined tensor");
-  HP_CHECK_ARG(t.device().is_cpu(), op, ": ", name, " is on ", t.device(),
-               " but this build's Gloo groups move CPU tensors; expected a CPU tensor");
+  if (group.backend_kind() == Backend::kNccl) {
+    HP_CHECK_ARG(t.is_cuda(), op, ": ", name, " is on ", t.device(), " but ", group.describe(),
+                 " is an NCCL group; expected a CUDA tensor");
+  } else {
+    HP_CHECK_ARG(t.is_cpu() || t.is_cuda(), op, ": ", name, " is on ", t.device(), " but ",
+                 group.describe(), " is a Gloo group; expected a CPU or CUDA tensor");
+  }
 }
 
 void check_contiguous(const at::Tensor& t, const char* op, const char* name) {
@@ -176,6 +199,9 @@ Work launch(Group& group, const char* op, std::function<std::string()> sizes,
   if (!backend_work) {
     state->complete(nullptr);
     return Work(std::move(state));
+  }
+  for (const c10::Device& device : backend_work->getFuture()->devices()) {
+    if (!device.is_cpu()) state->device = device;
   }
   {
     std::lock_guard<std::mutex> lock(state->mutex);
@@ -249,6 +275,10 @@ void Work::State::complete(std::exception_ptr cause) {
       std::lock_guard<std::mutex> lock(mutex);
       if (continuations.empty()) {
         if (cause) error = std::make_exception_ptr(CollectiveError(describe(cause)));
+        if (device && !cause) {
+          done.emplace(device->type());
+          done->record(c10::impl::getDeviceGuardImpl(device->type())->getStream(*device));
+        }
         completed_us = trace::now_us();
         finished = true;
         backend_work.reset();  // the backend's tensors go as soon as it lets them
@@ -266,6 +296,11 @@ void Work::State::complete(std::exception_ptr cause) {
   }
   step = nullptr;  // releases the local step's buffers outside the lock
   finished_cv.notify_all();
+}
+
+void Work::State::order_current_stream() const {
+  if (!done) return;
+  done->block(c10::impl::getDeviceGuardImpl(device->type())->getStream(*device));
 }
 
 void Work::wait() {
@@ -288,6 +323,7 @@ void Work::wait() {
     }
   }
   if (s.error) std::rethrow_exception(s.error);
+  s.order_current_stream();
 }
 
 void Work::then(std::function<void()> fn) {
@@ -304,6 +340,7 @@ void Work::then(std::function<void()> fn) {
     }
     if (state_->error) return;  // wait() reports it
   }
+  state_->order_current_stream();
   fn();
 }
 
@@ -316,8 +353,8 @@ bool Work::is_completed() const {
 Work all_gather_into(Group& group, const at::Tensor& output, const at::Tensor& input) {
   constexpr const char* op = "all_gather";
   check_member(group, op);
-  check_defined(output, op, "output");
-  check_defined(input, op, "input");
+  check_defined(group, output, op, "output");
+  check_defined(group, input, op, "input");
   check_contiguous(output, op, "output");
   HP_CHECK_ARG(output.scalar_type() == input.scalar_type(), op, ": output dtype ",
                output.scalar_type(), " differs from input dtype ", input.scalar_type());
@@ -355,7 +392,7 @@ Work all_gather_coalesced(Group& group, const std::vector<std::vector<at::Tensor
   const at::ScalarType dtype = inputs[0].scalar_type();
   int64_t numel = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    check_defined(inputs[i], op, "input");
+    check_defined(group, inputs[i], op, "input");
     HP_CHECK_ARG(inputs[i].scalar_type() == dtype, op, ": input ", i, " is ",
                  inputs[i].scalar_type(), " but input 0 is ", dtype, "; expected one dtype");
     numel += inputs[i].numel();
@@ -364,7 +401,7 @@ Work all_gather_coalesced(Group& group, const std::vector<std::vector<at::Tensor
     HP_CHECK_ARG(outputs[r].size() == inputs.size(), op, ": outputs[", r, "] has ",
                  outputs[r].size(), " tensors for ", inputs.size(), " inputs");
     for (size_t i = 0; i < inputs.size(); ++i) {
-      check_defined(outputs[r][i], op, "output");
+      check_defined(group, outputs[r][i], op, "output");
       HP_CHECK_ARG(outputs[r][i].numel() == inputs[i].numel() &&
                        outputs[r][i].scalar_type() == dtype,
                    op, ": outputs[", r, "][", i, "] ", describe_tensor(outputs[r][i]),
@@ -382,6 +419,32 @@ Work all_gather_coalesced(Group& group, const std::vector<std::vector<at::Tensor
         if (!outputs[me][i].is_same(inputs[i])) outputs[me][i].view_as(inputs[i]).copy_(inputs[i]);
       }
     });
+  }
+  if (group.backend_kind() == Backend::kNccl || inputs[0].is_cuda()) {
+    // c10d's NCCL backend has no coalesced all-gather, nor Gloo's for CUDA
+    // tensors: pack the inputs, gather once and unpack, which is what Gloo's
+    // does inside for CPU tensors.
+    std::vector<at::Tensor> flat;
+    for (const auto& t : inputs) flat.push_back(wire_view(t.contiguous()).view(-1));
+    at::Tensor packed = at::cat(flat);
+    at::Tensor gathered = at::empty({group.size() * numel}, packed.options());
+    auto unpack = [outputs, inputs, gathered, numel] {
+      for (size_t r = 0; r < outputs.size(); ++r) {
+        int64_t offset = static_cast<int64_t>(r) * numel;
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          const int64_t n = inputs[i].numel();
+          at::Tensor piece = gathered.narrow(0, offset, n).view(inputs[i].scalar_type());
+          outputs[r][i].copy_(piece.view(outputs[r][i].sizes()));
+          offset += n;
+        }
+      }
+    };
+    return launch(group, op, std::move(sizes), fp, [&group, packed, gathered, numel] {
+      std::vector<std::vector<at::Tensor>> out(1);
+      for (int r = 0; r < group.size(); ++r) out[0].push_back(gathered.narrow(0, r * numel, numel));
+      std::vector<at::Tensor> in{packed};
+      return group.backend().allgather(out, in);
+    }, std::move(unpack));
   }
   return launch(group, op, std::move(sizes), fp, [&group, outputs, inputs] {
     // The backend flattens the inputs, gathers once and copies each piece
@@ -403,8 +466,8 @@ Work reduce_scatter(Group& group, const at::Tensor& output, const at::Tensor& in
                     ReduceOp op_kind, const at::Tensor& scratch) {
   constexpr const char* op = "reduce_scatter";
   check_member(group, op);
-  check_defined(output, op, "output");
-  check_defined(input, op, "input");
+  check_defined(group, output, op, "output");
+  check_defined(group, input, op, "input");
   check_contiguous(output, op, "output");
   check_reduce_dtype(input, op_kind, op);
   HP_CHECK_ARG(output.scalar_type() == input.scalar_type(), op, ": output dtype ",
@@ -463,7 +526,7 @@ Work reduce_scatter(Group& group, const at::Tensor& output, const at::Tensor& in
 Work all_reduce(Group& group, const at::Tensor& tensor, ReduceOp op_kind) {
   constexpr const char* op = "all_reduce";
   check_member(group, op);
-  check_defined(tensor, op, "tensor");
+  check_defined(group, tensor, op, "tensor");
   check_contiguous(tensor, op, "tensor");
   check_reduce_dtype(tensor, op_kind, op);
   auto sizes = [t = TensorDesc(tensor), op_kind] {
@@ -497,7 +560,7 @@ Work all_reduce(Group& group, const at::Tensor& tensor, ReduceOp op_kind) {
 Work broadcast(Group& group, const at::Tensor& tensor, int source) {
   constexpr const char* op = "broadcast";
   check_member(group, op);
-  check_defined(tensor, op, "tensor");
+  check_defined(group, tensor, op, "tensor");
   check_contiguous(tensor, op, "tensor");
   HP_CHECK_ARG(source >= 0 && source < group.size(), op, ": source ", source,
                " is not a group rank of ", group.describe(), "; expected 0 <= source < ",
@@ -521,8 +584,8 @@ Work all_to_all(Group& group, const at::Tensor& output, const at::Tensor& input,
                 const std::vector<int64_t>& input_splits) {
   constexpr const char* op = "all_to_all";
   check_member(group, op);
-  check_defined(output, op, "output");
-  check_defined(input, op, "input");
+  check_defined(group, output, op, "output");
+  check_defined(group, input, op, "input");
   check_contiguous(output, op, "output");
   HP_CHECK_ARG(output.scalar_type() == input.scalar_type(), op, ": output dtype ",
                output.scalar_type(), " differs from input dtype ", input.scalar_type());

@@ -6,13 +6,16 @@
 
 namespace hp::dist {
 
+const char* to_string(Backend backend) { return backend == Backend::kNccl ? "nccl" : "gloo"; }
+
 Group::Group(std::vector<int> ranks, int group_rank, std::shared_ptr<c10d::ProcessGroup> backend,
-             std::string name, std::chrono::milliseconds timeout)
+             std::string name, std::chrono::milliseconds timeout, Backend kind)
     : ranks_(std::move(ranks)),
       rank_(group_rank),
       backend_(std::move(backend)),
       name_(std::move(name)),
-      timeout_(timeout) {
+      timeout_(timeout),
+      kind_(kind) {
   HP_CHECK_ARG(group_rank >= -1 && group_rank < static_cast<int>(ranks_.size()), "group '", name_,
                "': group rank ", group_rank, " is out of range for ranks ", to_string(ranks_),
                "; expected -1 (not a member) or an index into them");

@@ -16,18 +16,27 @@
 #include <string>
 #include <vector>
 
+#include "hp/util/format.h"
+
 namespace c10d {
 class ProcessGroup;
 }
 
 namespace hp::dist {
 
+// The c10d backend a group runs on: Gloo (CPU tensors, and CUDA tensors
+// through host copies on a CUDA build) or NCCL (CUDA tensors only).
+enum class Backend { kGloo, kNccl };
+// The vector overloads of hp::to_string stay visible next to ours.
+using hp::to_string;
+const char* to_string(Backend backend);
+
 class Group {
  public:
   // `group_rank` is this process's index in `ranks`, or -1 for a
   // non-member, whose `backend` is null.
   Group(std::vector<int> ranks, int group_rank, std::shared_ptr<c10d::ProcessGroup> backend,
-        std::string name, std::chrono::milliseconds timeout);
+        std::string name, std::chrono::milliseconds timeout, Backend kind = Backend::kGloo);
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
 
@@ -41,6 +50,7 @@ class Group {
   int global_rank(int group_rank) const { return ranks_.at(group_rank); }
   const std::string& name() const { return name_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
+  Backend backend_kind() const { return kind_; }
 
   // Collectives issued on this group so far.
   uint64_t sequence_number() const { return sequence_.load(); }
@@ -63,6 +73,7 @@ class Group {
   std::shared_ptr<c10d::ProcessGroup> backend_;
   std::string name_;
   std::chrono::milliseconds timeout_;
+  Backend kind_;
   std::shared_ptr<const std::string> description_;
   std::atomic<uint64_t> sequence_{0};
 };

@@ -9,8 +9,11 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <tuple>
 
 #include "hp/util/error.h"
+#include "hp/util/torch_compat.h"
 
 namespace hp::dist {
 namespace {
@@ -22,7 +25,7 @@ struct World {
   c10::intrusive_ptr<c10d::Store> store;
   std::shared_ptr<::gloo::transport::Device> device;
   GroupPtr world;
-  std::map<std::pair<std::vector<int>, std::string>, GroupPtr> groups;
+  std::map<std::tuple<std::vector<int>, std::string, Backend>, GroupPtr> groups;
 };
 
 std::mutex g_mutex;
@@ -54,35 +57,50 @@ std::shared_ptr<::gloo::transport::Device> make_device(const LaunchEnv& env) {
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
-std::string group_name(const World& w, const std::vector<int>& ranks, const std::string& tag) {
+std::string group_name(const World& w, const std::vector<int>& ranks, const std::string& tag,
+                       Backend backend) {
   bool whole_world = static_cast<int>(ranks.size()) == w.env.world_size;
   for (size_t i = 0; whole_world && i < ranks.size(); ++i) whole_world = ranks[i] == int(i);
   std::string base = whole_world ? "world" : cat("group", to_string(ranks));
+  if (backend == Backend::kNccl) base += "@nccl";
   return tag.empty() ? base : cat(base, "#", tag);
 }
 
 GroupPtr make_group(World& w, const std::vector<int>& ranks, const std::string& tag,
-                    std::chrono::milliseconds timeout) {
-  std::string name = group_name(w, ranks, tag);
+                    std::chrono::milliseconds timeout, Backend backend) {
+  std::string name = group_name(w, ranks, tag, backend);
   int group_rank = -1;
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i] == w.env.rank) group_rank = static_cast<int>(i);
   }
-  if (group_rank < 0) {
-    return std::make_shared<Group>(ranks, -1, nullptr, name, timeout);
+  // Every rank checks, members or not, before anyone connects.
+  std::optional<c10::Device> cuda_device;
+  if (backend == Backend::kNccl) {
+    HP_CHECK_ARG(compat::has_nccl(), "new_group: backend 'nccl' needs a libtorch built with NCCL; "
+                 "this libtorch ", compat::torch_version(), " has none (use backend 'gloo', "
+                 "which also carries CUDA tensors on a CUDA build)");
+    cuda_device = compat::select_local_cuda_device(w.env.local_rank);
   }
-  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-  options->devices.push_back(w.device);
-  options->threads = w.threads;
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  if (group_rank < 0) {
+    return std::make_shared<Group>(ranks, -1, nullptr, name, timeout, backend);
+  }
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
   try {
     // A group of one has no peer to meet: it rendezvouses in a local store,
     // so it never depends on rank 0's TCPStore still being there.
     c10::intrusive_ptr<c10d::Store> base = w.store;
     if (ranks.size() == 1) base = c10::make_intrusive<c10d::HashStore>();
     auto store = c10::make_intrusive<c10d::PrefixStore>("hp/" + name, base);
-    pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, group_rank,
-                                                     static_cast<int>(ranks.size()), options);
+    const int size = static_cast<int>(ranks.size());
+    if (backend == Backend::kNccl) {
+      pg = compat::make_nccl_group(store, group_rank, size, timeout, *cuda_device);
+    } else {
+      auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+      options->devices.push_back(w.device);
+      options->threads = w.threads;
+      pg = compat::gloo_process_group(
+          c10::make_intrusive<c10d::ProcessGroupGloo>(store, group_rank, size, options), store);
+    }
     // Members leave only once all of them are connected (torch.distributed
     // does the same with a store barrier): a rank that finished early must
     // not exit and take the store (hosted by rank 0) from a peer that is
@@ -94,10 +112,10 @@ GroupPtr make_group(World& w, const std::vector<int>& ranks, const std::string& 
                               " ms): ", exception_message(e)));
   }
   // c10d objects are intrusively counted; the deleter keeps one reference.
-  std::shared_ptr<c10d::ProcessGroup> backend(pg.get(), [pg](c10d::ProcessGroup*) mutable {
-    pg.reset();
-  });
-  return std::make_shared<Group>(ranks, group_rank, std::move(backend), name, timeout);
+  std::shared_ptr<c10d::ProcessGroup> process_group(
+      pg.get(), [pg](c10d::ProcessGroup*) mutable { pg.reset(); });
+  return std::make_shared<Group>(ranks, group_rank, std::move(process_group), name, timeout,
+                                 backend);
 }
 
 // HP_TIMEOUT_S, else 300 s.
@@ -149,8 +167,8 @@ void init_process_group(const InitOptions& options) {
   w->device = make_device(w->env);
   std::vector<int> all(w->env.world_size);
   for (int r = 0; r < w->env.world_size; ++r) all[r] = r;
-  w->world = make_group(*w, all, "", w->timeout);
-  w->groups[{all, ""}] = w->world;
+  w->world = make_group(*w, all, "", w->timeout, Backend::kGloo);
+  w->groups[{all, "", Backend::kGloo}] = w->world;
   g_world = std::move(w);
 }
 
@@ -193,7 +211,7 @@ GroupPtr new_group(const std::vector<int>& ranks, const GroupOptions& options) {
   }
   HP_CHECK_ARG(options.timeout.count() >= 0, "new_group: timeout must be >= 0 ms, got ",
                options.timeout.count());
-  auto key = std::make_pair(ranks, options.tag);
+  auto key = std::make_tuple(ranks, options.tag, options.backend);
   auto timeout = options.timeout.count() > 0 ? options.timeout : w.timeout;
   auto it = w.groups.find(key);
   if (it != w.groups.end()) {
@@ -202,7 +220,7 @@ GroupPtr new_group(const std::vector<int>& ranks, const GroupOptions& options) {
                  " ms, asked for ", timeout.count(), " ms; give the new one its own tag");
     return it->second;
   }
-  auto group = make_group(w, ranks, options.tag, timeout);
+  auto group = make_group(w, ranks, options.tag, timeout, options.backend);
   w.groups.emplace(key, group);
   return group;
 }

@@ -35,6 +35,11 @@ struct GroupOptions {
   std::string tag;
   // 0 = the world's timeout.
   std::chrono::milliseconds timeout{0};
+  // kNccl: an NCCL group on this rank's GPU (LOCAL_RANK % device count), for
+  // CUDA tensors; it needs a libtorch with CUDA and NCCL and raises an
+  // ArgumentError naming what is missing otherwise. Groups are cached per
+  // backend: the same ranks and tag on Gloo and on NCCL are two groups.
+  Backend backend = Backend::kGloo;
 };
 
 // Also sets SIGPIPE to be ignored in this process (see world.cpp).

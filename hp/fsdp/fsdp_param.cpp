@@ -42,7 +42,8 @@ at::ScalarType FSDPParam::reduce_dtype_for(at::ScalarType orig, const MixedPreci
 }
 
 FSDPParam::FSDPParam(at::Tensor param, std::string fqn, const MeshInfo& mesh, int64_t shard_dim,
-                     bool replicated, const MixedPrecisionPolicy& mp)
+                     bool replicated, const MixedPrecisionPolicy& mp,
+                     const OffloadPolicy& offload)
     : param_(std::move(param)),
       fqn_(std::move(fqn)),
       full_shape_(param_.sizes().vec()),
@@ -55,6 +56,7 @@ FSDPParam::FSDPParam(at::Tensor param, std::string fqn, const MeshInfo& mesh, in
   compute_dtype_ = compute_dtype_for(orig_dtype_, mp);
   reduce_dtype_ = reduce_dtype_for(orig_dtype_, mp);
   at::Tensor data = param_.detach();
+  compute_device_ = data.device();
   if (!sharded_) {
     padded_shard_ = data;
     shard_view_ = data;
@@ -73,10 +75,23 @@ FSDPParam::FSDPParam(at::Tensor param, std::string fqn, const MeshInfo& mesh, in
     padded_shard_ = data.narrow(shard_dim_, mine.offset, mine.size).clone(at::MemoryFormat::Contiguous);
     shard_view_ = padded_shard_;
   }
+  if (offload.kind == OffloadPolicy::Kind::kCPU && !data.is_cpu()) {
+    offloaded_ = true;
+    pinned_ = offload.pin_memory;
+    at::Tensor host = at::empty(padded_shard_.sizes(),
+                                padded_shard_.options().device(at::kCPU).pinned_memory(pinned_));
+    host.copy_(padded_shard_);
+    padded_shard_ = host;
+    shard_view_ = shard_dim_ == 0 ? host.narrow(0, 0, mine.size) : host;
+  }
   // Any existing gradient is sharded the same way.
   at::Tensor grad = param_.grad();
   at::Tensor grad_shard;
-  if (grad.defined()) grad_shard = grad.narrow(shard_dim_, mine.offset, mine.size).clone();
+  if (grad.defined()) {
+    grad_shard = grad.narrow(shard_dim_, mine.offset, mine.size).to(padded_shard_.device(),
+                                                                      /*non_blocking=*/false,
+                                                                      /*copy=*/true);
+  }
   param_.set_data(shard_view_);
   param_.mutable_grad() = grad_shard;
 }
@@ -111,7 +126,7 @@ int64_t FSDPParam::unsharded_numel() const {
 
 at::Tensor& FSDPParam::ensure_unsharded() {
   if (!unsharded_.defined()) {
-    unsharded_ = at::empty(unsharded_shape(), padded_shard_.options().dtype(compute_dtype_));
+    unsharded_ = at::empty(unsharded_shape(), compute_options(compute_dtype_));
   } else if (owns_unsharded_) {
     allocate_storage(unsharded_, nbytes_of(unsharded_));
   }
@@ -124,6 +139,10 @@ void FSDPParam::set_external_unsharded(at::Tensor view) {
 }
 
 at::Tensor FSDPParam::shard_gather_input(bool snapshot) const {
+  // An offloaded shard goes to the device for the collective. The copy
+  // blocks: the optimizer may update the host shard as soon as backward
+  // returns, which must not race a copy still queued behind compute.
+  if (offloaded_) return padded_shard_.to(compute_device_, compute_dtype_, false, true);
   if (compute_dtype_ != orig_dtype_) return padded_shard_.to(compute_dtype_);
   return snapshot ? padded_shard_.clone() : padded_shard_;
 }
@@ -245,6 +264,9 @@ void FSDPParam::keep_for_later(at::Tensor full_grad) {
 }
 
 void FSDPParam::assign_grad(at::Tensor reduced) {
+  // Offloaded: the gradient joins the shard in host memory, where the
+  // optimizer steps (a blocking copy: the step may follow at once).
+  if (offloaded_) reduced = reduced.to(at::kCPU);
   if (to_main_grad_) {
     // Kept in the reduce dtype; what autograd or the user left in .grad
     // before this backward (the stash) stays there.
@@ -264,8 +286,9 @@ void FSDPParam::assign_grad(at::Tensor reduced) {
 void FSDPParam::restore_stash() {
   if (!stashed_grad_.defined()) return;
   at::Tensor& grad = param_.mutable_grad();
-  grad = grad.defined() && grad.sizes() == stashed_grad_.sizes() ? grad + stashed_grad_
-                                                                  : stashed_grad_;
+  grad = grad.defined() && grad.sizes() == stashed_grad_.sizes()
+             ? grad + stashed_grad_.to(grad.device())
+             : stashed_grad_;
   stashed_grad_ = at::Tensor();
 }
 

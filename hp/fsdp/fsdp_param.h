@@ -37,8 +37,12 @@ class FSDPParam {
  public:
   // Shards `param` in place. `replicated` keeps it whole (replicate_params);
   // a shard group of one rank keeps it whole too.
+  // With a CPU `offload` policy and a parameter on a CUDA device, the shard
+  // (and its gradient, so the optimizer step) lives in host memory, pinned
+  // if asked, and only the unsharded buffer on the device (F8); on a CPU
+  // parameter there is nothing to move. Parameters kept whole stay put.
   FSDPParam(at::Tensor param, std::string fqn, const MeshInfo& mesh, int64_t shard_dim,
-            bool replicated, const MixedPrecisionPolicy& mp);
+            bool replicated, const MixedPrecisionPolicy& mp, const OffloadPolicy& offload = {});
   // The dtypes a parameter of dtype `orig` computes and reduces in under
   // `mp`: no cast when param_dtype is the parameter's own; gradients are
   // reduced in reduce_dtype, else in the compute dtype (F7). fully_shard
@@ -61,6 +65,15 @@ class FSDPParam {
   int64_t shard_size() const { return shard_size_; }
   at::ScalarType orig_dtype() const { return orig_dtype_; }
   at::ScalarType compute_dtype() const { return compute_dtype_; }
+  // The device the parameter computes and communicates on (where it was
+  // when fully_shard took it); the shard is there too unless offloaded.
+  c10::Device compute_device() const { return compute_device_; }
+  bool offloaded() const { return offloaded_; }
+  bool pinned() const { return pinned_; }
+  // Options of a buffer on the compute device in `dtype`.
+  at::TensorOptions compute_options(at::ScalarType dtype) const {
+    return padded_shard_.options().device(compute_device_).dtype(dtype);
+  }
   at::ScalarType reduce_dtype() const { return reduce_dtype_; }
   // Whether forward needs an unsharded copy: sharded, or cast for compute.
   bool needs_unshard() const { return sharded_ || compute_dtype_ != orig_dtype_; }
@@ -172,6 +185,9 @@ class FSDPParam {
   bool sharded_ = false;
   bool to_main_grad_ = false;  // MixedPrecisionPolicy::apply_grad_on_fp32_main_grad
   at::ScalarType orig_dtype_;
+  c10::Device compute_device_{c10::DeviceType::CPU};
+  bool offloaded_ = false;
+  bool pinned_ = false;
   at::ScalarType compute_dtype_;
   at::ScalarType reduce_dtype_;
   Data data_ = Data::kSharded;

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <set>
@@ -41,8 +42,9 @@ void validate_options(const FullyShardOptions& options) {
                "the fused all-gather's input)");
   // reshard_after_forward as an int is checked against the shard size once
   // the mesh is known (Unit::check_reshard_after_forward).
-  // CPUOffloadPolicy: this build keeps every tensor in host memory already, so
-  // there is nothing to move; both pin_memory settings are accepted.
+  // OffloadPolicy::cpu(): parameters on a CUDA device keep their shards in
+  // host memory (FSDPParam); on CPU there is nothing to move, so it is
+  // accepted and changes nothing.
 }
 
 // The modules of `modules` that are not inside another one of them.
@@ -242,7 +244,8 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<nn::Module>>& modules,
     std::vector<std::unique_ptr<FSDPParam>> params;
     for (const auto& plan : plans) {
       params.push_back(std::make_unique<FSDPParam>(plan.param, plan.fqn, mesh_info, plan.shard_dim,
-                                                   plan.keep_whole, options.mp_policy));
+                                                   plan.keep_whole, options.mp_policy,
+                                                   options.offload_policy));
     }
     fsdp::UnitFlags flags;
     flags.reshard_after_forward_ranks = regather_ranks;

@@ -24,10 +24,18 @@ MeshInfo MeshInfo::from_mesh(DeviceMeshPtr mesh) {
   info.shard_rank = mesh->coordinate(shard_dim);
   info.shard_group = mesh->group_ptr(shard_dim);
   const auto& shard_ranks = info.shard_group->ranks();
-  info.reduce_group = dist::new_group(shard_ranks, {"fsdp-reduce"});
+  // Same backend as the mesh (NCCL for a 'cuda' mesh): on NCCL a separate
+  // group is a separate communication stream too.
+  dist::GroupOptions reduce;
+  reduce.tag = "fsdp-reduce";
+  reduce.backend = mesh->backend();
+  info.reduce_group = dist::new_group(shard_ranks, reduce);
   if (mesh->ndim() == 2) {
     info.replicate_size = mesh->size(0);
-    info.replicate_group = dist::new_group(mesh->group(0).ranks(), {"fsdp-allreduce"});
+    dist::GroupOptions all_reduce;
+    all_reduce.tag = "fsdp-allreduce";
+    all_reduce.backend = mesh->backend();
+    info.replicate_group = dist::new_group(mesh->group(0).ranks(), all_reduce);
   }
   return info;
 }

@@ -3,8 +3,9 @@
 // A 1-D mesh shards over its one dim (FSDP). A 2-D mesh replicates over dim
 // 0 and shards over dim 1 (HSDP); with a shard dim of size 1 that is plain
 // data parallelism (DDP). Gradient reductions run on their own process
-// groups (same ranks, separate Gloo contexts), so a reduction in flight
-// never delays the next all-gather: the CPU analogue of FSDP2's streams.
+// groups (same ranks, separate Gloo contexts or NCCL communicators, each
+// with its own stream), so a reduction in flight never delays the next
+// all-gather: FSDP2's separate communication streams.
 #pragma once
 
 #include <cstdint>

@@ -29,9 +29,11 @@ struct MixedPrecisionPolicy {
   bool apply_grad_on_fp32_main_grad = false;
 };
 
-// CPU offload of sharded parameters and gradients (F8). On a CPU-only build
-// the parameters already live in host memory, so it is accepted and changes
-// nothing; pin_memory is validated for a CUDA build.
+// CPU offload of sharded parameters and gradients (F8): for parameters on a
+// CUDA device, each shard and its gradient live in host memory (pinned when
+// pin_memory), the optimizer steps there, and the shard is copied to the
+// device for each all-gather. Parameters on CPU already live in host memory:
+// accepted, nothing moves.
 struct OffloadPolicy {
   enum class Kind { kNone, kCPU };
   Kind kind = Kind::kNone;

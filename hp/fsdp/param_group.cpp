@@ -23,21 +23,25 @@ ParamGroup::ParamGroup(std::vector<FSDPParam*> params, const MeshInfo& mesh, Opt
     shard_offsets_.push_back(shard_total_);
     shard_total_ += p->reduce_numel();
   }
-  flat_unsharded_ = at::empty({unsharded_total_}, sharded_[0]->padded_shard().options().dtype(compute));
+  flat_unsharded_ = at::empty({unsharded_total_}, sharded_[0]->compute_options(compute));
   for (size_t i = 0; i < sharded_.size(); ++i) {
     sharded_[i]->set_external_unsharded(
         flat_unsharded_.narrow(0, unsharded_offsets_[i], sharded_[i]->unsharded_numel()));
   }
   free_storage(flat_unsharded_);
   if (options_.zero_copy) {
-    flat_shards_ = at::empty({shard_total_}, sharded_[0]->padded_shard().options());
+    const FSDPParam& first = *sharded_[0];
+    flat_shards_ = at::empty({shard_total_},
+                             first.padded_shard().options().pinned_memory(first.pinned()));
     for (size_t i = 0; i < sharded_.size(); ++i) {
       const at::Tensor& shard = sharded_[i]->padded_shard();
       sharded_[i]->rebase_shard(
           flat_shards_.narrow(0, shard_offsets_[i], shard.numel()).view(shard.sizes()));
     }
-    if (compute != flat_shards_.scalar_type()) {
-      flat_cast_ = at::empty({shard_total_}, flat_shards_.options().dtype(compute));
+    // The gather input: the shards cast to the compute dtype, or copied to
+    // the device when they are offloaded to host memory.
+    if (compute != flat_shards_.scalar_type() || first.offloaded()) {
+      flat_cast_ = at::empty({shard_total_}, first.compute_options(compute));
     }
   }
 }

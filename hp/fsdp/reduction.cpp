@@ -46,7 +46,7 @@ PackedGrads PackedGrads::of(FSDPParam& param, at::Tensor full_grad) {
 
 void PackedGrads::allocate() {
   const FSDPParam& first = *params_[0];
-  auto options = first.padded_shard().options().dtype(first.reduce_dtype());
+  auto options = first.compute_options(first.reduce_dtype());
   data_ = sharded_ ? at::zeros({first.shard_size(), total_}, options) : at::zeros({total_}, options);
 }
 

@@ -168,7 +168,7 @@ void Unit::validate_for_training() const {
                "\nFor example, initialize the module weights on a real device before running "
                "training.");
   for (const auto& p : params_) {
-    HP_CHECK_ARG(p->param().device().type() == at::kCPU, "An ", mode_of(mesh_),
+    HP_CHECK_ARG(p->param().device() == p->padded_shard().device(), "An ", mode_of(mesh_),
                  "-managed module unexpectedly has parameters on ", p->param().device(),
                  " (parameter '", p->fqn(), "'). Make sure to move the module to ",
                  mesh_.mesh->device_type(), " before training.");

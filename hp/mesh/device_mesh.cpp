@@ -3,10 +3,12 @@
 #include <ATen/Context.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
 
 #include "hp/dist/world.h"
 #include "hp/util/error.h"
+#include "hp/util/torch_compat.h"
 
 namespace hp {
 namespace {
@@ -59,9 +61,24 @@ void for_each_slice(const std::vector<int64_t>& shape, const std::vector<int>& r
 void check_device_type(const std::string& device_type) {
   HP_CHECK_ARG(device_type == "cpu" || device_type == "cuda",
                "device_type must be 'cpu' or 'cuda', got '", device_type, "'");
-  HP_CHECK_ARG(device_type != "cuda" || at::hasCUDA(),
-               "device_type 'cuda' needs a libtorch built with CUDA and NCCL; this build has "
-               "neither, use 'cpu'");
+  if (device_type == "cuda") compat::require_cuda("device_type 'cuda'");
+}
+
+// The backend of a 'cuda' mesh's groups: HP_CUDA_BACKEND=nccl|gloo, by
+// default NCCL where this libtorch has it. Gloo carries CUDA tensors through
+// host copies, and lets ranks share one GPU, which NCCL refuses.
+dist::Backend cuda_backend() {
+  const char* value = std::getenv("HP_CUDA_BACKEND");
+  if (value == nullptr || *value == '\0') {
+    return compat::has_nccl() ? dist::Backend::kNccl : dist::Backend::kGloo;
+  }
+  const std::string name = value;
+  HP_CHECK_ARG(name == "nccl" || name == "gloo", "HP_CUDA_BACKEND must be 'nccl' or 'gloo', got '",
+               name, "'");
+  HP_CHECK_ARG(name == "gloo" || compat::has_nccl(), "HP_CUDA_BACKEND=nccl needs a libtorch "
+               "built with NCCL; this libtorch ", compat::torch_version(), " has none: use "
+               "HP_CUDA_BACKEND=gloo");
+  return name == "nccl" ? dist::Backend::kNccl : dist::Backend::kGloo;
 }
 
 }  // namespace
@@ -101,8 +118,17 @@ DeviceMeshPtr DeviceMesh::create(const std::string& device_type, std::vector<int
                  " contain '", name, "' twice; expected unique names");
   }
 
+  dist::Backend backend = dist::Backend::kGloo;
+  c10::Device device(c10::DeviceType::CPU);
+  if (device_type == "cuda") {
+    backend = cuda_backend();
+    device = compat::select_local_cuda_device(dist::launch_env().local_rank);
+  }
+
   std::shared_ptr<DeviceMesh> mesh(new DeviceMesh());
   mesh->device_type_ = device_type;
+  mesh->device_ = device;
+  mesh->backend_ = backend;
   mesh->shape_ = std::move(shape);
   mesh->ranks_ = std::move(ranks);
   mesh->names_ = std::move(names);
@@ -120,12 +146,18 @@ DeviceMeshPtr DeviceMesh::create(const std::string& device_type, std::vector<int
   return mesh;
 }
 
+dist::GroupOptions DeviceMesh::group_options() const {
+  dist::GroupOptions options;
+  options.backend = backend_;
+  return options;
+}
+
 void DeviceMesh::make_groups() {
   groups_.assign(shape_.size(), nullptr);
   const int me = dist::get_rank();
   for (int64_t d = 0; d < ndim(); ++d) {
     for_each_slice(shape_, ranks_, {d}, [&](const std::vector<int>& slice) {
-      dist::GroupPtr group = dist::new_group(slice);
+      dist::GroupPtr group = dist::new_group(slice, group_options());
       if (std::find(slice.begin(), slice.end(), me) != slice.end()) groups_[d] = group;
     });
   }
@@ -191,6 +223,8 @@ DeviceMeshPtr DeviceMesh::sub(const std::vector<std::string>& names) const {
   const auto& coord = coordinate();
   std::shared_ptr<DeviceMesh> sub(new DeviceMesh());
   sub->device_type_ = device_type_;
+  sub->device_ = device_;
+  sub->backend_ = backend_;
   for (int64_t d : dims) {
     sub->shape_.push_back(shape_[d]);
     sub->names_.push_back(names_[d]);
@@ -222,13 +256,15 @@ DeviceMeshPtr DeviceMesh::flatten(const std::vector<std::string>& names,
   const int me = dist::get_rank();
   std::shared_ptr<DeviceMesh> flat(new DeviceMesh());
   flat->device_type_ = device_type_;
+  flat->device_ = device_;
+  flat->backend_ = backend_;
   int64_t size = 1;
   for (int64_t d : dims) size *= shape_[d];
   flat->shape_ = {size};
   flat->names_ = {new_name};
   dist::GroupPtr mine;
   for_each_slice(shape_, ranks_, dims, [&](const std::vector<int>& slice) {
-    dist::GroupPtr group = dist::new_group(slice);
+    dist::GroupPtr group = dist::new_group(slice, group_options());
     auto it = std::find(slice.begin(), slice.end(), me);
     if (it != slice.end()) {
       mine = group;

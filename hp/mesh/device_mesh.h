@@ -16,7 +16,10 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
+
 #include "hp/dist/group.h"
+#include "hp/dist/world.h"
 
 namespace hp {
 
@@ -31,6 +34,12 @@ class DeviceMesh {
                               std::vector<int> ranks, std::vector<std::string> names = {});
 
   const std::string& device_type() const { return device_type_; }
+  // Where this rank's tensors live: cpu, or for 'cuda' its GPU (LOCAL_RANK %
+  // device count, made the current device when the mesh was built).
+  c10::Device device() const { return device_; }
+  // The backend of the mesh's groups: Gloo for 'cpu'; for 'cuda' NCCL, or
+  // Gloo when HP_CUDA_BACKEND=gloo (ranks sharing one GPU).
+  dist::Backend backend() const { return backend_; }
   int64_t ndim() const { return static_cast<int64_t>(shape_.size()); }
   const std::vector<int64_t>& shape() const { return shape_; }
   int64_t size() const { return static_cast<int64_t>(ranks_.size()); }
@@ -82,8 +91,11 @@ class DeviceMesh {
   std::vector<int64_t> dims_of(const std::vector<std::string>& names, const char* what) const;
   // Builds one group per slice along every dim (collective) and keeps ours.
   void make_groups();
+  dist::GroupOptions group_options() const;
 
   std::string device_type_;
+  c10::Device device_{c10::DeviceType::CPU};
+  dist::Backend backend_ = dist::Backend::kGloo;
   std::vector<int64_t> shape_;
   std::vector<int> ranks_;
   std::vector<std::string> names_;

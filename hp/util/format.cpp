@@ -1,5 +1,7 @@
 #include "hp/util/format.h"
 
+#include <fmt/ranges.h>
+
 namespace hp {
 
 std::string to_string(const std::vector<int64_t>& values) {

@@ -11,6 +11,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "hp/util/torch_compat.h"
+
 namespace hp {
 namespace {
 
@@ -92,9 +94,9 @@ void counting_delete(void* ptr) {
   if (block.deleter != nullptr) block.deleter(block.context);
 }
 
-class CountingAllocator final : public c10::Allocator {
+class CountingAllocator final : public compat::CountingAllocatorBase {
  public:
-  c10::DataPtr allocate(size_t nbytes) const override {
+  c10::DataPtr allocate_bytes(size_t nbytes) const override {
     Tracker& t = *g_tracker;
     c10::DataPtr inner = t.wrapped->allocate(nbytes);
     void* data = inner.get();

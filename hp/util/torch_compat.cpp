@@ -1,0 +1,97 @@
+#include "hp/util/torch_compat.h"
+
+#include <ATen/Context.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#ifdef USE_C10D_NCCL
+// A CUDA libtorch's CMake targets define USE_C10D_NCCL and bring the CUDA
+// include directories this header needs.
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include "hp/util/error.h"
+
+namespace hp::compat {
+
+const char* torch_version() { return TORCH_VERSION; }
+
+c10::intrusive_ptr<c10d::ProcessGroup> gloo_process_group(
+    const c10::intrusive_ptr<c10d::ProcessGroupGloo>& gloo,
+    const c10::intrusive_ptr<c10d::Store>& store) {
+#if HP_TORCH_AT_LEAST(2, 0)
+  // What torch.distributed's new_group does for backend "gloo": one
+  // ProcessGroup whose CPU and CUDA tensors both go to the Gloo backend
+  // (ProcessGroupGloo runs CUDA tensors through pinned host copies).
+  auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, gloo->getRank(), gloo->getSize());
+  pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  if (at::hasCUDA()) {
+    pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  }
+  return pg;
+#else
+  (void)store;
+  return gloo;
+#endif
+}
+
+bool has_nccl() {
+#ifdef USE_C10D_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> make_nccl_group(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    std::chrono::milliseconds timeout, c10::Device device) {
+  require_cuda("an NCCL process group");
+#if defined(USE_C10D_NCCL) && HP_TORCH_AT_LEAST(2, 0)
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = timeout;
+  auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+  auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
+  pg->setBoundDeviceId(device);  // one device per rank: NCCL need not guess it
+  pg->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
+  pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
+  return pg;
+#elif defined(USE_C10D_NCCL)
+  // 1.x: ProcessGroupNCCL is itself a ProcessGroup and picks its device
+  // from the tensors.
+  (void)device;
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = timeout;
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
+#else
+  (void)store, (void)rank, (void)size, (void)timeout, (void)device;
+  throw_argument_error(cat("backend 'nccl' needs a libtorch built with NCCL (USE_C10D_NCCL); "
+                           "this libtorch ", TORCH_VERSION,
+                           " has none: use HP_CUDA_BACKEND=gloo for CUDA tensors, or 'cpu'"));
+#endif
+}
+
+int cuda_device_count() {
+  if (!at::hasCUDA()) return 0;
+  return static_cast<int>(c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount());
+}
+
+bool cuda_available() { return cuda_device_count() > 0; }
+
+void require_cuda(const std::string& what) {
+  HP_CHECK_ARG(at::hasCUDA(), what, " needs a libtorch built with CUDA; this libtorch ",
+               TORCH_VERSION, " is CPU-only: use device 'cpu'");
+  HP_CHECK_ARG(cuda_device_count() > 0, what, " needs a CUDA device; this libtorch ",
+               TORCH_VERSION, " has CUDA but sees no device (CUDA_VISIBLE_DEVICES, driver)");
+}
+
+c10::Device select_local_cuda_device(int local_rank) {
+  require_cuda("device 'cuda'");
+  HP_CHECK_ARG(local_rank >= 0, "LOCAL_RANK must be >= 0, got ", local_rank);
+  const int count = cuda_device_count();
+  c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(local_rank % count));
+  c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->setDevice(device);
+  return device;
+}
+
+}  // namespace hp::compat

@@ -1,0 +1,81 @@
+// The one place that knows which libtorch the project is built against.
+//
+// Supported: Debian's libtorch 1.13 (CPU, Gloo) and libtorch 2.x (CPU or
+// CUDA; tested with 2.11). Everything that differs between them is behind
+// this header, so no other file tests a version:
+//   - c10::Allocator: allocate() lost its const in 2.x and copy_data() became
+//     a pure virtual; CountingAllocatorBase takes both shapes.
+//   - c10d: in 1.13 ProcessGroupGloo is a c10d::ProcessGroup; in 2.x it is a
+//     c10d::Backend that a ProcessGroup dispatches to per device type;
+//     wrap_backend() gives a ProcessGroup either way.
+//   - CUDA and NCCL are optional in both: the helpers below raise an
+//     ArgumentError naming what this build lacks instead of failing later.
+#pragma once
+
+#include <torch/version.h>
+
+#include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+
+namespace c10d {
+class Store;
+class ProcessGroup;
+class ProcessGroupGloo;
+}  // namespace c10d
+
+#define HP_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) ||     \
+   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace hp::compat {
+
+// "1.13.0", "2.11.0": the libtorch headers this was compiled with.
+const char* torch_version();
+
+// Base of an allocator that hands out host memory (memcpy-copyable).
+// Subclasses implement allocate_bytes(); the version's allocate() and, in
+// 2.x, copy_data() are defined here.
+class CountingAllocatorBase : public c10::Allocator {
+ public:
+  virtual c10::DataPtr allocate_bytes(std::size_t nbytes) const = 0;
+#if HP_TORCH_AT_LEAST(2, 0)
+  c10::DataPtr allocate(std::size_t nbytes) override { return allocate_bytes(nbytes); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#else
+  c10::DataPtr allocate(std::size_t nbytes) const override { return allocate_bytes(nbytes); }
+#endif
+};
+
+// The ProcessGroup that runs collectives on `gloo` (made over `store`). In
+// 1.13 that is `gloo` itself; in 2.x a ProcessGroup that dispatches CPU and,
+// on a CUDA build, CUDA tensors to it.
+c10::intrusive_ptr<c10d::ProcessGroup> gloo_process_group(
+    const c10::intrusive_ptr<c10d::ProcessGroupGloo>& gloo,
+    const c10::intrusive_ptr<c10d::Store>& store);
+
+// An NCCL process group bound to `device` (a CUDA device). Raises
+// ArgumentError on a build without NCCL (USE_C10D_NCCL) or without CUDA.
+c10::intrusive_ptr<c10d::ProcessGroup> make_nccl_group(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    std::chrono::milliseconds timeout, c10::Device device);
+
+// Whether this libtorch was built with NCCL support in c10d.
+bool has_nccl();
+
+// Whether this libtorch has CUDA and sees at least one device.
+bool cuda_available();
+int cuda_device_count();
+// Raises ArgumentError naming `what` needs CUDA when !cuda_available().
+void require_cuda(const std::string& what);
+// The CUDA device of this local rank: LOCAL_RANK % device count, made the
+// current device of the calling thread.
+c10::Device select_local_cuda_device(int local_rank);
+
+}  // namespace hp::compat
