@@ -71,6 +71,13 @@ TEST(Flags, DefaultsFollowTheWorld) {
   EXPECT_EQ(h.dp_size, 4);
   EXPECT_THAT(h.describe(), HasSubstr("2 replicas, each sharded over 2 ranks"));
 
+  // Tensor parallelism: one data-parallel copy over the whole mesh.
+  Parallelism t = resolve_parallelism(parse_command_line({"--mode", "tp", "--mesh", "2"}).options,
+                                      launched(2));
+  EXPECT_EQ(t.mesh_shape, (std::vector<int64_t>{2}));
+  EXPECT_EQ(t.mesh_names, (std::vector<std::string>{"tp"}));
+  EXPECT_EQ(t.dp_size, 1);
+
   // A launched world of one may still train without a process group.
   EXPECT_EQ(resolve_parallelism(parse_command_line({"--mode", "none"}).options, launched(1)).mode,
             Mode::kNone);
@@ -169,7 +176,7 @@ TEST(Flags, BadValuesNameFlagValueAndExpectation) {
       {{"--threads", "2000"}, "--threads must be a positive integer at most 1024, got '2000'"},
       {{"--steps", "0x10"}, "--steps must be a positive integer, got '0x10'"},
       {{"--steps", "99999999999999999999"}, "got '99999999999999999999'"},
-      {{"--mode", "zero3"}, "--mode must be one of fsdp, hsdp, ddp, none, got 'zero3'"},
+      {{"--mode", "zero3"}, "--mode must be one of fsdp, hsdp, ddp, tp, none, got 'zero3'"},
       {{"--mesh", "2x"},
        "--mesh must be N or RxS (R replicas x S shards) with positive integers, e.g. 4 or 2x2, "
        "got '2x'"},
@@ -216,6 +223,11 @@ TEST(Flags, CombinationsAreCheckedAgainstTheWorld) {
               HasSubstr("--data-file t.bin needs --vocab V"));
   EXPECT_THAT(check({"--mode", "fsdp", "--mesh", "2x2"}, launched(4)),
               HasSubstr("--mode fsdp needs a 1-D mesh N, got --mesh 2x2"));
+  EXPECT_THAT(check({"--mode", "tp", "--mesh", "3", "--heads", "4"}, launched(3)),
+              HasSubstr("--heads 4 must be divisible by the tensor-parallel size 3"));
+  EXPECT_THAT(check({"--mode", "tp", "--mesh", "2", "--no-comm-fusion"}, launched(2)),
+              HasSubstr("--no-comm-fusion configures fully_shard and does not apply to --mode tp"));
+  EXPECT_EQ(check({"--mode", "tp", "--mesh", "2", "--batch", "3"}, launched(2)), "");
   EXPECT_THAT(check({"--mode", "ddp", "--mesh", "2x1"}, launched(2)),
               HasSubstr("--mode ddp needs a 1-D mesh N, got --mesh 2x1"));
   EXPECT_THAT(
