@@ -9,6 +9,7 @@
 // CompositeImplicitAutograd ops, which must keep decomposing into the ops
 // that have rules.
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <fmt/ranges.h>
 #include <torch/library.h>
 
 #include <cstdlib>
