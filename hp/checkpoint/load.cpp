@@ -1,6 +1,7 @@
 // load(): the reading half of checkpoint.h, and its core shared with the
 // import of a consolidated file (consolidated.h).
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <sys/stat.h>
 

@@ -1,6 +1,7 @@
 #include "hp/checkpoint/state.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include "hp/checkpoint/crc32c.h"
 #include "hp/checkpoint/safetensors.h"

@@ -9,16 +9,9 @@
 #include "hp/fsdp/state_dict.h"
 #include "hp/nn/module.h"
 #include "hp/util/error.h"
+#include "hp/util/torch_compat.h"
 
 namespace hp::checkpoint {
-namespace {
-
-// AdamW keys its state by the parameter's TensorImpl (libtorch 1.13).
-std::string state_key(const at::Tensor& param) {
-  return c10::guts::to_string(param.unsafeGetTensorImpl());
-}
-
-}  // namespace
 
 void add_model(State& state, const nn::Module& model, const std::string& prefix) {
   for (auto& [name, value] : get_model_state_dict(model)) {
@@ -42,7 +35,7 @@ void add_adamw(State& state, torch::optim::AdamW& optimizer, const nn::Module& m
   std::vector<std::pair<torch::optim::AdamWParamState*, at::Tensor>> steps;
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     const at::Tensor& param = item.value();
-    const std::string key = state_key(param);
+    const auto key = compat::optimizer_state_key(param);
     auto it = states.find(key);
     if (it == states.end()) {
       // What AdamW::step creates for a parameter it meets the first time.

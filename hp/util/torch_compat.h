@@ -8,13 +8,18 @@
 //   - c10d: in 1.13 ProcessGroupGloo is a c10d::ProcessGroup; in 2.x it is a
 //     c10d::Backend that a ProcessGroup dispatches to per device type;
 //     wrap_backend() gives a ProcessGroup either way.
+//   - torch::optim::Optimizer::state() is keyed by the parameter's
+//     TensorImpl as a string in 1.13 and as a pointer in 2.x;
+//     optimizer_state_key() gives the key either way.
 //   - CUDA and NCCL are optional in both: the helpers below raise an
 //     ArgumentError naming what this build lacks instead of failing later.
 #pragma once
 
 #include <torch/version.h>
 
+#include <ATen/core/TensorBase.h>
 #include <c10/core/Allocator.h>
+#include <c10/util/C++17.h>
 #include <c10/core/Device.h>
 #include <c10/util/intrusive_ptr.h>
 
@@ -36,6 +41,19 @@ namespace hp::compat {
 
 // "1.13.0", "2.11.0": the libtorch headers this was compiled with.
 const char* torch_version();
+
+// The key of `param`'s entry in torch::optim::Optimizer::state().
+#if HP_TORCH_AT_LEAST(2, 0)
+using OptimizerStateKey = void*;
+inline OptimizerStateKey optimizer_state_key(const at::TensorBase& param) {
+  return param.unsafeGetTensorImpl();
+}
+#else
+using OptimizerStateKey = std::string;
+inline OptimizerStateKey optimizer_state_key(const at::TensorBase& param) {
+  return c10::guts::to_string(param.unsafeGetTensorImpl());
+}
+#endif
 
 // Base of an allocator that hands out host memory (memcpy-copyable).
 // Subclasses implement allocate_bytes(); the version's allocate() and, in
