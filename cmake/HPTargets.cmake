@@ -19,13 +19,18 @@ set(HP_WARNINGS -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializ
 # compiled here, with their layouts, and crash (a remove_all in a test's
 # TearDown did). Naming libstdc++ before the objects and libraries, with
 # --no-as-needed so that it is recorded even before anything refers to it,
-# makes it the first DT_NEEDED entry. hp_link_order is an interface target
+# makes it the first DT_NEEDED entry. It is named by its file
+# (-l:libstdc++.so.6), not as -lstdc++: with PyTorch 2.11's wheel, g++ 13
+# and GNU ld 2.42, a -lstdc++ in this place left no libstdc++ entry at all
+# (the driver adds its own -lstdc++ at the end, under --as-needed, and
+# libtorch already defines those symbols) and the tests crashed in
+# std::filesystem::remove_all; named by its file it stays, first. hp_link_order is an interface target
 # every hp library links, so every program using them (and the installed
 # HyperParallel::hp) gets the same order.
 add_library(hp_link_order INTERFACE)
 if(UNIX AND NOT APPLE)
   target_link_options(hp_link_order INTERFACE
-    "LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state")
+    "LINKER:--push-state,--no-as-needed,-l:libstdc++.so.6,--pop-state")
 endif()
 
 add_library(hp_gloo_headers INTERFACE)
