@@ -12,7 +12,7 @@
 // The gradient of a DTensor weight has the weight's layout, as .grad would.
 // The seed of a DTensor loss is a DTensor of the same global shape holding
 // the sensitivity everywhere. Gradients of DTensors are global values
-// (hp/tensor/dtensor.h): the seed's Shard dims follow the loss's, and its
+// (hp/tensor/dtensor.h): the initial gradient's Shard dims follow the loss's, and its
 // other mesh dims are Replicate, each rank holding the sensitivity itself.
 // Each element of the loss lives on repeat_num ranks, but the seed is not
 // counted repeat_num times, because backwards that sum ranks' contributions
