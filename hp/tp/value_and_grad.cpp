@@ -16,7 +16,7 @@ namespace {
 // backward of `output` takes: for a DTensor, a DTensor whose Shard dims are
 // the output's and whose other mesh dims are Replicate (a gradient is a
 // global value; see value_and_grad.h).
-at::Tensor seed_like(const at::Tensor& output, double value) {
+at::Tensor initial_gradient_like(const at::Tensor& output, double value) {
   if (!is_dtensor(output)) return at::full_like(output, value);
   const Layout& layout = layout_of(output);
   Placements placements = layout.placements();
@@ -24,10 +24,10 @@ at::Tensor seed_like(const at::Tensor& output, double value) {
     if (p.is_partial()) p = Replicate();
   }
   const at::Tensor& local = local_of(output);
-  at::Tensor seed_local = at::full(local.sizes(), value, local.options());
+  at::Tensor initial_local = at::full(local.sizes(), value, local.options());
   FromLocalOptions options;
   options.shape = output.sizes().vec();
-  return as_tensor(from_local(seed_local, Layout(layout.mesh(), placements), options));
+  return as_tensor(from_local(initial_local, Layout(layout.mesh(), placements), options));
 }
 
 }  // namespace
@@ -37,14 +37,14 @@ namespace detail {
 nn::TensorList parallel_grads(const nn::TensorList& outputs, const nn::TensorList& weights,
                               const std::optional<std::vector<double>>& sens) {
   HP_CHECK_ARG(!outputs.empty(), "parallelize_value_and_grad: fn returned no outputs");
-  std::vector<double> seeds(outputs.size(), 0.0);
+  std::vector<double> sensitivities(outputs.size(), 0.0);
   if (sens) {
     HP_CHECK_ARG(sens->size() == outputs.size(), "parallelize_value_and_grad: sens has ",
                  sens->size(), " values but fn returned ", outputs.size(),
                  " outputs; expected one sensitivity per output");
-    seeds = *sens;
+    sensitivities = *sens;
   } else {
-    seeds[0] = 1.0;
+    sensitivities[0] = 1.0;
   }
   for (size_t i = 0; i < weights.size(); ++i) {
     HP_CHECK_ARG(weights[i].defined() && weights[i].requires_grad(),
@@ -53,12 +53,12 @@ nn::TensorList parallel_grads(const nn::TensorList& outputs, const nn::TensorLis
   }
   nn::TensorList differentiated, grad_outputs;
   for (size_t i = 0; i < outputs.size(); ++i) {
-    if (seeds[i] == 0.0) continue;
+    if (sensitivities[i] == 0.0) continue;
     HP_CHECK_ARG(outputs[i].defined() && outputs[i].requires_grad(),
-                 "parallelize_value_and_grad: output ", i, " has sensitivity ", seeds[i],
+                 "parallelize_value_and_grad: output ", i, " has sensitivity ", sensitivities[i],
                  " but does not require grad");
     differentiated.push_back(outputs[i]);
-    grad_outputs.push_back(seed_like(outputs[i], seeds[i]));
+    grad_outputs.push_back(initial_gradient_like(outputs[i], sensitivities[i]));
   }
   if (differentiated.empty() || weights.empty()) return nn::TensorList(weights.size());
   nn::TensorList grads =

@@ -10,17 +10,18 @@
 // respect to `weights` (torch::autograd::grad: nothing is accumulated into
 // .grad; an undefined tensor for a weight the result does not depend on).
 // The gradient of a DTensor weight has the weight's layout, as .grad would.
-// The seed of a DTensor loss is a DTensor of the same global shape holding
-// the sensitivity everywhere. Gradients of DTensors are global values
-// (hp/tensor/dtensor.h): the initial gradient's Shard dims follow the loss's, and its
+// The initial gradient of a DTensor loss is a DTensor of the same global
+// shape holding the sensitivity everywhere. Gradients of DTensors are global
+// values (hp/tensor/dtensor.h): its Shard dims follow the loss's, and its
 // other mesh dims are Replicate, each rank holding the sensitivity itself.
-// Each element of the loss lives on repeat_num ranks, but the seed is not
-// counted repeat_num times, because backwards that sum ranks' contributions
-// sum Partial gradients, and a Replicate one is not summed: the gradients
-// equal a single process's, with no collective added for the seed. (A
-// framework whose gradients of replicated values are per-rank partial sums
-// seeds sensitivity / repeat_num on each rank instead; the two are the same
-// global seed.) A plain tensor loss is seeded with the sensitivity.
+// Each element of the loss lives on repeat_num ranks, but the initial
+// gradient is not counted repeat_num times, because backwards that sum
+// ranks' contributions sum Partial gradients, and a Replicate one is not
+// summed: the gradients equal a single process's, with no collective added
+// for it. (A framework whose gradients of replicated values are per-rank
+// partial sums starts from sensitivity / repeat_num on each rank instead;
+// the two are the same global gradient.) A plain tensor loss starts from
+// the sensitivity.
 //
 // Sensitivities: a function returning one tensor gets 1 (and takes no sens:
 // passing one does not compile). A function returning several tensors gets
@@ -48,7 +49,7 @@ struct ValueAndGrad {
 
 namespace detail {
 
-// The gradients of `weights` for `outputs` seeded with `sens` (nullopt:
+// The gradients of `weights` for `outputs` started from `sens` (nullopt:
 // 1 for the first output, 0 for the others); see above.
 nn::TensorList parallel_grads(const nn::TensorList& outputs, const nn::TensorList& weights,
                               const std::optional<std::vector<double>>& sens);
@@ -81,7 +82,7 @@ auto parallelize_value_and_grad(Fn fn, nn::TensorList weights, std::vector<doubl
     auto value = fn(std::forward<decltype(args)>(args)...);
     static_assert(std::is_same_v<decltype(value), nn::TensorList>,
                   "parallelize_value_and_grad: sens is for a fn with several outputs (returning "
-                  "a TensorList); a fn with one output is seeded with 1 and takes no sens");
+                  "a TensorList); a fn with one output starts from 1 and takes no sens");
     nn::TensorList grads = detail::parallel_grads(value, weights, sens);
     return ValueAndGrad<nn::TensorList>{std::move(value), std::move(grads)};
   };
