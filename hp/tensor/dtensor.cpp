@@ -10,6 +10,7 @@
 
 #include "hp/dist/collectives.h"
 #include "hp/dist/world.h"
+#include "hp/tensor/dispatch/rule_util.h"
 #include "hp/tensor/redistribute_exec.h"
 #include "hp/tensor/redistribute_plan.h"
 #include "hp/util/error.h"
@@ -55,13 +56,7 @@ int64_t product_of_sharding_sizes(const Layout& layout, int64_t tensor_dim) {
 // The layout in which a DTensor of `layout` receives its (global) gradient
 // from a redistribute: a Partial value's gradient is the whole gradient,
 // so Partial dims become Replicate.
-Layout gradient_layout_of(const Layout& layout) {
-  ShardSpec spec = layout.spec();
-  for (auto& p : spec.placements) {
-    if (p.is_partial()) p = Replicate();
-  }
-  return Layout(layout.mesh(), std::move(spec));
-}
+Layout gradient_layout_of(const Layout& layout) { return dispatch::without_partial(layout); }
 
 // d(mean of n partial values)/d(one of them) = 1/n: the product of the sizes
 // of the Partial(avg) dims divides a global gradient into a local one.
@@ -93,17 +88,10 @@ void check_differentiable(const Layout& layout, const char* subject, const char*
   }
 }
 
-at::Tensor run_plan(const at::Tensor& local, const Layout& from, const Layout& to,
-                    const std::vector<int64_t>& shape) {
-  auto plan = plan_redistribute(from.spec(), to.spec());
-  at::NoGradGuard no_grad;
-  return execute_redistribute(*plan, local, *from.mesh(), shape);
-}
-
 // Moves a gradient that arrived laid out as `arrived` into `target`.
 at::Tensor move_gradient(const at::Tensor& grad, const Layout& arrived, const Layout& target,
                          const std::vector<int64_t>& shape) {
-  return arrived == target ? grad : run_plan(grad, arrived, target, shape);
+  return arrived == target ? grad : redistribute_local(grad, arrived, target, shape);
 }
 
 struct FromLocalBackward : torch::autograd::Node {
@@ -327,7 +315,7 @@ DTensor DTensor::redistribute(const Layout& target) const {
                          "detach it first or redistribute to Replicate() instead");
     if (grad_cell_) grad_cell_->record(gradient_layout_of(layout_), "redistribute()");
   }
-  at::Tensor out = run_plan(local_, layout_, dst, shape_);
+  at::Tensor out = redistribute_local(local_, layout_, dst, shape_);
   if (!grad) return DTensor(out, dst, shape_, nullptr);
   auto cell = std::make_shared<GradLayoutCell>();
   auto node = make_node<RedistributeBackward>();

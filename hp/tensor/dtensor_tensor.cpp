@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "hp/tensor/dispatch/dtensor_impl.h"
+#include "hp/tensor/dispatch/rule_util.h"
 #include "hp/tensor/redistribute_exec.h"
 #include "hp/tensor/redistribute_plan.h"
 #include "hp/util/error.h"
@@ -28,30 +29,17 @@ const DTensorImpl& checked_impl(const at::Tensor& t, const char* fn) {
   return *impl;
 }
 
-// A gradient's layout with Partial dims made Replicate: the gradient of a
-// Partial value is the whole gradient on every rank (torch's rule).
-Layout gradient_layout(const Layout& layout) {
-  ShardSpec spec = layout.spec();
-  for (auto& p : spec.placements) {
-    if (p.is_partial()) p = Replicate();
-  }
-  return Layout(layout.mesh(), std::move(spec));
-}
-
-at::Tensor move(const at::Tensor& local, const Layout& from, const Layout& to,
-                const std::vector<int64_t>& shape) {
-  if (from == to) return local;
-  auto plan = plan_redistribute(from.spec(), to.spec());
-  at::NoGradGuard no_grad;
-  return execute_redistribute(*plan, local, *to.mesh(), shape);
-}
+// A gradient's layout: a Partial value's gradient is the whole gradient on
+// every rank (torch's rule), so Partial dims become Replicate.
+Layout gradient_layout(const Layout& layout) { return dispatch::without_partial(layout); }
 
 // A tensor-form gradient moved into `layout` (a plain one is taken as is).
 at::Tensor grad_into(const at::Tensor& grad, const Layout& layout) {
   const DTensorImpl* impl = dtensor_impl(grad);
   if (!impl || impl->layout() == layout) return grad;
-  return wrap_local(move(impl->local(), impl->layout(), layout, impl->global_shape()), layout,
-                    impl->global_shape());
+  return wrap_local(
+      redistribute_local(impl->local(), impl->layout(), layout, impl->global_shape()), layout,
+      impl->global_shape());
 }
 
 template <typename NodeT>
@@ -161,8 +149,9 @@ at::Tensor redistribute(const at::Tensor& tensor, const Layout& target) {
                impl.layout().mesh()->describe());
   const Layout dst = target.normalized(static_cast<int64_t>(impl.global_shape().size()));
   if (dst == impl.layout()) return tensor;
-  at::Tensor out = wrap_local(move(impl.local(), impl.layout(), dst, impl.global_shape()), dst,
-                              impl.global_shape());
+  at::Tensor out =
+      wrap_local(redistribute_local(impl.local(), impl.layout(), dst, impl.global_shape()), dst,
+                 impl.global_shape());
   if (!needs_grad(tensor)) return out;
   auto node = make_node<RedistributeBackward>();
   node->source_grad_layout = gradient_layout(impl.layout());

@@ -192,4 +192,12 @@ at::Tensor execute_redistribute(const RedistributePlan& plan, const at::Tensor& 
   return x.is_same(local) ? local.detach() : x;
 }
 
+at::Tensor redistribute_local(const at::Tensor& local, const Layout& from, const Layout& to,
+                              const std::vector<int64_t>& global_shape) {
+  if (from == to) return local;
+  auto plan = plan_redistribute(from.spec(), to.spec());
+  at::NoGradGuard no_grad;
+  return execute_redistribute(*plan, local, *to.mesh(), global_shape);
+}
+
 }  // namespace hp

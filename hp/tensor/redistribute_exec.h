@@ -13,11 +13,18 @@
 #include <ATen/core/Tensor.h>
 
 #include "hp/mesh/device_mesh.h"
+#include "hp/tensor/layout.h"
 #include "hp/tensor/redistribute_plan.h"
 
 namespace hp {
 
 at::Tensor execute_redistribute(const RedistributePlan& plan, const at::Tensor& local,
                                 const DeviceMesh& mesh, const std::vector<int64_t>& global_shape);
+
+// This rank's shard of a tensor of `global_shape` laid out as `to`, from its
+// shard `local` under `from` (the cached plan, executed outside autograd);
+// `local` itself when the layouts are equal.
+at::Tensor redistribute_local(const at::Tensor& local, const Layout& from, const Layout& to,
+                              const std::vector<int64_t>& global_shape);
 
 }  // namespace hp

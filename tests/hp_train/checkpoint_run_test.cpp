@@ -26,6 +26,7 @@
 #include "hp/checkpoint/safetensors.h"
 #include "hp/nn/gpt.h"
 #include "hp/nn/loss.h"
+#include "tests/hp_train/hp_train_runner.h"
 #include "tests/launcher/process_runner.h"
 #include "tests/support/rounding_bounds.h"
 #include "tests/support/tensor_checks.h"
@@ -40,7 +41,7 @@ using launcher::testing::ProcessResult;
 using launcher::testing::run_process;
 using launcher::testing::TempDir;
 using testing::HasSubstr;
-using Args = std::vector<std::string>;
+using test_run::Args;
 
 // The tiny GPT of run_test.cpp, 6 steps, gradient clipping on (a resume
 // must restore everything the clip depends on too).
@@ -48,22 +49,9 @@ const Args kTiny = {"--layers", "2", "--d", "32", "--heads", "2", "--ctx", "16",
                     "--batch", "4", "--lr", "1e-2", "--sample-tokens", "0", "--log-every", "1"};
 constexpr int64_t kTokens = 4 * 16;
 
-Args with(Args a, const Args& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-ProcessResult hp_train(int ranks, const Args& args) {
-  Args argv = ranks == 0 ? Args{HP_TRAIN_PATH}
-                         : Args{HPRUN_PATH, "-n", std::to_string(ranks), HP_TRAIN_PATH};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return run_process(argv, {"OMP_NUM_THREADS=1"}, /*limit_s=*/120);
-}
-
-std::string describe(const ProcessResult& r) {
-  return "exit " + std::to_string(r.exit_code) + "\n--- stdout ---\n" + r.out +
-         "--- stderr ---\n" + r.err;
-}
+using test_run::concat;
+using test_run::describe;
+using test_run::hp_train;
 
 // step -> loss from --log-json.
 std::map<int64_t, double> read_losses(const std::string& path) {
@@ -123,10 +111,10 @@ double mean_bound(double loss, int64_t dp_size) {
 TEST(HpTrainCheckpoints, ResumeEqualsAnUninterruptedRunAndMovesToOtherMeshes) {
   TempDir dir;
   const std::string ckpt = dir.file("ckpt");
-  ProcessResult straight = hp_train(2, with(kTiny, {"--steps", "6", "--log-json", dir.file("straight.jsonl"),
+  ProcessResult straight = hp_train(2, concat(kTiny, {"--steps", "6", "--log-json", dir.file("straight.jsonl"),
                                                     "--export", dir.file("straight.safetensors")}));
   ASSERT_EQ(straight.exit_code, 0) << describe(straight);
-  ProcessResult first = hp_train(2, with(kTiny, {"--steps", "3", "--save-dir", ckpt, "--save-every", "2",
+  ProcessResult first = hp_train(2, concat(kTiny, {"--steps", "3", "--save-dir", ckpt, "--save-every", "2",
                                                  "--export", dir.file("step3.safetensors")}));
   ASSERT_EQ(first.exit_code, 0) << describe(first);
   EXPECT_THAT(first.out, HasSubstr("[rank 0] checkpoint " + ckpt + "/step-00000002 saved: "));
@@ -134,7 +122,7 @@ TEST(HpTrainCheckpoints, ResumeEqualsAnUninterruptedRunAndMovesToOtherMeshes) {
   EXPECT_THAT(first.out, HasSubstr("[rank 0] weights exported to " + dir.file("step3.safetensors")));
 
   // The same mesh: bit for bit.
-  ProcessResult resumed = hp_train(2, with(kTiny, {"--steps", "6", "--resume", ckpt, "--log-json",
+  ProcessResult resumed = hp_train(2, concat(kTiny, {"--steps", "6", "--resume", ckpt, "--log-json",
                                                    dir.file("resumed.jsonl"), "--export",
                                                    dir.file("resumed.safetensors")}));
   ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
@@ -153,11 +141,11 @@ TEST(HpTrainCheckpoints, ResumeEqualsAnUninterruptedRunAndMovesToOtherMeshes) {
   for (const auto& [ranks, mode] : std::vector<std::pair<int, Args>>{
            {4, {"--mode", "hsdp", "--mesh", "2x2"}}, {0, {"--mode", "none"}}}) {
     const std::string name = ranks == 0 ? "none" : "hsdp";
-    ProcessResult loaded = hp_train(ranks, with(with(kTiny, mode), {"--steps", "3", "--resume", ckpt,
+    ProcessResult loaded = hp_train(ranks, concat(concat(kTiny, mode), {"--steps", "3", "--resume", ckpt,
                                                                      "--export", dir.file(name + ".safetensors")}));
     ASSERT_EQ(loaded.exit_code, 0) << describe(loaded);
     expect_same_weights(dir.file(name + ".safetensors"), dir.file("step3.safetensors"), name);
-    ProcessResult step = hp_train(ranks, with(with(kTiny, mode), {"--steps", "4", "--resume", ckpt,
+    ProcessResult step = hp_train(ranks, concat(concat(kTiny, mode), {"--steps", "4", "--resume", ckpt,
                                                                    "--log-json", dir.file(name + ".jsonl")}));
     ASSERT_EQ(step.exit_code, 0) << describe(step);
     const auto losses = read_losses(dir.file(name + ".jsonl"));
@@ -174,15 +162,15 @@ TEST(HpTrainCheckpoints, ResumeEqualsAnUninterruptedRunAndMovesToOtherMeshes) {
 TEST(HpTrainCheckpoints, TensorParallelResumesAndMovesToOneProcess) {
   TempDir dir;
   const std::string ckpt = dir.file("ckpt");
-  const Args tp = with(kTiny, {"--mode", "tp", "--mesh", "2"});
-  ProcessResult straight = hp_train(2, with(tp, {"--steps", "6", "--log-json",
+  const Args tp = concat(kTiny, {"--mode", "tp", "--mesh", "2"});
+  ProcessResult straight = hp_train(2, concat(tp, {"--steps", "6", "--log-json",
                                                  dir.file("straight.jsonl"), "--export",
                                                  dir.file("straight.safetensors")}));
   ASSERT_EQ(straight.exit_code, 0) << describe(straight);
-  ProcessResult first = hp_train(2, with(tp, {"--steps", "3", "--save-dir", ckpt, "--export",
+  ProcessResult first = hp_train(2, concat(tp, {"--steps", "3", "--save-dir", ckpt, "--export",
                                               dir.file("step3.safetensors")}));
   ASSERT_EQ(first.exit_code, 0) << describe(first);
-  ProcessResult resumed = hp_train(2, with(tp, {"--steps", "6", "--resume", ckpt, "--log-json",
+  ProcessResult resumed = hp_train(2, concat(tp, {"--steps", "6", "--resume", ckpt, "--log-json",
                                                 dir.file("resumed.jsonl"), "--export",
                                                 dir.file("resumed.safetensors")}));
   ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
@@ -192,7 +180,7 @@ TEST(HpTrainCheckpoints, TensorParallelResumesAndMovesToOneProcess) {
   for (const auto& [step, loss] : tail) EXPECT_EQ(loss, all.at(step)) << "step " << step;
   expect_same_weights(dir.file("resumed.safetensors"), dir.file("straight.safetensors"),
                       "tp: 6 steps, resumed after 3");
-  ProcessResult one = hp_train(0, with(kTiny, {"--mode", "none", "--steps", "3", "--resume", ckpt,
+  ProcessResult one = hp_train(0, concat(kTiny, {"--mode", "none", "--steps", "3", "--resume", ckpt,
                                                "--export", dir.file("none.safetensors")}));
   ASSERT_EQ(one.exit_code, 0) << describe(one);
   expect_same_weights(dir.file("none.safetensors"), dir.file("step3.safetensors"),
@@ -201,16 +189,16 @@ TEST(HpTrainCheckpoints, TensorParallelResumesAndMovesToOneProcess) {
 
 TEST(HpTrainCheckpoints, ResumeOfAnotherModelFailsBeforeTraining) {
   TempDir dir;
-  ProcessResult saved = hp_train(0, with(kTiny, {"--steps", "1", "--save-dir", dir.file("c")}));
+  ProcessResult saved = hp_train(0, concat(kTiny, {"--steps", "1", "--save-dir", dir.file("c")}));
   ASSERT_EQ(saved.exit_code, 0) << describe(saved);
-  ProcessResult other = hp_train(2, with(kTiny, {"--steps", "2", "--d", "64", "--resume", dir.file("c")}));
+  ProcessResult other = hp_train(2, concat(kTiny, {"--steps", "2", "--d", "64", "--resume", dir.file("c")}));
   EXPECT_EQ(other.exit_code, 2) << describe(other);
   EXPECT_THAT(other.err, HasSubstr("--resume '" + dir.file("c") + "/step-00000001' holds another model"));
   EXPECT_THAT(other.err, HasSubstr("'wpe.weight' has shape [16, 32] in the checkpoint, [16, 64] in this run"));
   EXPECT_THAT(other.out, testing::Not(HasSubstr("step 1/"))) << "nothing trained";
-  ProcessResult beyond = hp_train(0, with(kTiny, {"--steps", "1", "--resume", dir.file("c"), "--d", "32"}));
+  ProcessResult beyond = hp_train(0, concat(kTiny, {"--steps", "1", "--resume", dir.file("c"), "--d", "32"}));
   EXPECT_EQ(beyond.exit_code, 0) << describe(beyond);  // saved at 1 of 1: nothing left to train
-  ProcessResult none = hp_train(0, with(kTiny, {"--steps", "2", "--resume", dir.file("nothing")}));
+  ProcessResult none = hp_train(0, concat(kTiny, {"--steps", "2", "--resume", dir.file("nothing")}));
   EXPECT_EQ(none.exit_code, 2);
   EXPECT_THAT(none.err, HasSubstr("holds no complete checkpoint"));
 }
@@ -218,7 +206,7 @@ TEST(HpTrainCheckpoints, ResumeOfAnotherModelFailsBeforeTraining) {
 TEST(HpTrainCheckpoints, ExportReadsBackInPyTorchAndThroughInitFrom) {
   TempDir dir;
   const std::string weights = dir.file("w.safetensors");
-  ProcessResult r = hp_train(2, with(kTiny, {"--steps", "2", "--export", weights}));
+  ProcessResult r = hp_train(2, concat(kTiny, {"--steps", "2", "--export", weights}));
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   nn::GPT model = tiny_model_from(weights);  // names and shapes are the model's
 
@@ -249,7 +237,7 @@ TEST(HpTrainCheckpoints, ExportReadsBackInPyTorchAndThroughInitFrom) {
   EXPECT_TRUE(test::within_bound(out.at("loss").get<double>(), ours, mean_bound(ours, 1)));
 
   // --init-from: training starts from the exported weights.
-  ProcessResult init = hp_train(2, with(kTiny, {"--steps", "1", "--init-from", weights, "--log-json",
+  ProcessResult init = hp_train(2, concat(kTiny, {"--steps", "1", "--init-from", weights, "--log-json",
                                                 dir.file("init.jsonl")}));
   ASSERT_EQ(init.exit_code, 0) << describe(init);
   const double expected = loss_at(model, 0, 2);

@@ -56,6 +56,7 @@
 #include "hp/nn/gpt.h"
 #include "hp/nn/loss.h"
 #include "hp/util/trace.h"
+#include "tests/hp_train/hp_train_runner.h"
 #include "tests/launcher/process_runner.h"
 #include "tests/nn/gpt_sensitivity.h"
 #include "tests/support/rounding_bounds.h"
@@ -68,32 +69,16 @@ namespace {
 using launcher::testing::ProcessResult;
 using launcher::testing::run_process;
 using launcher::testing::TempDir;
-using Args = std::vector<std::string>;
+using test_run::Args;
 
 const Args kTiny = {"--layers", "2",  "--d",     "32", "--heads",         "2",
                     "--ctx",    "16", "--seq",   "16", "--batch",         "4",
                     "--steps",  "5",  "--lr",    "1e-2", "--sample-tokens", "16",
                     "--log-every", "1"};
 
-Args concat(Args a, const Args& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-// hp-train with `args` on `ranks` ranks under hprun, or alone when ranks is 0.
-ProcessResult hp_train(int ranks, const Args& args) {
-  Args argv = ranks == 0 ? Args{HP_TRAIN_PATH}
-                         : Args{HPRUN_PATH, "-n", std::to_string(ranks), HP_TRAIN_PATH};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return run_process(argv, {"OMP_NUM_THREADS=1"}, /*limit_s=*/120);
-}
-
-std::string describe(const ProcessResult& r) {
-  std::ostringstream text;
-  text << "exit " << r.exit_code << (r.timed_out ? " (timed out)" : "") << " after " << r.seconds
-       << " s\n--- stdout ---\n" << r.out << "--- stderr ---\n" << r.err;
-  return text.str();
-}
+using test_run::concat;
+using test_run::describe;
+using test_run::hp_train;
 
 using testing::HasSubstr;
 using testing::Not;

@@ -18,6 +18,7 @@
 #include "hp/util/error.h"
 #include "tests/nn/gpt_sensitivity.h"
 #include "tests/support/rounding_bounds.h"
+#include "tests/tp/tp_test_util.h"
 
 namespace hp {
 namespace {
@@ -36,7 +37,8 @@ nn::GPTConfig small_config() {
   return config;
 }
 
-DeviceMeshPtr tp_mesh() { return init_device_mesh("cpu", {dist::get_world_size()}, {"tp"}); }
+using test::tp_mesh;
+using test::whole;
 
 // A model with parameters drawn from `seed` and unit-scale noise added (as the
 // PyTorch parity test does: at GPT-2's tiny initial weights every layer is
@@ -69,8 +71,6 @@ void load_into(nn::GPT& target, nn::GPT& source) {
   }
 }
 
-at::Tensor full_of(const at::Tensor& t) { return is_dtensor(t) ? full_tensor(t) : t; }
-
 TEST(GptTensorParallel, FusedQkvSplitGivesEachRankItsOwnHeads) {
   const nn::GPTConfig config = small_config();
   auto mesh = tp_mesh();
@@ -87,7 +87,7 @@ TEST(GptTensorParallel, FusedQkvSplitGivesEachRankItsOwnHeads) {
     // Names and global shapes are GPT-2's; the global values are the plain ones.
     ASSERT_TRUE(params.contains(p.key())) << p.key();
     EXPECT_EQ(params[p.key()].sizes(), p.value().sizes()) << p.key();
-    EXPECT_TRUE(at::equal(full_of(params[p.key()]), p.value())) << p.key();
+    EXPECT_TRUE(at::equal(whole(params[p.key()]), p.value())) << p.key();
   }
   if (n == 1) {
     // One rank needs no tensor parallelism: shard_module leaves the model.
@@ -196,8 +196,8 @@ TEST(GptTensorParallel, TrainsLikeOneProcess) {
     };
     const nn::Named want = nn::forward_backward(reference, idx, targets);
     const nn::Named got = nn::forward_backward(model, idx, targets);
-    EXPECT_TRUE(test::within_bound(full_of(got.at("logits")), want.at("logits"), bound("logits")));
-    EXPECT_TRUE(test::within_bound(full_of(got.at("loss")), want.at("loss"), bound("loss")));
+    EXPECT_TRUE(test::within_bound(whole(got.at("logits")), want.at("logits"), bound("logits")));
+    EXPECT_TRUE(test::within_bound(whole(got.at("loss")), want.at("loss"), bound("loss")));
     std::map<std::string, at::Tensor> before, grad_bound;
     for (const auto& p : model->named_parameters()) {
       const std::string g = "grad." + p.key();
@@ -205,8 +205,8 @@ TEST(GptTensorParallel, TrainsLikeOneProcess) {
         EXPECT_EQ(layout_of(p.value().grad()), layout_of(p.value())) << g;
       }
       grad_bound[p.key()] = bound(g);
-      EXPECT_TRUE(test::within_bound(full_of(got.at(g)), want.at(g), grad_bound[p.key()])) << g;
-      before[p.key()] = full_of(p.value()).detach().clone();
+      EXPECT_TRUE(test::within_bound(whole(got.at(g)), want.at(g), grad_bound[p.key()])) << g;
+      before[p.key()] = whole(p.value()).detach().clone();
     }
     opt.step();
     ref_opt.step();
@@ -214,7 +214,7 @@ TEST(GptTensorParallel, TrainsLikeOneProcess) {
     for (const auto& p : model->named_parameters()) {
       at::Tensor b = adam.step(p.key(), before.at(p.key()), want.at("grad." + p.key()),
                                grad_bound.at(p.key()));
-      EXPECT_TRUE(test::within_bound(full_of(p.value()), ref_params[p.key()], b)) << p.key();
+      EXPECT_TRUE(test::within_bound(whole(p.value()), ref_params[p.key()], b)) << p.key();
     }
   }
 }

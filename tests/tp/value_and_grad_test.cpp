@@ -22,6 +22,7 @@
 #include "tests/support/rounding_bounds.h"
 #include "tests/support/tensor_checks.h"
 #include "tests/tp/tp_mlp.h"
+#include "tests/tp/tp_test_util.h"
 
 namespace hp {
 namespace {
@@ -35,12 +36,8 @@ using test::within_bound;
 
 int64_t world() { return dist::get_world_size(); }
 
-DeviceMeshPtr tp_mesh() { return init_device_mesh("cpu", {world()}, {"tp"}); }
-
-at::Tensor whole(const at::Tensor& t) {
-  at::NoGradGuard no_grad;
-  return is_dtensor(t) ? full_tensor(t) : t.detach();
-}
+using test::tp_mesh;
+using test::whole;
 
 ShardingPlan mlp_plan(const Placements& output) {
   ShardingPlan plan;

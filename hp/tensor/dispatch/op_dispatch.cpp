@@ -106,9 +106,7 @@ bool log_redistributes() {
 }
 
 at::Tensor move_local(const OpInput& in, const Layout& target) {
-  if (in.layout == target) return in.local;
-  auto plan = plan_redistribute(in.layout.spec(), target.spec());
-  return execute_redistribute(*plan, in.local, *target.mesh(), in.shape);
+  return redistribute_local(in.local, in.layout, target, in.shape);
 }
 
 // Puts the (redistributed) local shards where the DTensor arguments were.
