@@ -12,7 +12,7 @@ namespace hp::bench {
 inline const std::vector<std::string>& row_names() {
   static const std::vector<std::string> names = {
       "single", "ddp", "fsdp", "fsdp_fused", "fsdp_fused_prefetch", "hsdp_fused_prefetch",
-      "tp", "torch_ddp", "torch_fsdp2"};
+      "tp", "fsdp_tp", "torch_ddp", "torch_fsdp2"};
   return names;
 }
 
