@@ -17,37 +17,43 @@ bool is_unsharded(const DimAlias& entry) {
 Layout::Layout(DeviceMeshPtr mesh, Placements placements)
     : Layout(std::move(mesh), ShardSpec{std::move(placements), {}}) {}
 
-Layout::Layout(DeviceMeshPtr mesh, ShardSpec spec) : mesh_(std::move(mesh)), spec_(std::move(spec)) {
+const ShardSpec& Layout::empty_spec() {
+  static const ShardSpec* empty = new ShardSpec();
+  return *empty;
+}
+
+Layout::Layout(DeviceMeshPtr mesh, ShardSpec spec) : mesh_(std::move(mesh)) {
   HP_CHECK_ARG(mesh_ != nullptr, "Layout: mesh must not be null");
-  HP_CHECK_ARG(static_cast<int64_t>(spec_.placements.size()) == mesh_->ndim(), "Layout: ",
-               spec_.placements.size(), " placements ", to_string(spec_.placements),
+  HP_CHECK_ARG(static_cast<int64_t>(spec.placements.size()) == mesh_->ndim(), "Layout: ",
+               spec.placements.size(), " placements ", to_string(spec.placements),
                " given for a ", mesh_->ndim(), "-d mesh ", to_string(mesh_->dim_names()),
                "; expected one placement per mesh dim");
-  for (const auto& [dim, mesh_dims] : spec_.orders) {
+  for (const auto& [dim, mesh_dims] : spec.orders) {
     std::vector<int64_t> expected;
     for (int64_t m = 0; m < mesh_->ndim(); ++m) {
-      if (spec_.placements[m].is_shard(dim)) expected.push_back(m);
+      if (spec.placements[m].is_shard(dim)) expected.push_back(m);
     }
     std::vector<int64_t> sorted = mesh_dims;
     std::sort(sorted.begin(), sorted.end());
     HP_CHECK_ARG(sorted == expected, "Layout: shard order ", to_string(mesh_dims),
                  " of tensor dim ", dim, " must list exactly the mesh dims ",
-                 to_string(expected), " that shard it under ", to_string(spec_.placements));
+                 to_string(expected), " that shard it under ", to_string(spec.placements));
   }
   for (int64_t m = 0; m < mesh_->ndim(); ++m) {
-    const Placement& p = spec_.placements[m];
+    const Placement& p = spec.placements[m];
     if (!p.is_strided_shard()) continue;
     HP_CHECK_ARG(p.split_factor() >= 2, "Layout: ", p.str(), " on mesh dim '",
                  mesh_->dim_names()[m], "' needs a split factor of at least 2");
     for (int64_t o = 0; o < mesh_->ndim(); ++o) {
-      const Placement& q = spec_.placements[o];
+      const Placement& q = spec.placements[o];
       HP_CHECK_ARG(o == m || !q.is_sharded() || q.dim() != p.dim(), "Layout: ", p.str(),
                    " on mesh dim '", mesh_->dim_names()[m], "' and ", q.str(), " on mesh dim '",
                    mesh_->dim_names()[o], "' shard the same tensor dim; a strided shard must be ",
                    "the only one on its dim");
     }
   }
-  spec_.canonicalize();
+  spec.canonicalize();
+  spec_ = std::make_shared<const ShardSpec>(std::move(spec));
 }
 
 Layout Layout::from_alias(DeviceMeshPtr mesh, const AliasPlacements& alias) {
@@ -94,8 +100,8 @@ Layout Layout::from_tensor_map(DeviceMeshPtr mesh,
 
 AliasPlacements Layout::alias_placements(int64_t tensor_ndim) const {
   for (int64_t m = 0; m < mesh_->ndim(); ++m) {
-    HP_CHECK_ARG(!spec_.placements[m].is_partial(), "the alias form cannot express ",
-                 spec_.placements[m].str(), " on mesh dim '", mesh_->dim_names()[m], "' of ",
+    HP_CHECK_ARG(!spec().placements[m].is_partial(), "the alias form cannot express ",
+                 spec().placements[m].str(), " on mesh dim '", mesh_->dim_names()[m], "' of ",
                  str());
   }
   Layout norm = normalized(tensor_ndim);
@@ -127,15 +133,24 @@ std::vector<std::vector<int64_t>> Layout::tensor_map(int64_t tensor_ndim) const 
 int64_t Layout::repeat_num() const {
   int64_t n = 1;
   for (int64_t m = 0; m < mesh_->ndim(); ++m) {
-    if (spec_.placements[m].is_replicate()) n *= mesh_->size(m);
+    if (spec().placements[m].is_replicate()) n *= mesh_->size(m);
   }
   return n;
 }
 
 Layout Layout::normalized(int64_t tensor_ndim) const {
+  const ShardSpec& own = this->spec();
+  const bool resolved =
+      std::all_of(own.placements.begin(), own.placements.end(),
+                  [&](const Placement& p) {
+                    return !p.is_sharded() || (p.dim() >= 0 && p.dim() < tensor_ndim);
+                  }) &&
+      std::all_of(own.orders.begin(), own.orders.end(),
+                  [](const auto& entry) { return entry.first >= 0; });
+  if (resolved) return *this;  // shares the spec: nothing to allocate
   ShardSpec spec;
-  for (int64_t m = 0; m < static_cast<int64_t>(spec_.placements.size()); ++m) {
-    const Placement& p = spec_.placements[m];
+  for (int64_t m = 0; m < static_cast<int64_t>(own.placements.size()); ++m) {
+    const Placement& p = own.placements[m];
     if (!p.is_sharded()) {
       spec.placements.push_back(p);
       continue;
@@ -145,7 +160,7 @@ Layout Layout::normalized(int64_t tensor_ndim) const {
                  " dims; expected -", tensor_ndim, " <= dim < ", tensor_ndim);
     spec.placements.push_back(p.with_dim(p.dim() < 0 ? p.dim() + tensor_ndim : p.dim()));
   }
-  for (const auto& [dim, order] : spec_.orders) {
+  for (const auto& [dim, order] : own.orders) {
     spec.orders[dim < 0 ? dim + tensor_ndim : dim] = order;
   }
   return Layout(mesh_, std::move(spec));
@@ -154,11 +169,11 @@ Layout Layout::normalized(int64_t tensor_ndim) const {
 std::string Layout::str() const {
   if (!mesh_) return "Layout(undefined)";
   return cat("Layout(mesh ", to_string(mesh_->dim_names()), " ", to_string(mesh_->shape()), ", ",
-             spec_.str(), ")");
+             spec().str(), ")");
 }
 
 bool Layout::operator==(const Layout& o) const {
-  if (spec_ != o.spec_) return false;
+  if (spec_ != o.spec_ && spec() != o.spec()) return false;
   if (mesh_ == o.mesh_) return true;
   return mesh_ && o.mesh_ && *mesh_ == *o.mesh_;
 }

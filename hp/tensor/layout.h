@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -40,11 +41,11 @@ class Layout {
 
   bool defined() const { return mesh_ != nullptr; }
   const DeviceMeshPtr& mesh() const { return mesh_; }
-  const Placements& placements() const { return spec_.placements; }
-  const ShardSpec& spec() const { return spec_; }
+  const Placements& placements() const { return spec().placements; }
+  const ShardSpec& spec() const { return spec_ ? *spec_ : empty_spec(); }
   // Mesh dims sharding `tensor_dim`, outermost first.
   std::vector<int64_t> mesh_dims_of(int64_t tensor_dim) const {
-    return spec_.mesh_dims_of(tensor_dim);
+    return spec().mesh_dims_of(tensor_dim);
   }
 
   AliasPlacements alias_placements(int64_t tensor_ndim) const;
@@ -64,8 +65,12 @@ class Layout {
   bool operator!=(const Layout& o) const { return !(*this == o); }
 
  private:
+  static const ShardSpec& empty_spec();
+
   DeviceMeshPtr mesh_;
-  ShardSpec spec_;
+  // Immutable once built and shared by copies: every op on a DTensor copies
+  // layouts (its inputs', its outputs'), which then allocates nothing.
+  std::shared_ptr<const ShardSpec> spec_;
 };
 
 }  // namespace hp

@@ -55,10 +55,20 @@ Span shard_span(int64_t length, const ShardSpec& spec, int64_t tensor_dim,
     Span piece = chunk_span(length / k, mesh_shape[m], coordinate[m]);
     return {piece.offset, k * piece.size};
   }
+  // Level by level, outermost first (mesh_dims_of's order, without its
+  // vector: this runs for every dim of every op on a DTensor).
   Span span{0, length};
-  for (int64_t m : spec.mesh_dims_of(tensor_dim)) {
+  auto split = [&](int64_t m) {
     Span piece = chunk_span(span.size, mesh_shape[m], coordinate[m]);
     span = {span.offset + piece.offset, piece.size};
+  };
+  auto order = spec.orders.find(tensor_dim);
+  if (order != spec.orders.end()) {
+    for (int64_t m : order->second) split(m);
+  } else {
+    for (size_t m = 0; m < spec.placements.size(); ++m) {
+      if (spec.placements[m].is_shard(tensor_dim)) split(static_cast<int64_t>(m));
+    }
   }
   return span;
 }

@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
@@ -163,15 +164,15 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::St
   if (!rule) throw_unsupported(call);
   if (!rule->strided_aware) {
     for (OpInput& in : call.inputs()) {
-      ShardSpec spec = in.layout.spec();
-      bool strided = false;
-      for (auto& p : spec.placements) {
-        if (p.is_strided_shard()) {
-          p = Replicate();
-          strided = true;
-        }
+      const Placements& placements = in.layout.placements();
+      if (std::none_of(placements.begin(), placements.end(),
+                       [](const Placement& p) { return p.is_strided_shard(); })) {
+        continue;
       }
-      if (!strided) continue;
+      ShardSpec spec = in.layout.spec();
+      for (auto& p : spec.placements) {
+        if (p.is_strided_shard()) p = Replicate();
+      }
       Layout plain(in.layout.mesh(), std::move(spec));
       in.local = move_local(in, plain);
       in.layout = plain;

@@ -12,15 +12,15 @@ namespace hp::dispatch {
 
 namespace {
 
-int64_t shard_count(const Layout& layout, int64_t tensor_dim) {
-  int64_t n = 1;
-  for (int64_t m : layout.mesh_dims_of(tensor_dim)) n *= layout.mesh()->size(m);
-  return n;
-}
-
 // Output layout with each Shard(d) renamed by `map` (-1: the dim is gone,
 // which must not be sharded). Partial and Replicate carry over.
 Layout remap(const Layout& in, const std::vector<int64_t>& map) {
+  // The common case (a view that keeps the sharded dims where they are)
+  // shares the input's spec instead of building an equal one.
+  bool identity = true;
+  for (const auto& p : in.placements()) identity &= !p.is_sharded() || map.at(p.dim()) == p.dim();
+  for (const auto& entry : in.spec().orders) identity &= map.at(entry.first) == entry.first;
+  if (identity) return in;
   ShardSpec spec;
   spec.placements = in.placements();
   for (auto& p : spec.placements) {
@@ -114,9 +114,15 @@ std::pair<Layout, Layout> plan_view(const Layout& in_layout, const Shape& in, co
       }
     }
     for (int64_t d = i0; d < i; ++d) {
-      if (in_layout.mesh_dims_of(d).empty()) continue;
-      const int64_t n = shard_count(in_layout, d);
-      const bool one_mesh_dim = in_layout.mesh_dims_of(d).size() == 1;
+      // Plain Shard(d) placements: how many, and the ranks they split over.
+      int64_t levels = 0, n = 1;
+      for (int64_t m = 0; m < in_layout.mesh()->ndim(); ++m) {
+        if (!in_layout.placements()[m].is_shard(d)) continue;
+        ++levels;
+        n *= in_layout.mesh()->size(m);
+      }
+      if (levels == 0) continue;
+      const bool one_mesh_dim = levels == 1;
       if (gi == 1 && go == 1) {
         map[d] = o0;
       } else if (gi == 1 && out[o0] % n == 0) {
@@ -415,7 +421,7 @@ OpPlan join_rule(OpCall& call, bool stack) {
   if (!stack) target = unshard_dim(target, dim);
   OpPlan plan;
   Shape out = ins[0].shape;
-  for (const auto& in : ins) plan.inputs.push_back(target);
+  plan.inputs.assign(ins.size(), target);
   if (stack) {
     out.insert(out.begin() + dim, static_cast<int64_t>(ins.size()));
     std::vector<int64_t> map(nd);
