@@ -82,6 +82,17 @@ class ReplayRng {
   RngStates before_;
 };
 
+// Recomputations running on this thread (one inside another when a
+// checkpointed module contains one).
+thread_local int recomputing = 0;
+
+struct Recomputing {
+  Recomputing() { ++recomputing; }
+  ~Recomputing() { --recomputing; }
+  Recomputing(const Recomputing&) = delete;
+  Recomputing& operator=(const Recomputing&) = delete;
+};
+
 // What backward needs besides the saved inputs.
 struct Recompute : torch::CustomClassHolder {
   Recompute(ForwardBody body, RngStates rng, std::string name)
@@ -126,6 +137,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     TensorList outputs;
     {
       ReplayRng replay(recompute->rng);
+      Recomputing recomputing_now;
       at::AutoGradMode grad_mode(true);
       TensorList args = leaves;
       outputs = recompute->body(args);
@@ -200,6 +212,8 @@ void set_activation_checkpointing(Module& module, bool enabled) {
   });
   module.set_attachment(kCheckpointAttachment, std::make_shared<bool>(true));
 }
+
+bool in_recomputation() { return recomputing > 0; }
 
 bool is_activation_checkpointed(const Module& module) {
   return module.attachment<bool>(kCheckpointAttachment) != nullptr;

@@ -48,4 +48,9 @@ TensorList checkpointed(const ForwardBody& body, const TensorList& inputs);
 void set_activation_checkpointing(Module& module, bool enabled = true);
 bool is_activation_checkpointed(const Module& module);
 
+// True on the thread while a checkpointed forward is being recomputed in
+// backward: every module called now has its backward run right after
+// (fully_shard keeps a nested unit's parameters gathered for it).
+bool in_recomputation();
+
 }  // namespace hp::nn
