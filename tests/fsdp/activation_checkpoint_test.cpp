@@ -5,8 +5,10 @@
 // same collectives in the same order), with prefetch, reshard_after_forward
 // and comm_fusion variants, dropout and bf16 mixed precision; the unit's
 // pre-backward gather serves the recomputation (no extra all-gather); peak
-// memory goes down; an error inside the recomputation leaves the tree as
-// if the step had not happened. CTest runs it on 2, 3 and 4 ranks.
+// memory goes down; units nested inside a checkpointed block gather once
+// for the recomputation and their backward; an error inside the
+// recomputation leaves the tree as if the step had not happened. CTest runs
+// it on 2, 3 and 4 ranks.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
