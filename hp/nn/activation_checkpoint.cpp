@@ -123,8 +123,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
-    auto recompute = c10::static_intrusive_pointer_cast<Recompute>(
-        ctx->saved_data.at("recompute").toCapsule());
+    auto recompute =
+        c10::static_intrusive_pointer_cast<Recompute>(ctx->saved_data.at("recompute").toCapsule());
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
     // Leaves of the recomputed graph: backward through it stops at them and
     // leaves their gradients in .grad.
@@ -142,9 +142,10 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       TensorList args = leaves;
       outputs = recompute->body(args);
     }
-    HP_CHECK_ARG(outputs.size() == grad_outputs.size(), "activation checkpointing: the "
-                 "recomputed forward of ", recompute->name, " returned ", outputs.size(),
-                 " outputs, but the forward returned ", grad_outputs.size());
+    HP_CHECK_ARG(outputs.size() == grad_outputs.size(),
+                 "activation checkpointing: the recomputed forward of ", recompute->name,
+                 " returned ", outputs.size(), " outputs, but the forward returned ",
+                 grad_outputs.size());
     TensorList roots, grads;
     for (size_t i = 0; i < outputs.size(); ++i) {
       if (outputs[i].defined() && outputs[i].requires_grad() && grad_outputs[i].defined()) {
@@ -168,8 +169,8 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   }
 };
 
-TensorList checkpointed_call(const ForwardBody& body, const TensorList& inputs,
-                             std::string name, std::shared_ptr<torch::nn::Module> owner) {
+TensorList checkpointed_call(const ForwardBody& body, const TensorList& inputs, std::string name,
+                             std::shared_ptr<torch::nn::Module> owner) {
   if (!at::GradMode::is_enabled()) {
     TensorList args = inputs;
     return body(args);

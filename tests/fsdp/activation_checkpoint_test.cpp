@@ -9,6 +9,8 @@
 // for the recomputation and their backward; an error inside the
 // recomputation leaves the tree as if the step had not happened. CTest runs
 // it on 2, 3 and 4 ranks.
+#include "hp/nn/activation_checkpoint.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -18,7 +20,6 @@
 #include <vector>
 
 #include "hp/dist/comm_stats.h"
-#include "hp/nn/activation_checkpoint.h"
 #include "hp/util/memory_stats.h"
 #include "tests/fsdp/gpt_fixture.h"
 
@@ -278,12 +279,13 @@ TEST(ActivationCheckpointFSDP, KeepsOnlyBlockInputsAndLowersThePeak) {
     ckpt->zero_grad();
     ckpt_memory = measure(ckpt, tokens);
   }
-  std::printf("[rank %d] block keeps %lld bytes; after forward: %lld without checkpointing, %lld "
-              "with; peak %lld without, %lld with\n",
-              dist::get_rank(), static_cast<long long>(block_saved),
-              static_cast<long long>(plain_memory.after_forward),
-              static_cast<long long>(ckpt_memory.after_forward),
-              static_cast<long long>(plain_memory.peak), static_cast<long long>(ckpt_memory.peak));
+  std::printf(
+      "[rank %d] block keeps %lld bytes; after forward: %lld without checkpointing, %lld "
+      "with; peak %lld without, %lld with\n",
+      dist::get_rank(), static_cast<long long>(block_saved),
+      static_cast<long long>(plain_memory.after_forward),
+      static_cast<long long>(ckpt_memory.after_forward), static_cast<long long>(plain_memory.peak),
+      static_cast<long long>(ckpt_memory.peak));
   // A checkpointed block keeps its input (alive anyway as the previous
   // block's output) and its generator state (the CPU generator's 5056
   // bytes), instead of what the probe measured. The counters are

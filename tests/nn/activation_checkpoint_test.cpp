@@ -4,6 +4,8 @@
 // generator), for several AdamW steps; the generators continue as without
 // checkpointing; parameters reached only through the checkpointed body get
 // gradients; errors name the module.
+#include "hp/nn/activation_checkpoint.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -11,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "hp/nn/activation_checkpoint.h"
 #include "hp/nn/gpt.h"
 #include "hp/nn/loss.h"
 #include "hp/util/error.h"
@@ -165,10 +166,11 @@ TEST(ActivationCheckpointingModule, ErrorInTheRecomputationReachesBackward) {
   GPT model = make_gpt(0.0, true);
   Block block = model->blocks()[0];
   bool fail = false;
-  block->mlp->register_forward_pre_hook([&](Module&, const TensorList&) -> std::optional<TensorList> {
-    if (fail) throw std::runtime_error("mlp refuses to run again");
-    return std::nullopt;
-  });
+  block->mlp->register_forward_pre_hook(
+      [&](Module&, const TensorList&) -> std::optional<TensorList> {
+        if (fail) throw std::runtime_error("mlp refuses to run again");
+        return std::nullopt;
+      });
   at::Tensor t = tokens(2);
   at::Tensor loss = cross_entropy(model(t.narrow(1, 0, 12)), t.narrow(1, 1, 12));
   fail = true;
