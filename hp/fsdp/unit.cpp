@@ -6,6 +6,7 @@
 
 #include "hp/dist/world.h"
 #include "hp/fsdp/storage.h"
+#include "hp/nn/activation_checkpoint.h"
 #include "hp/util/error.h"
 #include "hp/util/trace.h"
 
@@ -292,8 +293,10 @@ std::optional<nn::TensorList> Unit::post_forward(nn::Module& module,
     });
   }
   state_ = State::kAfterForward;
-  // The root's parameters would be gathered again right away for backward.
-  if (root_of_others() || keep_over == 1) return replaced;
+  // The root's parameters would be gathered again right away for backward,
+  // and so would a unit's that runs inside a checkpointed module's
+  // recomputation (its backward follows at once: one gather serves both).
+  if (root_of_others() || keep_over == 1 || nn::in_recomputation()) return replaced;
   if (regather_group_) {
     group_.keep_for_regather(keep_over, mesh_.shard_rank % keep_over);
   } else {

@@ -401,6 +401,31 @@ TEST(HpTrain, TensorParallelModesMatchOneProcessAtStepZero) {
   EXPECT_THAT(r.err + r.out, HasSubstr("must be divisible by the tensor-parallel size 4"));
 }
 
+// --activation-checkpointing blocks recomputes every block in backward:
+// the same kernels on the same values, so every mode's losses equal its
+// own run without checkpointing bit for bit.
+TEST(HpTrain, ActivationCheckpointingKeepsTheLossesOfDataParallelModes) {
+  TempDir dir;
+  const Args blocks = {"--activation-checkpointing", "blocks"};
+  for (const auto& [ranks, mode] : std::vector<std::pair<int, Args>>{
+           {0, {"--mode", "none"}}, {2, {"--mode", "fsdp"}}, {2, {"--mode", "ddp"}}}) {
+    const Args args = concat(concat(kTiny, {"--sample-tokens", "0"}), mode);
+    const std::string name = mode[1];
+    const std::vector<double> without = losses(ranks, args, dir, name);
+    ASSERT_EQ(without.size(), 5u) << name;
+    EXPECT_EQ(losses(ranks, concat(args, blocks), dir, name + "_ac"), without) << name;
+  }
+}
+
+TEST(HpTrain, ActivationCheckpointingKeepsTheLossesOfTensorParallelism) {
+  TempDir dir;
+  const Args tp = concat(kTiny, {"--mode", "tp", "--mesh", "2", "--sample-tokens", "0"});
+  const std::vector<double> without = losses(2, tp, dir, "tp");
+  ASSERT_EQ(without.size(), 5u);
+  EXPECT_EQ(losses(2, concat(tp, {"--activation-checkpointing", "blocks"}), dir, "tp_ac"),
+            without);
+}
+
 TEST(HpTrain, InitFromMismatchFailsEveryRankWithTheName) {
   TempDir dir;
   nn::GPT model = tiny_model(99);
