@@ -5,6 +5,7 @@
 #include <functional>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include <fmt/format.h>
@@ -58,7 +59,7 @@ class Timeline {
     blocks_[id] = {term, bytes};
     live_.bytes[static_cast<int>(term)] += bytes;
     const int64_t total = live_.total();
-    if (total > peak_.terms.total()) peak_ = {live_, where_};
+    if (total > peak_.terms.total()) peak_ = {live_, where_, in_flight_};
     return id;
   }
   void free(Id& id) {
@@ -66,9 +67,16 @@ class Timeline {
     auto it = blocks_.find(id);
     if (it != blocks_.end()) {
       live_.bytes[static_cast<int>(it->second.first)] -= it->second.second;
+      if (in_flight_ids_.erase(id)) in_flight_ -= it->second.second;
       blocks_.erase(it);
     }
     id = kNone;
+  }
+  // Memory that only a collective in flight holds: freed when the backend
+  // completes it, which may be before the code waits for it.
+  void mark_in_flight(Id id) {
+    if (id == kNone || !in_flight_ids_.insert(id).second) return;
+    in_flight_ += blocks_.at(id).second;
   }
   void free_all(std::vector<Id>& ids) {
     for (Id& id : ids) free(id);
@@ -89,7 +97,7 @@ class Timeline {
   }
   void at(std::string where) { where_ = std::move(where); }
   // The step starts: what is live now is the baseline of its peak.
-  void start_peak() { peak_ = {live_, where_}; }
+  void start_peak() { peak_ = {live_, where_, in_flight_}; }
   const StepPeak& peak() const { return peak_; }
   int64_t live_total() const { return live_.total(); }
 
@@ -97,6 +105,8 @@ class Timeline {
   std::unordered_map<Id, std::pair<Term, int64_t>> blocks_;
   Id next_ = 0;
   Breakdown live_;
+  std::unordered_set<Id> in_flight_ids_;
+  int64_t in_flight_ = 0;
   StepPeak peak_;
   std::string where_ = "start of the step";
 };
@@ -511,14 +521,14 @@ class StepSimulator {
 
   // --- gradients arriving (fully_shard's post-accumulate hook) ---
   Reduction* push_reduction(Reduction r) {
-    // Gloo runs a group's collectives one after the other: by the time the
-    // next reduce-scatter is issued, the one before has completed.
-    for (auto& old : reductions_) scatter_done(old);
     // A low-precision reduce-scatter sums what it received in fp32 (the
     // pieces cast, then their sum) on the backend's thread, while the next
     // unit computes: counted from issue to completion.
     if (!r.scattered && s_.er != kFp32) {
       r.sum = t_.alloc(Term::kCommunication, (r.received + r.numel) * kFp32);
+    }
+    if (!r.scattered) {
+      for (Id id : {r.input, r.scratch, r.sum}) t_.mark_in_flight(id);
     }
     reductions_.push_back(std::move(r));
     return &reductions_.back();
@@ -589,6 +599,7 @@ class StepSimulator {
     }
     const bool first_arrival = u.arrived++ == 0;
     const bool last = u.arrived == static_cast<int>(u.params.size());
+
     const int stages = s_.replicas > 1 ? 1 : 0;
     if (!s_.o.comm_fusion) {
       if (first_arrival) advance_reductions(/*all=*/true);  // complete_before(wave)
@@ -973,6 +984,8 @@ std::string format_plan(const MemoryPlan& plan) {
   }
   out += fmt::format("  {:<14} {:>12} {:>12}\n", "peak", mib(plan.steady.terms.total()),
                      mib(plan.first_step.terms.total()));
+  out += fmt::format("  {:<14} {:>12} {:>12}\n", "  in flight", mib(plan.steady.in_flight_bytes),
+                     mib(plan.first_step.in_flight_bytes));
   out += fmt::format("  steady step peaks at: {}\n  first step peaks at: {}\n", plan.steady.where,
                      plan.first_step.where);
   out += fmt::format("  between steps: {} MiB; predicted peak: {} MiB", mib(plan.between_steps_bytes),

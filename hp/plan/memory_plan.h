@@ -79,6 +79,12 @@ struct Breakdown {
 struct StepPeak {
   Breakdown terms;    // what is live at the step's highest point
   std::string where;  // e.g. "loss backward (log_softmax)", "backward of h.1"
+  // The part of `terms` (communication) that only reduce-scatters in flight
+  // hold: their inputs and receive buffers, which the backend frees when it
+  // completes them. The plan keeps them until the code waits (the highest
+  // a step can reach); a step whose collectives finished sooner peaks up to
+  // this much lower.
+  int64_t in_flight_bytes = 0;
 };
 
 struct MemoryPlan {

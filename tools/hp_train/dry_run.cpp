@@ -58,6 +58,7 @@ std::string plan_json(const plan::MemoryPlan& plan) {
     out[std::string(plan::term_name(static_cast<plan::Term>(i))) + "_bytes"] = peak.terms.bytes[i];
   }
   out["peak_at"] = peak.where;
+  out["in_flight_bytes"] = peak.in_flight_bytes;
   out["steady_step_peak_bytes"] = plan.steady.terms.total();
   out["first_step_peak_bytes"] = plan.first_step.terms.total();
   out["between_steps_bytes"] = plan.between_steps_bytes;
