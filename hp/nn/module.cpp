@@ -52,18 +52,19 @@ HookHandle Module::register_forward_error_hook(ForwardErrorHook hook) {
 }
 
 bool Module::has_forward_hooks() const {
-  return !hooks_->pre.empty() || !hooks_->post.empty() || !hooks_->error.empty();
+  return !hooks_->pre.empty() || !hooks_->post.empty() || !hooks_->error.empty() ||
+         static_cast<bool>(wrapper_);
 }
 
-TensorList Module::run_hooked(TensorList inputs,
-                              const std::function<TensorList(TensorList&)>& body) {
+TensorList Module::run_hooked(TensorList inputs, const ForwardBody& body) {
   // Copies: a hook may remove itself (or others) while running.
   auto pre = hooks_->pre;
   try {
     for (auto& [id, hook] : pre) {
       if (auto replaced = hook(*this, inputs)) inputs = std::move(*replaced);
     }
-    TensorList outputs = body(inputs);
+    // A copy: the wrapper may be replaced while it runs.
+    TensorList outputs = wrapper_ ? ForwardWrapper(wrapper_)(*this, inputs, body) : body(inputs);
     auto post = hooks_->post;
     for (auto& [id, hook] : post) {
       if (auto replaced = hook(*this, inputs, outputs)) outputs = std::move(*replaced);

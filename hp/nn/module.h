@@ -18,6 +18,10 @@
 // parameters) can be released: PyTorch's always_call forward hooks serve the
 // same purpose.
 //
+// A forward wrapper, when set, runs in place of the plain call of forward,
+// inside the hooks: activation checkpointing (hp/nn/activation_checkpoint.h)
+// runs forward through an autograd function that recomputes it in backward.
+//
 // Hooks see the tensor arguments and outputs as flat lists; forward may take
 // any number of at::Tensor arguments (an undefined tensor stands for "none")
 // and return at::Tensor, std::tuple<at::Tensor...> or std::vector<at::Tensor>.
@@ -56,6 +60,14 @@ using ForwardHook = std::function<std::optional<TensorList>(
 // needs to see).
 using ForwardErrorHook = std::function<void(Module&, const std::exception_ptr& error)>;
 
+// The module's forward over its inputs as a list (no hooks).
+using ForwardBody = std::function<TensorList(TensorList& inputs)>;
+// Runs `body` on `inputs` for the module, in place of calling it directly.
+// It may keep a copy of `body` (valid while the module lives) and call it
+// again later, e.g. during backward.
+using ForwardWrapper =
+    std::function<TensorList(Module&, TensorList& inputs, const ForwardBody& body)>;
+
 // Removes its hook when remove() is called (not on destruction, as PyTorch).
 class HookHandle {
  public:
@@ -78,11 +90,17 @@ class Module : public torch::nn::Module {
   HookHandle register_forward_pre_hook(ForwardPreHook hook, bool prepend = false);
   HookHandle register_forward_hook(ForwardHook hook, bool prepend = false);
   HookHandle register_forward_error_hook(ForwardErrorHook hook);
+  // Hooks or a forward wrapper: a call must go through run_hooked.
   bool has_forward_hooks() const;
 
-  // Runs the hooks around `body` (and the error hooks if anything in it
-  // raises). Used by call(); rarely needed directly.
-  TensorList run_hooked(TensorList inputs, const std::function<TensorList(TensorList&)>& body);
+  // One wrapper per module; an empty one removes it.
+  void set_forward_wrapper(ForwardWrapper wrapper) { wrapper_ = std::move(wrapper); }
+  bool has_forward_wrapper() const { return static_cast<bool>(wrapper_); }
+
+  // Runs the hooks around `body` (through the forward wrapper, if one is
+  // set), and the error hooks if anything in it raises. Used by call();
+  // rarely needed directly.
+  TensorList run_hooked(TensorList inputs, const ForwardBody& body);
 
   // A typed slot other layers use to attach their per-module state (e.g.
   // fully_shard's unit), so that it lives and dies with the module.
@@ -98,6 +116,7 @@ class Module : public torch::nn::Module {
  private:
   struct Hooks;
   std::shared_ptr<Hooks> hooks_;
+  ForwardWrapper wrapper_;
   std::map<std::string, std::shared_ptr<void>> attachments_;
 };
 

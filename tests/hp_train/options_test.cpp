@@ -122,6 +122,10 @@ TEST(Flags, ValuesAreParsed) {
   EXPECT_EQ(defaults.reshard_after_forward, -1);
   EXPECT_EQ(defaults.param_dtype, "fp32");
   EXPECT_EQ(defaults.reduce_dtype, "");
+  EXPECT_EQ(defaults.activation_checkpointing, "none");
+  EXPECT_EQ(parse_command_line({"--activation-checkpointing", "blocks"})
+                .options.activation_checkpointing,
+            "blocks");
   EXPECT_TRUE(defaults.fully_shard_flags.empty());
   const TrainOptions perf =
       parse_command_line({"--no-comm-fusion", "--no-prefetch", "--reshard-after-forward", "2",
@@ -193,6 +197,8 @@ TEST(Flags, BadValuesNameFlagValueAndExpectation) {
        "--param-dtype fp16 is not supported: libtorch's CPU kernels have no fp16 matmul, "
        "LayerNorm"},
       {{"--reduce-dtype", "int8"}, "--reduce-dtype must be one of bf16, fp16, fp32, got 'int8'"},
+      {{"--activation-checkpointing", "all"},
+       "--activation-checkpointing must be one of none, blocks, got 'all'"},
       {{"--bogus"}, "unknown flag '--bogus'; see hp-train --help"},
       {{"--step", "10"}, "unknown flag '--step' (did you mean --steps?)"},
       {{"--lr=1e-3", "--layer=2"}, "unknown flag '--layer' (did you mean --layers?)"},

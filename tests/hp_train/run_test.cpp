@@ -372,6 +372,31 @@ TEST(HpTrain, TensorParallelMatchesOneProcessAtStepZero) {
                                        "to --mode tp"));
 }
 
+// --activation-checkpointing blocks recomputes every block in backward:
+// the same kernels on the same values, so every mode's losses equal its
+// own run without checkpointing bit for bit.
+TEST(HpTrain, ActivationCheckpointingKeepsTheLossesOfDataParallelModes) {
+  TempDir dir;
+  const Args blocks = {"--activation-checkpointing", "blocks"};
+  for (const auto& [ranks, mode] : std::vector<std::pair<int, Args>>{
+           {0, {"--mode", "none"}}, {2, {"--mode", "fsdp"}}, {2, {"--mode", "ddp"}}}) {
+    const Args args = concat(kTiny, mode);
+    const std::string name = mode[1];
+    const std::vector<double> without = losses(ranks, args, dir, name);
+    ASSERT_EQ(without.size(), 5u) << name;
+    EXPECT_EQ(losses(ranks, concat(args, blocks), dir, name + "_ac"), without) << name;
+  }
+}
+
+TEST(HpTrain, ActivationCheckpointingKeepsTheLossesOfTensorParallelism) {
+  TempDir dir;
+  const Args tp = concat(kTiny, {"--mode", "tp", "--mesh", "2"});
+  const std::vector<double> without = losses(2, tp, dir, "tp");
+  ASSERT_EQ(without.size(), 5u);
+  EXPECT_EQ(losses(2, concat(tp, {"--activation-checkpointing", "blocks"}), dir, "tp_ac"),
+            without);
+}
+
 TEST(HpTrain, InitFromMismatchFailsEveryRankWithTheName) {
   TempDir dir;
   nn::GPT model = tiny_model(99);

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "hp/mesh/device_mesh.h"
+#include "hp/nn/activation_checkpoint.h"
 #include "hp/tp/gpt_plan.h"
 #include "hp/tp/shard_module.h"
 
@@ -22,6 +23,11 @@ at::ScalarType dtype_of(const std::string& name) {
 
 std::optional<FSDPModule> parallelize(nn::GPT& model, const Parallelism& parallelism,
                                       const TrainOptions& train) {
+  // The checkpointed call runs inside the hooks fully_shard and the
+  // tensor-parallel plan install, whichever comes first.
+  if (train.activation_checkpointing == "blocks") {
+    for (const nn::Block& block : model->blocks()) nn::set_activation_checkpointing(*block.ptr());
+  }
   if (parallelism.mode == Mode::kNone) return std::nullopt;
   if (parallelism.mode == Mode::kTP) {
     auto mesh = init_device_mesh("cpu", parallelism.mesh_shape, parallelism.mesh_names);

@@ -20,6 +20,7 @@ namespace hp::train {
 // The performance flags (--comm-fusion, --no-prefetch,
 // --reshard-after-forward, --param-dtype, --reduce-dtype) set every unit's
 // options; with a low-precision param dtype the root returns fp32 logits.
+// --activation-checkpointing blocks checkpoints every block, in every mode.
 std::optional<FSDPModule> parallelize(nn::GPT& model, const Parallelism& parallelism,
                                       const TrainOptions& options);
 

@@ -29,6 +29,9 @@ std::string header_text(const TrainOptions& o, const Parallelism& parallelism,
         o.comm_fusion ? "on" : "off (per-parameter collectives)", o.prefetch ? "on" : "off",
         reshard, o.param_dtype, o.reduce_dtype.empty() ? o.param_dtype : o.reduce_dtype);
   }
+  if (o.activation_checkpointing == "blocks") {
+    text += "  blocks: activation checkpointing (each recomputed in backward)\n";
+  }
   text += fmt::format("  corpus: {}\n", corpus.description);
   text += fmt::format("  batch:  {} x {} tokens per step ({} per rank), {}\n", o.batch, o.seq,
                       plural(per_rank, "sample"), plural(o.steps, "step"));

@@ -338,6 +338,11 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
          "bf16|fp32", kComputeDtype);
   option("--reduce-dtype", o.reduce_dtype, "gradient reduction dtype (default: --param-dtype)",
          "bf16|fp16|fp32", one_of({"bf16", "fp16", "fp32"}));
+  option("--activation-checkpointing", o.activation_checkpointing,
+         "blocks: keep only each block's input from forward and recompute the block in "
+         "backward (less memory, about one more forward of compute); any --mode "
+         "(default none)",
+         "none|blocks", one_of({"none", "blocks"}));
   option("--trace", o.trace,
          "Chrome trace JSON per rank: FILE with .rank<r> before the extension; every rank's "
          "timestamps count from the same instant",

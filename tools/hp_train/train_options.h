@@ -76,6 +76,10 @@ struct TrainOptions {
   // "--no-comm-fusion"): --mode none refuses them rather than ignore them.
   std::vector<std::string> fully_shard_flags;
 
+  // Activation checkpointing (hp/nn/activation_checkpoint.h): "blocks"
+  // recomputes every block's forward in backward; any mode.
+  std::string activation_checkpointing = "none";  // --activation-checkpointing none|blocks
+
   int threads = 1;
   int64_t log_every = 20;
   int64_t sample_tokens = 200;  // 0: no sample
