@@ -45,6 +45,9 @@ namespace {
 constexpr int64_t kInt64 = 8;
 constexpr int64_t kFp32 = 4;
 constexpr int64_t kFp64 = 8;
+// What a checkpointed call keeps to replay randomness: the CPU generator's
+// state as a byte tensor (docs/design.md, "Activation checkpointing").
+constexpr int64_t kCpuGeneratorState = 5056;
 
 // The live tensors of one simulated step, by term, and the highest total
 // seen with what made it up.
@@ -498,7 +501,11 @@ class StepSimulator {
       BlockActs a = block_forward();
       outputs_.push_back(t_.alloc(A, nd()));
       if (s_.o.checkpointing == Checkpointing::kBlocks) {
-        free_block(a);  // recomputed in backward
+        // Computed without autograd: nothing inside the block stays but the
+        // generator's state for the recomputation; its input (the previous
+        // output) is alive anyway.
+        free_block(a);
+        rng_states_.push_back(t_.alloc(A, kCpuGeneratorState));
       }
       acts_.push_back(a);
       post_forward(i);
@@ -698,11 +705,13 @@ class StepSimulator {
     Unit& u = units_[index];
     Term A = Term::kActivations;
     pre_backward(index);
+    // Checkpointed: the forward runs again with autograd, and its output
+    // stays until the inner backward through it is done.
+    Id recomputed = Timeline::kNone;
     if (s_.o.checkpointing == Checkpointing::kBlocks) {
       t_.at(fmt::format("backward of {} (recomputing its forward)", u.name));
       a = block_forward();
-      Id out = t_.alloc(A, nd());
-      t_.free(out);
+      recomputed = t_.alloc(A, nd());
       t_.at(fmt::format("backward of {}", u.name));
     }
     // mlp.c_proj
@@ -788,6 +797,8 @@ class StepSimulator {
     t_.free(dx_ln);
     t_.free(dh);
     grad_out = dx;
+    t_.free(recomputed);
+    if (!rng_states_.empty()) t_.free(rng_states_[index - 1]);
     finish_unit(u);
   }
 
@@ -892,6 +903,7 @@ class StepSimulator {
   std::deque<Reduction> reductions_;
   std::vector<Id> outputs_;  // embeddings' output, then each block's
   std::vector<BlockActs> acts_;
+  std::vector<Id> rng_states_;  // checkpointed blocks: the CPU generator's state each
   Id batch_ = -1, arange_ = -1, lnf_mean_ = -1, lnf_out_ = -1, logprobs_ = -1, loss_ = -1;
 };
 

@@ -168,6 +168,8 @@ TEST_F(MemoryPlanTest, OneProcess) {
   if (world_size() != 1) GTEST_SKIP() << "one process";
   check_case(fmt::format("--mode none --batch 8 {}", kActivationHeavy));
   check_case(fmt::format("--mode none --batch 2 {}", kParameterHeavy));
+  check_case(fmt::format("--mode none --batch 8 --activation-checkpointing blocks {}",
+                         kActivationHeavy));
 }
 
 TEST_F(MemoryPlanTest, FullyShardModes) {
@@ -182,6 +184,8 @@ TEST_F(MemoryPlanTest, FullyShardModes) {
       check_case("--mode fsdp --param-dtype bf16 " + shape);
       check_case("--mode ddp " + shape);
     }
+    check_case("--mode fsdp --activation-checkpointing blocks " + act);
+    check_case("--mode fsdp --param-dtype bf16 --activation-checkpointing blocks " + act);
     check_case("--mode fsdp --no-prefetch --reshard-after-forward false " + par);
     check_case("--mode fsdp --no-comm-fusion --param-dtype bf16 " + par);
     return;
@@ -194,6 +198,7 @@ TEST_F(MemoryPlanTest, FullyShardModes) {
     check_case(mesh + " " + act);
     check_case(mesh + " " + par);
     check_case(mesh + " --no-comm-fusion " + par);
+    check_case(mesh + " --activation-checkpointing blocks " + act);
   }
 }
 
@@ -203,6 +208,8 @@ TEST_F(MemoryPlanTest, TensorParallel) {
   // Every tp rank reads the same samples: the global batch is this rank's.
   check_case(fmt::format("--mode tp --batch 8 {}", kActivationHeavy));
   check_case(fmt::format("--mode tp --batch 2 {}", kParameterHeavy));
+  check_case(fmt::format("--mode tp --batch 8 --activation-checkpointing blocks {}",
+                         kActivationHeavy));
 }
 
 TEST(MemoryPlanOptions, BadOptionsNameTheArgument) {

@@ -46,6 +46,8 @@ plan::PlanOptions plan_options(const TrainOptions& options, const Parallelism& p
   p.prefetch = options.prefetch;
   p.reshard_after_forward = options.reshard_after_forward;
   p.grad_clip = options.grad_clip > 0;
+  p.checkpointing = options.activation_checkpointing == "blocks" ? plan::Checkpointing::kBlocks
+                                                                 : plan::Checkpointing::kNone;
   return p;
 }
 
