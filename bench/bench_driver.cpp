@@ -237,6 +237,18 @@ json summarize(const std::string& name, const std::vector<json>& runs, const Ben
         "hp::memory_stats: peak live bytes of libtorch's CPU allocator over the timed steps "
         "(tracking enabled before the model was built; excludes Gloo's own buffers)";
     row["peak_bytes_each_rank"] = peaks;
+    // The memory plan's prediction for the same quantity (its steady step),
+    // the highest rank, beside the measured one.
+    if (last.contains("predicted_peak_bytes_per_rank")) {
+      const auto predicted = last["predicted_peak_bytes_per_rank"].get<std::vector<int64_t>>();
+      const auto in_flight = last["predicted_in_flight_bytes_per_rank"].get<std::vector<int64_t>>();
+      const size_t top = std::max_element(predicted.begin(), predicted.end()) - predicted.begin();
+      row["predicted_peak_bytes_per_rank"] = predicted[top];
+      row["predicted_in_flight_bytes"] = in_flight[top];
+      row["predicted_peak_each_rank"] = predicted;
+      row["plan_error"] = static_cast<double>(predicted[top] - row["peak_bytes_per_rank"].get<int64_t>()) /
+                          row["peak_bytes_per_rank"].get<double>();
+    }
   }
   row["peak_rss_delta_method"] =
       "getrusage ru_maxrss at the end minus VmRSS before the model was built, max over ranks";
@@ -403,6 +415,35 @@ json compute_targets(const json& rows, const BenchConfig& c) {
     targets["exposed_comm_" + name] = t;
   }
 
+  {
+    // The memory plan (P2) against every row of ours: within 10% of the
+    // measured peak, where what only collectives in flight hold may already
+    // be gone (docs/design.md, "Memory plan").
+    json t = {{"what", "plan vs measured: within 10% on every row (measured >= predicted - "
+                       "in-flight collective buffers - 10%)"},
+              {"limit", 0.10}};
+    double worst = 0;
+    bool any = false, pass = true;
+    json errors = json::object();
+    for (const auto& r : rows) {
+      if (!r.contains("predicted_peak_bytes_per_rank")) continue;
+      any = true;
+      const double measured = r["peak_bytes_per_rank"].get<double>();
+      const double predicted = r["predicted_peak_bytes_per_rank"].get<double>();
+      const double in_flight = r["predicted_in_flight_bytes"].get<double>();
+      const double error = (predicted - measured) / measured;
+      errors[r["name"].get<std::string>()] = error;
+      if (std::abs(error) > std::abs(worst)) worst = error;
+      if (measured > predicted + 0.1 * measured || measured < predicted - in_flight - 0.1 * measured) {
+        pass = false;
+      }
+    }
+    t["value"] = any ? json(worst) : json(nullptr);
+    t["errors"] = errors;
+    t["pass"] = any ? json(pass) : json(nullptr);
+    targets["plan_vs_measured"] = t;
+  }
+
   // The bound is for fusion + zero-copy (fsdp_fused); with prefetch
   // one more unit is gathered ahead by design, so that row is reported
   // against the same bound for comparison.
@@ -432,9 +473,9 @@ json compute_targets(const json& rows, const BenchConfig& c) {
 }
 
 void print_table(const json& report) {
-  fmt::print("\n{:<20} {:>5} {:>10} {:>9} {:>10} {:>10} {:>6} {:>6} {:>6} {:>8} {:>8}\n", "row",
-             "ranks", "step_s", "tok/s", "peak_MiB", "coll/step", "AG", "RS", "AR", "exposed",
-             "loss");
+  fmt::print("\n{:<20} {:>5} {:>10} {:>9} {:>10} {:>9} {:>10} {:>6} {:>6} {:>6} {:>8} {:>8}\n",
+             "row", "ranks", "step_s", "tok/s", "peak_MiB", "plan_MiB", "coll/step", "AG", "RS",
+             "AR", "exposed", "loss");
   for (const auto& r : report["rows"]) {
     const std::string name = r["name"];
     if (r.contains("skipped")) {
@@ -455,11 +496,15 @@ void print_table(const json& report) {
             : fmt::format("{:.1f}%", 100 * r["exposed_comm_fraction"].get<double>());
     const std::string loss =
         r["last_loss"].is_null() ? "-" : fmt::format("{:.4f}", r["last_loss"].get<double>());
-    fmt::print("{:<20} {:>5} {:>10.4f} {:>9.0f} {:>10.1f} {:>10.1f} {:>6.1f} {:>6.1f} {:>6.1f} "
-               "{:>8} {:>8}{}{}\n",
+    const std::string plan =
+        r.contains("predicted_peak_bytes_per_rank")
+            ? fmt::format("{:.1f}", r["predicted_peak_bytes_per_rank"].get<double>() / (1 << 20))
+            : "-";
+    fmt::print("{:<20} {:>5} {:>10.4f} {:>9.0f} {:>10.1f} {:>9} {:>10.1f} {:>6.1f} {:>6.1f} "
+               "{:>6.1f} {:>8} {:>8}{}{}\n",
                name, r["ranks"].get<int>(), r["step_time_s_median"].get<double>(),
                r["tokens_per_s"].get<double>(),
-               r["peak_bytes_per_rank"].get<double>() / (1 << 20), c["total"].get<double>(),
+               r["peak_bytes_per_rank"].get<double>() / (1 << 20), plan, c["total"].get<double>(),
                c["all_gather"].get<double>(), c["reduce_scatter"].get<double>(),
                c["all_reduce"].get<double>(), exposed, loss,
                name.rfind("torch_", 0) == 0 ? "  (peak: RSS delta)" : "",

@@ -189,6 +189,7 @@ struct Unit {
   std::vector<Id> pieces;     // reshard_after_forward = N
   std::vector<Id> grads;      // reduced gradient (or, without fully_shard, .grad)
   Id packed = Timeline::kNone;
+  Id gather_temps = Timeline::kNone;  // Gloo's buffers of a prefetched gather
   Id flat_grads = Timeline::kNone;  // fused: the reduced gradients, one buffer
   std::vector<Id> deferred;
   int arrived = 0;
@@ -362,7 +363,9 @@ class StepSimulator {
     return casts + largest;
   }
 
-  void issue_gather(Unit& u) {
+  // `prefetch`: issued ahead, waited for only when the unit runs; Gloo's
+  // buffers of that gather may live through this unit's compute.
+  void issue_gather(Unit& u, bool prefetch = false) {
     if (!needs_unshard() || u.gathered) return;
     u.gathered = true;
     if (!sharded()) {  // a cast for compute: no collective
@@ -376,11 +379,21 @@ class StepSimulator {
     }
     const bool from_pieces = !u.pieces.empty();
     const int64_t ranks = from_pieces ? s_.keep_over : s_.shards;
-    t_.spike(Term::kCommunication, gather_temps(u, ranks, from_pieces));
+    const int64_t temps = gather_temps(u, ranks, from_pieces);
+    if (prefetch) {
+      u.gather_temps = t_.alloc(Term::kCommunication, temps);
+      t_.mark_in_flight(u.gather_temps);
+    } else {
+      t_.spike(Term::kCommunication, temps);
+    }
   }
 
-  // Waiting for a unit's gather: the pieces it regathered from go.
-  void finish_gather(Unit& u) { t_.free_all(u.pieces); }
+  // Waiting for a unit's gather: its buffers and the pieces it regathered
+  // from go.
+  void finish_gather(Unit& u) {
+    t_.free(u.gather_temps);
+    t_.free_all(u.pieces);
+  }
 
   void free_unsharded(Unit& u) {
     t_.free_all(u.unsharded);
@@ -391,8 +404,11 @@ class StepSimulator {
     Unit& u = units_[index];
     t_.at(fmt::format("forward of {}", u.name));
     issue_gather(u);
+    finish_gather(u);
     // Implicit prefetch needs the order recorded by the first forward.
-    if (s_.o.prefetch && !first_ && index + 1 < units_.size()) issue_gather(units_[index + 1]);
+    if (s_.o.prefetch && !first_ && index + 1 < units_.size()) {
+      issue_gather(units_[index + 1], /*prefetch=*/true);
+    }
   }
 
   void post_forward(size_t index) {
@@ -410,9 +426,9 @@ class StepSimulator {
     Unit& u = units_[index];
     t_.at(fmt::format("backward of {}", u.name));
     issue_gather(u);
-    // The previous unit in forward order (the root has none before it).
-    if (s_.o.prefetch && index >= 2) issue_gather(units_[index - 1]);
     finish_gather(u);
+    // The previous unit in forward order (the root has none before it).
+    if (s_.o.prefetch && index >= 2) issue_gather(units_[index - 1], /*prefetch=*/true);
   }
 
   // --- forward ---
@@ -521,7 +537,9 @@ class StepSimulator {
     }
     t_.at("loss (log_softmax)");
     logprobs_ = t_.alloc(A, s_.N * Vl * kFp32);
-    if (s_.tp > 1) t_.spike(A, 2 * s_.N * Vl * kFp32);  // vocabulary-parallel max and sum
+    // Over vocabulary shards the rule computes the shifted logits and their
+    // exponential before the result.
+    if (s_.tp > 1) t_.spike(A, 2 * s_.N * Vl * kFp32);
     t_.free(logits);
     loss_ = t_.alloc(A, kFp32);
   }
@@ -821,6 +839,9 @@ class StepSimulator {
     t_.at("loss backward (log_softmax)");
     Id dnll = t_.alloc(A, s_.N * Vl * kFp32);
     Id dlogits = t_.alloc(A, s_.N * Vl * kFp32);
+    // Over vocabulary shards the rule computes grad - exp(output) * total:
+    // the exponential and the product exist beside the result.
+    if (s_.tp > 1) t_.spike(A, 2 * s_.N * Vl * kFp32);
     t_.free(logprobs_);
     t_.free(dnll);
     t_.at("backward of root (lm_head)");
@@ -854,8 +875,8 @@ class StepSimulator {
     if (s_.fsdp) {
       advance_reductions(/*all=*/true);
       for (Unit& u : units_) {
+        finish_gather(u);
         t_.free_all(u.unsharded);
-        t_.free_all(u.pieces);
       }
     }
     t_.free(loss_);
