@@ -193,6 +193,7 @@ TEST_F(MemoryPlanTest, FullyShardModes) {
   // Four ranks: shards of a quarter, and HSDP's two replicas of two shards.
   check_case("--mode fsdp " + act);
   check_case("--mode fsdp --no-comm-fusion --param-dtype bf16 " + par);
+  check_case("--mode fsdp --reshard-after-forward 2 " + par);
   if (n % 2 == 0) {
     const std::string mesh = fmt::format("--mode hsdp --mesh 2x{}", n / 2);
     check_case(mesh + " " + act);
