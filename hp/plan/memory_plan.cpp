@@ -124,8 +124,6 @@ struct ParamShape {
   std::string name;
   int64_t dim0 = 0;
   int64_t rest = 1;  // product of the other dims
-  // Tensor parallelism: this rank's local numel (the plan's layout).
-  int64_t tp_local = -1;
 
   int64_t numel() const { return dim0 * rest; }
   int64_t chunk(int64_t shards) const { return (dim0 + shards - 1) / shards; }
@@ -170,6 +168,7 @@ struct Setup {
   int64_t replicas = 1;  // HSDP / DDP replicate size
   int64_t shard_rank = 0;
   int64_t tp = 1;        // tensor-parallel size
+  int64_t tp_rank = 0;
   int64_t ep = kFp32;    // the model's own dtype (hp-train builds it in fp32)
   int64_t ec = kFp32;    // compute dtype
   int64_t er = kFp32;    // reduce dtype
@@ -250,47 +249,45 @@ class StepSimulator {
   bool sharded() const { return s_.fsdp && s_.shards > 1; }
   bool needs_unshard() const { return s_.fsdp && (sharded() || s_.ec != s_.ep); }
   bool fused_gather() const { return s_.fsdp && s_.o.comm_fusion && sharded(); }
+  // A parameter's shape here is this rank's before fully_shard (under
+  // tensor parallelism, its local tensor); fully_shard then splits dim 0.
   int64_t held_numel(const ParamShape& p) const {  // what the parameter's storage holds
-    if (s_.o.mode == ParallelMode::kTP) return p.tp_local;
     return sharded() ? p.padded(s_.shards) : p.numel();
   }
   int64_t local_numel(const ParamShape& p) const {  // what the optimizer sees
-    if (s_.o.mode == ParallelMode::kTP) return p.tp_local;
     return sharded() ? p.local(s_.shards, s_.shard_rank) : p.numel();
   }
   int64_t compute_numel(const ParamShape& p) const {  // the gradient autograd produces
-    if (s_.o.mode == ParallelMode::kTP) return p.tp_local;
     return sharded() ? p.unsharded(s_.shards) : p.numel();
   }
-  int64_t full_numel(const ParamShape& p) const {
-    return s_.o.mode == ParallelMode::kTP ? p.tp_local : p.numel();
-  }
+  int64_t full_numel(const ParamShape& p) const { return p.numel(); }
   int64_t unit_sum(const Unit& u, const std::function<int64_t(const ParamShape&)>& f) const {
     int64_t sum = 0;
     for (const auto& p : u.params) sum += f(p);
     return sum;
   }
 
-  // The Megatron plan (hp/tp/gpt_plan.h): which parameters are split over
-  // the tp ranks; the rest are replicated.
+  // The Megatron plan (hp/tp/gpt_plan.h): each parameter becomes its local
+  // tensor on this tp rank. The embedding and the head are split by
+  // vocabulary rows (torch.chunk), the QKV projection and c_fc by output
+  // rows, both output projections by input columns (heads and the MLP's
+  // width divide evenly); the rest is replicated. A mode that adds
+  // fully_shard on top (over the data-parallel dim) shards these local
+  // tensors' dim 0 as it does whole ones.
   void assign_tp_layout() {
     const int64_t T = s_.tp;
     for (Unit& u : units_) {
       for (size_t i = 0; i < u.params.size(); ++i) {
         ParamShape& p = u.params[i];
-        bool split = false;
         if (u.is_root) {
-          split = i == kWte || i == kHead;
-        } else {
-          split = i == kAttnW || i == kAttnB || i == kAProjW || i == kFcW || i == kFcB ||
-                  i == kMProjW;
-        }
-        if (!split) {
-          p.tp_local = p.numel();
-        } else if (u.is_root) {
-          p.tp_local = p.local(T, s_.shard_rank);  // vocabulary rows, torch.chunk
-        } else {
-          p.tp_local = p.numel() / T;  // heads and MLP columns divide evenly
+          if (i == kWte || i == kHead) {
+            const int64_t c = p.chunk(T);
+            p.dim0 = std::min(c, std::max<int64_t>(0, p.dim0 - s_.tp_rank * c));
+          }
+        } else if (i == kAttnW || i == kAttnB || i == kFcW || i == kFcB) {
+          p.dim0 /= T;
+        } else if (i == kAProjW || i == kMProjW) {
+          p.rest /= T;
         }
       }
     }
@@ -497,8 +494,8 @@ class StepSimulator {
 
   void forward_and_loss() {
     const nn::GPTConfig& c = s_.o.model;
-    const int64_t d = c.n_embd, V = c.vocab_size, T = s_.o.seq;
-    const int64_t Vl = s_.o.mode == ParallelMode::kTP ? units_[0].params[kHead].tp_local / d : V;
+    const int64_t d = c.n_embd, T = s_.o.seq;
+    const int64_t Vl = units_[0].params[kHead].dim0;  // this rank's vocabulary rows
     Term A = Term::kActivations;
     t_.at("forward of root");
     batch_ = t_.alloc(A, 2 * s_.N * kInt64);
@@ -832,8 +829,8 @@ class StepSimulator {
 
   void backward() {
     const nn::GPTConfig& c = s_.o.model;
-    const int64_t d = c.n_embd, V = c.vocab_size;
-    const int64_t Vl = s_.o.mode == ParallelMode::kTP ? units_[0].params[kHead].tp_local / d : V;
+    const int64_t d = c.n_embd;
+    const int64_t Vl = units_[0].params[kHead].dim0;  // this rank's vocabulary rows
     Term A = Term::kActivations;
     Unit& root = units_[0];
     t_.at("loss backward (log_softmax)");
@@ -981,7 +978,8 @@ Setup make_setup(const PlanOptions& o) {
   for (int64_t m : o.mesh) world *= m;
   HP_CHECK_ARG(o.rank >= 0 && o.rank < world, "plan_memory: rank ", o.rank,
                " is outside the mesh's ", world, " ranks");
-  s.shard_rank = o.mode == ParallelMode::kTP ? o.rank : o.rank % s.shards;
+  s.shard_rank = o.rank % s.shards;
+  s.tp_rank = o.mode == ParallelMode::kTP ? o.rank : 0;
   if (s.fsdp) {
     const int64_t raf = o.reshard_after_forward;
     HP_CHECK_ARG(raf == -1 || raf >= 0, "plan_memory: reshard_after_forward ", raf,
