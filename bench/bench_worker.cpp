@@ -66,6 +66,7 @@ struct RowSpec {
   std::vector<std::string> names;
   bool fusion = false;
   bool prefetch = true;
+  bool activation_checkpointing = false;  // every block (hp-train's "blocks")
 };
 
 RowSpec row_spec(const std::string& row, int world) {
@@ -74,6 +75,7 @@ RowSpec row_spec(const std::string& row, int world) {
   if (row == "ddp") return {{world, 1}, {"replicate", "shard"}, true, true};
   if (row == "ddp_unfused") return {{world, 1}, {"replicate", "shard"}, false, true};
   if (row == "fsdp") return {{world}, {"shard"}, false, false};
+  if (row == "fsdp_ac") return {{world}, {"shard"}, false, false, true};
   if (row == "fsdp_prefetch") return {{world}, {"shard"}, false, true};
   if (row == "fsdp_fused") return {{world}, {"shard"}, true, false};
   if (row == "fsdp_fused_prefetch") return {{world}, {"shard"}, true, true};
@@ -133,6 +135,7 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
     parallelism.dp_size = parallelism.mode == train::Mode::kTP ? 1 : world;
     recipe.comm_fusion = spec.fusion;
     recipe.prefetch = spec.prefetch;
+    if (spec.activation_checkpointing) recipe.activation_checkpointing = "blocks";
     root = train::parallelize(model, parallelism, recipe);
   }
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(c.lr)
@@ -224,6 +227,7 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
     out["mesh_names"] = distributed ? nlohmann::json(spec.names) : nlohmann::json(nullptr);
     out["comm_fusion"] = spec.fusion && distributed;
     out["prefetch"] = spec.prefetch && distributed;
+    out["activation_checkpointing"] = spec.activation_checkpointing && distributed;
     out["threads"] = at::get_num_threads();
     out["parameters"] = parameters;
     out["block_param_bytes"] = block_bytes;
