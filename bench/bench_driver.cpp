@@ -450,31 +450,36 @@ json compute_targets(const json& rows, const BenchConfig& c) {
   }
 
   {
-    // The memory plan (P2) against every row of ours: within 10% of the
-    // measured peak, where what only collectives in flight hold may already
-    // be gone (docs/design.md, "Memory plan").
-    json t = {{"what", "plan vs measured: within 10% on every row (measured >= predicted - "
-                       "in-flight collective buffers - 10%)"},
+    // The memory plan (P2) against every row of ours. The plan's peak holds
+    // what only collectives in flight hold until the code waits for them
+    // (the highest a step can reach); a step whose collectives completed
+    // sooner peaks up to that much lower (docs/design.md, "Memory plan").
+    // So a row's distance is how far its measured peak lies outside
+    // [predicted - in flight, predicted], relative to it; the target is 10%.
+    json t = {{"what", "plan vs measured: within 10% on every row (outside [predicted - "
+                       "in-flight collective buffers, predicted])"},
               {"limit", 0.10}};
     double worst = 0;
-    bool any = false, pass = true;
-    json errors = json::object();
+    bool any = false;
+    json distances = json::object(), errors = json::object();
     for (const auto& r : rows) {
       if (!r.contains("predicted_peak_bytes_per_rank")) continue;
       any = true;
       const double measured = r["peak_bytes_per_rank"].get<double>();
       const double predicted = r["predicted_peak_bytes_per_rank"].get<double>();
-      const double in_flight = r["predicted_in_flight_bytes"].get<double>();
-      const double error = (predicted - measured) / measured;
-      errors[r["name"].get<std::string>()] = error;
-      if (std::abs(error) > std::abs(worst)) worst = error;
-      if (measured > predicted + 0.1 * measured || measured < predicted - in_flight - 0.1 * measured) {
-        pass = false;
-      }
+      const double low = predicted - r["predicted_in_flight_bytes"].get<double>();
+      const double outside = measured > predicted ? measured - predicted
+                             : measured < low     ? low - measured
+                                                  : 0.0;
+      const std::string name = r["name"];
+      distances[name] = outside / measured;
+      errors[name] = (predicted - measured) / measured;
+      worst = std::max(worst, outside / measured);
     }
     t["value"] = any ? json(worst) : json(nullptr);
-    t["errors"] = errors;
-    t["pass"] = any ? json(pass) : json(nullptr);
+    t["distance_outside_band"] = distances;
+    t["plain_error"] = errors;
+    t["pass"] = any ? json(worst <= 0.10) : json(nullptr);
     targets["plan_vs_measured"] = t;
   }
 
