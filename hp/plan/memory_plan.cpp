@@ -621,7 +621,6 @@ class StepSimulator {
     }
     const bool first_arrival = u.arrived++ == 0;
     const bool last = u.arrived == static_cast<int>(u.params.size());
-
     const int stages = s_.replicas > 1 ? 1 : 0;
     if (!s_.o.comm_fusion) {
       if (first_arrival) advance_reductions(/*all=*/true);  // complete_before(wave)
