@@ -224,7 +224,8 @@ class StepSimulator {
       block.params = block_params(c);
       units_.push_back(block);
     }
-    if (s.o.mode == ParallelMode::kTP) assign_tp_layout();
+    // Tensor parallelism first: fully_shard (if any) splits the local tensors.
+    if (s.tp > 1) assign_tp_layout();
   }
 
   StepPeak run() {
@@ -888,7 +889,7 @@ class StepSimulator {
     for (const Unit& u : units_) {
       for (const auto& p : u.params) largest = std::max(largest, local_numel(p));
     }
-    const int64_t copies = s_.o.mode == ParallelMode::kTP ? 3 : 1;
+    const int64_t copies = s_.tp > 1 ? 3 : 1;  // DTensor gradients
     t_.spike(Term::kSlack, copies * largest * kFp64);
   }
 
@@ -977,8 +978,9 @@ Setup make_setup(const PlanOptions& o) {
   for (int64_t m : o.mesh) world *= m;
   HP_CHECK_ARG(o.rank >= 0 && o.rank < world, "plan_memory: rank ", o.rank,
                " is outside the mesh's ", world, " ranks");
-  s.shard_rank = o.rank % s.shards;
-  s.tp_rank = o.mode == ParallelMode::kTP ? o.rank : 0;
+  s.shard_rank = (o.rank / s.tp) % s.shards;
+  // The mesh is row-major with tp innermost: tp rank = rank % T.
+  s.tp_rank = o.rank % s.tp;
   if (s.fsdp) {
     const int64_t raf = o.reshard_after_forward;
     HP_CHECK_ARG(raf == -1 || raf >= 0, "plan_memory: reshard_after_forward ", raf,

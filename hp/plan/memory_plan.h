@@ -27,8 +27,13 @@
 
 namespace hp::plan {
 
-// The modes of hp-train's --mode. A new mode is a new enumerator plus the
-// unit layout it gives the timeline (memory_plan.cpp: parameter_layout).
+// The modes of hp-train's --mode. A mode is how its mesh splits the work:
+// the tensor-parallel size (each parameter becomes its local tensor under
+// the GPT's plan), fully_shard's shard and replicate sizes (applied to
+// whatever tensor the parameter is then) and the data-parallel batch. A new
+// mode is a new enumerator plus its case in memory_plan.cpp's make_setup;
+// FSDP over the dp dim of tensor-parallel parameters on a (dp, tp) mesh
+// sets all three.
 enum class ParallelMode { kNone, kFSDP, kHSDP, kDDP, kTP };
 
 enum class Dtype { kFloat32, kBFloat16, kFloat16 };
