@@ -13,7 +13,7 @@ namespace hp::bench {
 inline const std::vector<std::string>& row_names() {
   static const std::vector<std::string> names = {
       "single", "ddp", "fsdp", "fsdp_ac", "fsdp_fused", "fsdp_fused_prefetch",
-      "hsdp_fused_prefetch", "tp", "torch_ddp", "torch_fsdp2"};
+      "hsdp_fused_prefetch", "tp", "fsdp_tp", "torch_ddp", "torch_fsdp2"};
   return names;
 }
 

@@ -82,6 +82,12 @@ RowSpec row_spec(const std::string& row, int world) {
   // Tensor parallelism: every layer split over the ranks, which all read
   // the same samples (the single row's batch, not one per rank).
   if (row == "tp") return {{world}, {"tp"}, false, false};
+  // Tensor parallelism in pairs of ranks, fully_shard over the pairs (with
+  // fusion and prefetch, the fastest fully_shard setting).
+  if (row == "fsdp_tp") {
+    HP_CHECK_ARG(world % 2 == 0, "--worker fsdp_tp needs an even world size, got ", world);
+    return {{world / 2, 2}, {"dp", "tp"}, true, true};
+  }
   if (row == "hsdp_fused_prefetch") {
     HP_CHECK_ARG(world % 2 == 0, "--worker hsdp_fused_prefetch needs an even world size, got ",
                  world);
@@ -127,12 +133,15 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
     // hp-train's own recipe (each block a unit, then the root), so the
     // benchmark measures what the training program runs.
     parallelism.mode = spec.names == std::vector<std::string>{"tp"} ? train::Mode::kTP
+                       : spec.names.front() == "dp"                  ? train::Mode::kFSDPTP
                        : spec.names.size() == 1                      ? train::Mode::kFSDP
                        : spec.shape[1] == 1                          ? train::Mode::kDDP
                                                                      : train::Mode::kHSDP;
     parallelism.mesh_shape = spec.shape;
     parallelism.mesh_names = spec.names;
-    parallelism.dp_size = parallelism.mode == train::Mode::kTP ? 1 : world;
+    parallelism.dp_size = parallelism.mode == train::Mode::kTP       ? 1
+                          : parallelism.mode == train::Mode::kFSDPTP ? spec.shape[0]
+                                                                     : world;
     recipe.comm_fusion = spec.fusion;
     recipe.prefetch = spec.prefetch;
     if (spec.activation_checkpointing) recipe.activation_checkpointing = "blocks";
@@ -142,8 +151,7 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
                                                          .betas({c.beta1, c.beta2})
                                                          .eps(c.eps)
                                                          .weight_decay(c.weight_decay));
-  const bool tp = row == "tp";
-  const int64_t dp_rank = tp ? 0 : rank, dp_size = tp ? 1 : world;
+  const int64_t dp_rank = parallelism.dp_rank(rank), dp_size = parallelism.dp_size;
   const int64_t global_batch = c.batch * dp_size;
 
   auto step = [&](int64_t s) {

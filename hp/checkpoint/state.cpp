@@ -38,27 +38,30 @@ void State::add(const std::string& key, const at::Tensor& whole) {
   // of the global tensor, so it goes in moved to the plain Shard of its dim
   // (a collective: every rank adds the same keys in the same order) and
   // comes back into the strided piece after a load.
-  const Layout& layout = layout_of(whole);
-  const std::vector<int64_t> shape = whole.sizes().vec();
-  if (!has_strided(layout)) return add(key, local_of(whole), layout, shape);
+  add_boxed(key, local_of(whole), layout_of(whole), whole.sizes().vec());
+}
+
+void State::add(const std::string& key, const DTensor& value) {
+  HP_CHECK_ARG(value.defined(), "checkpoint state: DTensor '", key, "' is undefined");
+  add_boxed(key, value.local(), value.layout(), value.sizes());
+}
+
+void State::add_boxed(const std::string& key, const at::Tensor& local, const Layout& layout,
+                      const std::vector<int64_t>& shape) {
+  if (!has_strided(layout)) return add(key, local, layout, shape);
   at::NoGradGuard no_grad;
   FromLocalOptions options;
   options.shape = shape;
   const Layout plain = plain_of(layout);
-  at::Tensor piece = from_local(local_of(whole), layout, options).redistribute(plain).local();
+  at::Tensor piece = from_local(local, layout, options).redistribute(plain).local();
   add(key, piece, plain, shape);
-  const at::Tensor target = local_of(whole);
+  const at::Tensor target = local;
   on_loaded([piece, plain, layout, shape, target] {
     at::NoGradGuard no_grad;
     FromLocalOptions options;
     options.shape = shape;
     target.copy_(from_local(piece, plain, options).redistribute(layout).local());
   });
-}
-
-void State::add(const std::string& key, const DTensor& value) {
-  HP_CHECK_ARG(value.defined(), "checkpoint state: DTensor '", key, "' is undefined");
-  add_entry({key, value.local(), value.sizes(), value.layout()});
 }
 
 void State::add(const std::string& key, const at::Tensor& local, const Layout& layout,

@@ -50,7 +50,8 @@ class State {
   // except that a StridedShard layout is saved as a plain Shard copy
   // (collective; copied back by load) so its pieces are boxes.
   void add(const std::string& key, const at::Tensor& whole);
-  // A DTensor's local piece, laid out as the DTensor says.
+  // A DTensor's local piece, laid out as the DTensor says (a StridedShard
+  // as above).
   void add(const std::string& key, const DTensor& value);
   // `local` is this rank's piece of a tensor of `shape` laid out by `layout`.
   void add(const std::string& key, const at::Tensor& local, const Layout& layout,
@@ -75,6 +76,10 @@ class State {
 
  private:
   void add_entry(StateEntry entry);
+  // `local` as the 4-argument add(), but a StridedShard layout is moved to
+  // the plain Shard of its dim and copied back after a load.
+  void add_boxed(const std::string& key, const at::Tensor& local, const Layout& layout,
+                 const std::vector<int64_t>& shape);
 
   std::vector<StateEntry> entries_;
   std::map<std::string, size_t> index_;

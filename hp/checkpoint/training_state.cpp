@@ -8,6 +8,7 @@
 
 #include "hp/fsdp/state_dict.h"
 #include "hp/nn/module.h"
+#include "hp/tensor/dtensor_tensor.h"
 #include "hp/util/error.h"
 #include "hp/util/torch_compat.h"
 
@@ -50,7 +51,11 @@ void add_adamw(State& state, torch::optim::AdamW& optimizer, const nn::Module& m
     const std::string base = prefix + item.key();
     const StateValue& value = layouts.at(item.key());
     auto add_like_param = [&](const std::string& suffix, const at::Tensor& t) {
-      if (std::holds_alternative<DTensor>(value)) {
+      // The state of a tensor-form DTensor parameter is one too (tensor
+      // parallelism, alone or under fully_shard): it carries its layout.
+      if (is_dtensor(t)) {
+        state.add(base + suffix, t);
+      } else if (std::holds_alternative<DTensor>(value)) {
         const DTensor& d = std::get<DTensor>(value);
         state.add(base + suffix, t, d.layout(), d.sizes());
       } else {

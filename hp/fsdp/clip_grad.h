@@ -2,7 +2,9 @@
 //
 // The norm of a sharded model's gradient is the norm of all shards
 // together: squared norms of sharded parameters are summed over their shard
-// group; replicated gradients (identical on every rank) count once.
+// group, those of DTensor gradients (tensor parallelism, alone or under
+// fully_shard) over every mesh dim their layout shards; replicated
+// gradients (identical on every rank) count once.
 // Collective: every rank calls it with the same parameters.
 #pragma once
 

@@ -6,7 +6,10 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include "hp/dist/collectives.h"
+#include "hp/fsdp/dtensor_param.h"
 #include "hp/fsdp/storage.h"
+#include "hp/tensor/dispatch/dtensor_impl.h"
+#include "hp/tensor/dtensor_tensor.h"
 #include "hp/tensor/shard_spec.h"
 #include "hp/util/error.h"
 
@@ -46,7 +49,7 @@ FSDPParam::FSDPParam(at::Tensor param, std::string fqn, const MeshInfo& mesh, in
                      const OffloadPolicy& offload)
     : param_(std::move(param)),
       fqn_(std::move(fqn)),
-      full_shape_(param_.sizes().vec()),
+      global_shape_(param_.sizes().vec()),
       shard_dim_(shard_dim),
       shard_size_(mesh.shard_size),
       replicated_(replicated),
@@ -55,11 +58,26 @@ FSDPParam::FSDPParam(at::Tensor param, std::string fqn, const MeshInfo& mesh, in
       orig_dtype_(param_.scalar_type()) {
   compute_dtype_ = compute_dtype_for(orig_dtype_, mp);
   reduce_dtype_ = reduce_dtype_for(orig_dtype_, mp);
-  at::Tensor data = param_.detach();
+  if (hp::is_dtensor(param_)) compute_layout_ = layout_of(param_).normalized(param_.dim());
+  at::Tensor data = is_dtensor() ? local_of(param_) : param_.detach();
+  full_shape_ = data.sizes().vec();
+  shard_layout_ = fsdp::shard_layout(mesh, is_dtensor() ? &compute_layout_ : nullptr, param_.dim(),
+                               sharded_ ? std::optional<int64_t>(shard_dim_) : std::nullopt);
   compute_device_ = data.device();
+  // Any existing gradient is sharded the same way.
+  at::Tensor grad = param_.grad().defined() ? local_grad(param_.grad(), false) : at::Tensor();
   if (!sharded_) {
     padded_shard_ = data;
     shard_view_ = data;
+    if (is_dtensor()) {
+      // Kept whole: compute needs only the other layout, not a copy.
+      if (compute_dtype_ == orig_dtype_) {
+        unsharded_ = data;
+        owns_unsharded_ = false;
+      }
+      point_at(shard_view_, /*shard=*/true);
+      if (grad.defined()) param_.mutable_grad() = as_param_grad(grad);
+    }
     return;
   }
   const int64_t length = full_shape_[shard_dim_];
@@ -84,16 +102,42 @@ FSDPParam::FSDPParam(at::Tensor param, std::string fqn, const MeshInfo& mesh, in
     padded_shard_ = host;
     shard_view_ = shard_dim_ == 0 ? host.narrow(0, 0, mine.size) : host;
   }
-  // Any existing gradient is sharded the same way.
-  at::Tensor grad = param_.grad();
   at::Tensor grad_shard;
   if (grad.defined()) {
     grad_shard = grad.narrow(shard_dim_, mine.offset, mine.size).to(padded_shard_.device(),
                                                                       /*non_blocking=*/false,
                                                                       /*copy=*/true);
   }
-  param_.set_data(shard_view_);
-  param_.mutable_grad() = grad_shard;
+  point_at(shard_view_, /*shard=*/true);
+  param_.mutable_grad() = grad_shard.defined() ? as_param_grad(grad_shard) : at::Tensor();
+}
+
+void FSDPParam::point_at(const at::Tensor& local, bool shard) {
+  if (!is_dtensor()) {
+    param_.set_data(local);
+    return;
+  }
+  param_.set_data(dispatch::wrap_local(local, shard ? shard_layout_ : compute_layout_,
+                                       global_shape_));
+}
+
+at::Tensor FSDPParam::local_grad(const at::Tensor& grad, bool shard) const {
+  if (!hp::is_dtensor(grad)) return grad;
+  const Layout& expected = shard ? shard_layout_ : compute_layout_;
+  if (!shard && layout_of(grad).normalized(grad.dim()) != expected) {
+    // A rule may leave a gradient in another layout than its parameter's
+    // (e.g. Partial); every rank of the parameter's mesh runs the same
+    // backward, so every one of them redistributes here.
+    return local_of(hp::redistribute(grad, expected));
+  }
+  HP_CHECK_ARG(layout_of(grad).normalized(grad.dim()) == expected, "gradient of '", fqn_,
+               "' has layout ", layout_of(grad).str(), ", expected ", expected.str());
+  return local_of(grad);
+}
+
+at::Tensor FSDPParam::as_param_grad(at::Tensor local) const {
+  if (!is_dtensor() || !local.defined()) return local;
+  return dispatch::wrap_local(std::move(local), shard_layout_, global_shape_);
 }
 
 bool FSDPParam::requires_grad() const { return param_.requires_grad(); }
@@ -105,8 +149,8 @@ void FSDPParam::rebase_shard(const at::Tensor& view) {
   const bool holds_shard = data_ == Data::kSharded;
   padded_shard_ = view;
   shard_view_ = shard_dim_ == 0 ? view.narrow(0, 0, shard_view_.size(0)) : view;
-  if (!sharded_) unsharded_ = at::Tensor();
-  if (holds_shard) param_.set_data(shard_view_);
+  if (!sharded_) unsharded_ = owns_unsharded_ ? at::Tensor() : view;
+  if (holds_shard) point_at(shard_view_, /*shard=*/true);
 }
 
 std::vector<int64_t> FSDPParam::unsharded_shape() const {
@@ -180,7 +224,11 @@ at::Tensor FSDPParam::unsharded_piece(int64_t pieces, int64_t index) const {
   return unsharded_.view({pieces, -1})[index].view(shape);
 }
 
-void FSDPParam::cast_into_unsharded() { ensure_unsharded().copy_(padded_shard_); }
+void FSDPParam::cast_into_unsharded() {
+  // A DTensor kept whole in its own dtype computes on the shard itself.
+  if (!sharded_ && !owns_unsharded_) return;
+  ensure_unsharded().copy_(padded_shard_);
+}
 
 at::Tensor FSDPParam::unsharded_view() const {
   if (sharded_ && shard_dim_ == 0) return unsharded_.narrow(0, 0, full_shape_[0]);
@@ -189,7 +237,7 @@ at::Tensor FSDPParam::unsharded_view() const {
 
 void FSDPParam::use_unsharded() {
   if (!needs_unshard()) return;
-  param_.set_data(unsharded_view());
+  point_at(unsharded_view(), /*shard=*/false);
   data_ = Data::kUnsharded;
   if (!param_.requires_grad()) return;
   if (!accumulator_) {
@@ -209,7 +257,7 @@ void FSDPParam::free_unsharded() {
 
 void FSDPParam::reshard() {
   if (!needs_unshard() || data_ == Data::kSharded) return;
-  param_.set_data(shard_view_);
+  point_at(shard_view_, /*shard=*/true);
   if (owns_unsharded_) free_storage(unsharded_);
   data_ = Data::kSharded;
 }
@@ -219,7 +267,7 @@ at::Tensor FSDPParam::reshard_lending_buffer() {
     reshard();
     return at::Tensor();
   }
-  param_.set_data(shard_view_);
+  point_at(shard_view_, /*shard=*/true);
   data_ = Data::kSharded;
   return unsharded_;
 }
@@ -244,12 +292,14 @@ void FSDPParam::set_post_accumulate_hook(std::function<void()> hook) {
 void FSDPParam::stash_grad() {
   at::Tensor& grad = param_.mutable_grad();
   if (!grad.defined()) return;
-  stashed_grad_ = stashed_grad_.defined() ? stashed_grad_ + grad : grad;
+  at::Tensor local = local_grad(grad, /*shard=*/true);
+  stashed_grad_ = stashed_grad_.defined() ? stashed_grad_ + local : local;
   grad = at::Tensor();
 }
 
 at::Tensor FSDPParam::take_grad() {
   at::Tensor grad = std::move(param_.mutable_grad());  // leaves .grad undefined
+  if (grad.defined()) grad = local_grad(grad, /*shard=*/false);
   if (grad.defined() && grad.scalar_type() != reduce_dtype_) grad = grad.to(reduce_dtype_);
   if (kept_grad_.defined()) {
     grad = grad.defined() ? grad + kept_grad_ : kept_grad_;
@@ -271,7 +321,7 @@ void FSDPParam::assign_grad(at::Tensor reduced) {
     // Kept in the reduce dtype; what autograd or the user left in .grad
     // before this backward (the stash) stays there.
     main_grad_ = main_grad_.defined() ? main_grad_.add_(reduced) : std::move(reduced);
-    param_.mutable_grad() = std::move(stashed_grad_);
+    param_.mutable_grad() = as_param_grad(std::move(stashed_grad_));
     stashed_grad_ = at::Tensor();
     return;
   }
@@ -280,15 +330,22 @@ void FSDPParam::assign_grad(at::Tensor reduced) {
     reduced = reduced + stashed_grad_;
     stashed_grad_ = at::Tensor();
   }
-  param_.mutable_grad() = std::move(reduced);
+  param_.mutable_grad() = as_param_grad(std::move(reduced));
 }
 
 void FSDPParam::restore_stash() {
   if (!stashed_grad_.defined()) return;
   at::Tensor& grad = param_.mutable_grad();
-  grad = grad.defined() && grad.sizes() == stashed_grad_.sizes()
-             ? grad + stashed_grad_.to(grad.device())
-             : stashed_grad_;
+  // A gradient in another layout (compute-shaped) is replaced, as a plain
+  // one of another shape is.
+  at::Tensor local;
+  if (grad.defined() && (!hp::is_dtensor(grad) ||
+                         layout_of(grad).normalized(grad.dim()) == shard_layout_)) {
+    local = hp::is_dtensor(grad) ? local_of(grad) : grad;
+  }
+  grad = as_param_grad(local.defined() && local.sizes() == stashed_grad_.sizes()
+                           ? local + stashed_grad_.to(local.device())
+                           : stashed_grad_);
   stashed_grad_ = at::Tensor();
 }
 

@@ -13,6 +13,13 @@
 //
 // The param gathers, copies out and reshards itself; which collectives carry
 // its data (one per parameter, or one per unit) is the ParamGroup's choice.
+//
+// A parameter that is a tensor-form DTensor (tensor parallelism sharded it;
+// dtensor_param.h) is handled through its local tensor: everything below
+// (shapes, shards, buffers, gradients) is about that local tensor, and the
+// parameter itself is pointed at DTensors wrapping it: the parameter's own
+// layout for compute, shard_layout() between steps. Its .grad is a DTensor
+// the same way.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +33,7 @@
 #include "hp/dist/work.h"
 #include "hp/fsdp/mesh_info.h"
 #include "hp/fsdp/options.h"
+#include "hp/tensor/layout.h"
 
 namespace torch::autograd {
 struct Node;
@@ -55,11 +63,20 @@ class FSDPParam {
 
   const at::Tensor& param() const { return param_; }
   const std::string& fqn() const { return fqn_; }
+  // Whether the parameter is a tensor-form DTensor (see above).
+  bool is_dtensor() const { return compute_layout_.defined(); }
+  // What the parameter holds between steps, as a layout of global_shape():
+  // the shard over fully_shard's mesh (and, for a DTensor parameter, its own
+  // placements over its mesh).
+  const Layout& shard_layout() const { return shard_layout_; }
+  // The parameter's global shape (full_shape() for a plain one).
+  const std::vector<int64_t>& global_shape() const { return global_shape_; }
   // Whether the data is split across the shard group (false for replicated
   // parameters and for shard groups of one rank).
   bool sharded() const { return sharded_; }
   bool replicated() const { return replicated_; }
   bool requires_grad() const;
+  // The unsharded (local, for a DTensor parameter) shape.
   const std::vector<int64_t>& full_shape() const { return full_shape_; }
   int64_t shard_dim() const { return shard_dim_; }
   int64_t shard_size() const { return shard_size_; }
@@ -75,8 +92,12 @@ class FSDPParam {
     return padded_shard_.options().device(compute_device_).dtype(dtype);
   }
   at::ScalarType reduce_dtype() const { return reduce_dtype_; }
-  // Whether forward needs an unsharded copy: sharded, or cast for compute.
-  bool needs_unshard() const { return sharded_ || compute_dtype_ != orig_dtype_; }
+  // Whether forward needs an unsharded buffer: sharded, cast for compute,
+  // or a DTensor (whose compute layout differs from its shard layout; kept
+  // whole in its own dtype, the buffer is the shard itself).
+  bool needs_unshard() const {
+    return sharded_ || compute_dtype_ != orig_dtype_ || is_dtensor();
+  }
 
   // What the parameter holds between steps.
   const at::Tensor& local_shard() const { return shard_view_; }
@@ -175,10 +196,22 @@ class FSDPParam {
 
  private:
   at::Tensor unsharded_view() const;
+  // Points the parameter at `local`: as it is, or wrapped in the compute
+  // layout (`shard` false) or the shard layout for a DTensor parameter.
+  void point_at(const at::Tensor& local, bool shard);
+  // A gradient of the parameter as a local tensor; `shard` says which
+  // layout it has (a compute-shaped gradient in another layout is
+  // redistributed to the compute layout first).
+  at::Tensor local_grad(const at::Tensor& grad, bool shard) const;
+  // A local shard-shaped gradient as the parameter's .grad.
+  at::Tensor as_param_grad(at::Tensor local) const;
 
   at::Tensor param_;
   std::string fqn_;
   std::vector<int64_t> full_shape_;
+  std::vector<int64_t> global_shape_;
+  Layout compute_layout_;  // defined iff the parameter is a DTensor
+  Layout shard_layout_;
   int64_t shard_dim_ = 0;
   int64_t shard_size_ = 1;
   bool replicated_ = false;

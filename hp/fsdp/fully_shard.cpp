@@ -12,8 +12,10 @@
 #include <unordered_set>
 
 #include "hp/dist/world.h"
+#include "hp/fsdp/dtensor_param.h"
 #include "hp/fsdp/registry.h"
 #include "hp/fsdp/unit.h"
+#include "hp/tensor/dtensor_tensor.h"
 #include "hp/util/error.h"
 
 namespace hp {
@@ -76,11 +78,16 @@ std::unordered_set<const c10::TensorImpl*> impls_of(const std::vector<at::Tensor
   return set;
 }
 
-int64_t shard_dim_for(const FullyShardOptions& options, const at::Tensor& param,
-                      const std::string& fqn, int64_t shard_size) {
+// The dim to shard `param` on; nullopt keeps it whole (a DTensor parameter
+// whose layout leaves no dim free, dtensor_param.h).
+std::optional<int64_t> shard_dim_for(const FullyShardOptions& options, const at::Tensor& param,
+                                     const std::string& fqn, int64_t shard_size) {
   std::optional<Placement> placement;
   if (options.shard_placement_fn) placement = options.shard_placement_fn(param);
-  if (!placement) return 0;
+  if (!placement) {
+    if (!is_dtensor(param)) return 0;
+    return fsdp::default_shard_dim(layout_of(param), local_of(param).sizes().vec(), shard_size);
+  }
   HP_CHECK_ARG(placement->is_shard(), "fully_shard: shard_placement_fn must return Shard(dim) or ",
                "nullopt, but returned ", placement->str(), " for parameter '", fqn, "'");
   const int64_t ndim = param.dim();
@@ -89,10 +96,22 @@ int64_t shard_dim_for(const FullyShardOptions& options, const at::Tensor& param,
                placement->str(), " for parameter '", fqn, "' of shape ",
                to_string(param.sizes().vec()), ", out of range for ", ndim, " dims");
   if (dim < 0) dim += ndim;
-  HP_CHECK_ARG(dim == 0 || param.size(dim) % shard_size == 0, "fully_shard: parameter '", fqn,
-               "' of shape ", to_string(param.sizes().vec()), " cannot be sharded on dim ", dim,
-               " over ", shard_size, " ranks: ", param.size(dim), " is not divisible by ",
-               shard_size, " (only dim 0 is padded when uneven)");
+  // A DTensor parameter is sharded through its local tensor, on a dim its
+  // own layout leaves free.
+  const at::Tensor& local = is_dtensor(param) ? local_of(param) : param;
+  if (is_dtensor(param)) {
+    for (const Placement& p : layout_of(param).placements()) {
+      HP_CHECK_ARG(!(p.is_sharded() && p.dim() == dim), "fully_shard: shard_placement_fn returned ",
+                   placement->str(), " for parameter '", fqn, "', but its layout ",
+                   layout_of(param).str(), " already shards dim ", dim,
+                   "; expected a dim the layout leaves whole");
+    }
+  }
+  HP_CHECK_ARG(dim == 0 || local.size(dim) % shard_size == 0, "fully_shard: parameter '", fqn,
+               "' of ", is_dtensor(param) ? "local shape " : "shape ",
+               to_string(local.sizes().vec()), " cannot be sharded on dim ", dim, " over ",
+               shard_size, " ranks: ", local.size(dim), " is not divisible by ", shard_size,
+               " (only dim 0 is padded when uneven)");
   return dim;
 }
 
@@ -158,7 +177,17 @@ std::vector<ParamPlan> plan_params(const std::vector<std::shared_ptr<nn::Module>
     HP_CHECK_ARG(!(options.comm_fusion && replicated.count(impl)), "comm_fusion does not support ",
                  "parameter ", fqn, ": non-sharded parameters such as replicate_params are not ",
                  "supported.");
-    plan.shard_dim = plan.keep_whole ? 0 : shard_dim_for(options, param, fqn, shard_size);
+    if (is_dtensor(param)) {
+      HP_CHECK_ARG(options.mesh != nullptr, "fully_shard: parameter '", fqn, "' is a DTensor on ",
+                   layout_of(param).mesh()->describe(), "; pass fully_shard the mesh to shard ",
+                   "over (options.mesh, e.g. mesh[\"dp\"] of the same init_device_mesh)");
+      fsdp::check_composable(fqn, layout_of(param), *options.mesh);
+    }
+    if (!plan.keep_whole) {
+      std::optional<int64_t> dim = shard_dim_for(options, param, fqn, shard_size);
+      plan.keep_whole = !dim.has_value();
+      plan.shard_dim = dim.value_or(0);
+    }
     plans.push_back(std::move(plan));
   }
   // Mixed precision and the fused buffers need one dtype per unit. Only the

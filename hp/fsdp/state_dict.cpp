@@ -24,10 +24,7 @@ using fsdp::FSDPParam;
 // The DTensor of a managed parameter's local shard.
 DTensor shard_dtensor(const fsdp::ManagedParam& managed) {
   const FSDPParam& p = *managed.param;
-  const fsdp::MeshInfo& mesh = managed.unit->mesh();
-  Placements placements =
-      p.sharded() ? mesh.placements(p.shard_dim()) : mesh.replicated_placements();
-  return from_local(p.local_shard(), Layout(mesh.mesh, placements), {p.full_shape()});
+  return from_local(p.local_shard(), p.shard_layout(), {p.global_shape()});
 }
 
 // Every managed unit in the tree resharded, so parameters hold their shards.

@@ -132,6 +132,7 @@ DeviceMeshPtr DeviceMesh::create(const std::string& device_type, std::vector<int
   mesh->shape_ = std::move(shape);
   mesh->ranks_ = std::move(ranks);
   mesh->names_ = std::move(names);
+  for (int64_t d = 0; d < mesh->ndim(); ++d) mesh->dims_in_root_.push_back(d);
   const int me = dist::get_rank();
   auto it = std::find(mesh->ranks_.begin(), mesh->ranks_.end(), me);
   if (it != mesh->ranks_.end()) {
@@ -230,7 +231,9 @@ DeviceMeshPtr DeviceMesh::sub(const std::vector<std::string>& names) const {
     sub->names_.push_back(names_[d]);
     sub->coordinate_.push_back(coord[d]);
     sub->groups_.push_back(groups_[d]);
+    sub->dims_in_root_.push_back(dims_in_root_[d]);
   }
+  sub->root_ = root();
   // Ranks of the slice through this rank's coordinate.
   std::vector<int64_t> c = coord;
   int64_t total = 1;
@@ -262,6 +265,7 @@ DeviceMeshPtr DeviceMesh::flatten(const std::vector<std::string>& names,
   for (int64_t d : dims) size *= shape_[d];
   flat->shape_ = {size};
   flat->names_ = {new_name};
+  flat->dims_in_root_ = {0};
   dist::GroupPtr mine;
   for_each_slice(shape_, ranks_, dims, [&](const std::vector<int>& slice) {
     dist::GroupPtr group = dist::new_group(slice, group_options());
@@ -281,6 +285,8 @@ std::string DeviceMesh::describe() const {
   return cat("DeviceMesh('", device_type_, "', shape ", to_string(shape_), ", ranks ",
              to_string(ranks_), ", dims ", to_string(names_), ")");
 }
+
+DeviceMeshPtr DeviceMesh::root() const { return root_ ? root_ : shared_from_this(); }
 
 bool DeviceMesh::operator==(const DeviceMesh& other) const {
   return device_type_ == other.device_type_ && shape_ == other.shape_ &&

@@ -26,7 +26,7 @@ namespace hp {
 class DeviceMesh;
 using DeviceMeshPtr = std::shared_ptr<const DeviceMesh>;
 
-class DeviceMesh {
+class DeviceMesh : public std::enable_shared_from_this<DeviceMesh> {
  public:
   // Collective. `ranks` lists the mesh's global ranks row-major (its size is
   // the product of `shape`); `names` may be empty for default names "dim_<i>".
@@ -71,6 +71,13 @@ class DeviceMesh {
   DeviceMeshPtr operator[](const std::string& name) const { return sub({name}); }
   DeviceMeshPtr operator[](std::initializer_list<std::string> names) const { return sub(names); }
   DeviceMeshPtr sub(const std::vector<std::string>& names) const;
+  // The mesh this one was taken from by sub() (through any chain of them),
+  // or the mesh itself when it was built by init_device_mesh, create() or
+  // flatten(); and the indices of this mesh's dims in it. Two sub-meshes of
+  // one root can be combined into a layout over both (fully_shard over
+  // parameters tensor parallelism already sharded does).
+  DeviceMeshPtr root() const;
+  const std::vector<int64_t>& dims_in_root() const { return dims_in_root_; }
 
   // Collective over the world: a mesh in which `names` (in mesh order) are
   // merged into one dim called `new_name` (default: names joined by "_"),
@@ -101,6 +108,8 @@ class DeviceMesh {
   std::vector<std::string> names_;
   std::vector<int64_t> coordinate_;
   std::vector<dist::GroupPtr> groups_;
+  DeviceMeshPtr root_;                 // null for a root
+  std::vector<int64_t> dims_in_root_;  // 0..ndim-1 for a root
 };
 
 // Collective: a mesh of `shape` over all ranks of the world (product of the

@@ -883,14 +883,13 @@ class StepSimulator {
   void clip() {
     if (!s_.o.grad_clip) return;
     t_.at("clip_grad_norm_");
-    // Each gradient's norm is taken in fp64: a double copy of it; a
-    // DTensor's norm rule also keeps |g| and |g|^2 in fp64 at once.
+    // Each gradient's norm is taken in fp64: a double copy of it (a
+    // DTensor gradient's local piece).
     int64_t largest = 0;
     for (const Unit& u : units_) {
       for (const auto& p : u.params) largest = std::max(largest, local_numel(p));
     }
-    const int64_t copies = s_.tp > 1 ? 3 : 1;  // DTensor gradients
-    t_.spike(Term::kSlack, copies * largest * kFp64);
+    t_.spike(Term::kSlack, largest * kFp64);
   }
 
   void optimizer_step() {
@@ -969,12 +968,22 @@ Setup make_setup(const PlanOptions& o) {
     case ParallelMode::kTP:
       expect_dims(1, "tp");
       s.tp = o.mesh[0];
-      HP_CHECK_ARG(o.model.n_head % s.tp == 0, "plan_memory: n_head ", o.model.n_head,
-                   " is not divisible by the tensor-parallel size ", s.tp);
-      HP_CHECK_ARG(o.param_dtype == Dtype::kFloat32, "plan_memory: mode tp computes in fp32");
-      s.er = s.ec;
+      s.fsdp = o.tp_units;
+      if (!o.tp_units) {
+        HP_CHECK_ARG(o.param_dtype == Dtype::kFloat32,
+                     "plan_memory: mode tp without units computes in fp32");
+        s.er = s.ec;
+      }
+      break;
+    case ParallelMode::kFSDPTP:
+      expect_dims(2, "fsdp_tp");
+      s.fsdp = true;
+      s.shards = o.mesh[0];
+      s.tp = o.mesh[1];
       break;
   }
+  HP_CHECK_ARG(o.model.n_head % s.tp == 0, "plan_memory: n_head ", o.model.n_head,
+               " is not divisible by the tensor-parallel size ", s.tp);
   for (int64_t m : o.mesh) world *= m;
   HP_CHECK_ARG(o.rank >= 0 && o.rank < world, "plan_memory: rank ", o.rank,
                " is outside the mesh's ", world, " ranks");

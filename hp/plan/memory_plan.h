@@ -34,7 +34,7 @@ namespace hp::plan {
 // mode is a new enumerator plus its case in memory_plan.cpp's make_setup;
 // FSDP over the dp dim of tensor-parallel parameters on a (dp, tp) mesh
 // sets all three.
-enum class ParallelMode { kNone, kFSDP, kHSDP, kDDP, kTP };
+enum class ParallelMode { kNone, kFSDP, kHSDP, kDDP, kTP, kFSDPTP };
 
 enum class Dtype { kFloat32, kBFloat16, kFloat16 };
 int64_t element_size(Dtype dtype);
@@ -47,7 +47,7 @@ struct PlanOptions {
   nn::GPTConfig model;
   ParallelMode mode = ParallelMode::kNone;
   // The mesh as hp-train builds it: fsdp {S}; hsdp {R, S}; ddp {N} (built
-  // as [N, 1]); tp {T}; none {}.
+  // as [N, 1]); tp {T}; fsdp_tp {D, T} (dp, tp); none {}.
   std::vector<int64_t> mesh;
   int64_t rank = 0;            // global rank (uneven shards differ by rank)
   int64_t batch_per_rank = 1;  // samples this rank's forward takes
@@ -59,6 +59,9 @@ struct PlanOptions {
   // -1: true (reshard), 0: false (keep gathered), N: keep pieces for N ranks.
   int64_t reshard_after_forward = -1;
   Checkpointing checkpointing = Checkpointing::kNone;
+  // Tensor parallelism with fully_shard's units over a dp dim of one rank
+  // (hp-train's --mode tp given fully_shard's flags: mixed precision, fusion).
+  bool tp_units = false;
   bool grad_clip = true;  // hp::clip_grad_norm_ before the optimizer step
 };
 

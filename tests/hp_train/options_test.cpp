@@ -77,6 +77,18 @@ TEST(Flags, DefaultsFollowTheWorld) {
   EXPECT_EQ(t.mesh_shape, (std::vector<int64_t>{2}));
   EXPECT_EQ(t.mesh_names, (std::vector<std::string>{"tp"}));
   EXPECT_EQ(t.dp_size, 1);
+  EXPECT_EQ(t.dp_rank(1), 0);
+
+  // fsdp_tp: D data-parallel groups of T adjacent ranks.
+  Parallelism ft = resolve_parallelism(
+      parse_command_line({"--mode", "fsdp_tp", "--mesh", "2x3"}).options, launched(6));
+  EXPECT_EQ(ft.mesh_shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(ft.mesh_names, (std::vector<std::string>{"dp", "tp"}));
+  EXPECT_EQ(ft.dp_size, 2);
+  EXPECT_EQ(ft.dp_rank(2), 0);
+  EXPECT_EQ(ft.dp_rank(3), 1);
+  EXPECT_THAT(ft.describe(), HasSubstr("every layer split over 3 ranks, its pieces sharded over "
+                                       "2 data-parallel ranks"));
 
   // A launched world of one may still train without a process group.
   EXPECT_EQ(resolve_parallelism(parse_command_line({"--mode", "none"}).options, launched(1)).mode,
@@ -180,7 +192,7 @@ TEST(Flags, BadValuesNameFlagValueAndExpectation) {
       {{"--threads", "2000"}, "--threads must be a positive integer at most 1024, got '2000'"},
       {{"--steps", "0x10"}, "--steps must be a positive integer, got '0x10'"},
       {{"--steps", "99999999999999999999"}, "got '99999999999999999999'"},
-      {{"--mode", "zero3"}, "--mode must be one of fsdp, hsdp, ddp, tp, none, got 'zero3'"},
+      {{"--mode", "zero3"}, "--mode must be one of fsdp, hsdp, ddp, tp, fsdp_tp, none, got 'zero3'"},
       {{"--mesh", "2x"},
        "--mesh must be N or RxS (R replicas x S shards) with positive integers, e.g. 4 or 2x2, "
        "got '2x'"},
@@ -231,8 +243,19 @@ TEST(Flags, CombinationsAreCheckedAgainstTheWorld) {
               HasSubstr("--mode fsdp needs a 1-D mesh N, got --mesh 2x2"));
   EXPECT_THAT(check({"--mode", "tp", "--mesh", "3", "--heads", "4"}, launched(3)),
               HasSubstr("--heads 4 must be divisible by the tensor-parallel size 3"));
-  EXPECT_THAT(check({"--mode", "tp", "--mesh", "2", "--no-comm-fusion"}, launched(2)),
-              HasSubstr("--no-comm-fusion configures fully_shard and does not apply to --mode tp"));
+  // Under tensor parallelism fully_shard's flags are carried by units over a
+  // data-parallel dim of one rank.
+  EXPECT_EQ(check({"--mode", "tp", "--mesh", "2", "--no-comm-fusion"}, launched(2)), "");
+  EXPECT_EQ(check({"--mode", "fsdp_tp", "--mesh", "2x2", "--batch", "6"}, launched(4)), "");
+  EXPECT_THAT(check({"--mode", "fsdp_tp", "--mesh", "2x2", "--batch", "3"}, launched(4)),
+              HasSubstr("--batch 3 (the global batch) must be divisible by the data-parallel "
+                        "size 2"));
+  EXPECT_THAT(check({"--mode", "fsdp_tp"}, launched(4)),
+              HasSubstr("--mode fsdp_tp needs --mesh DxT"));
+  EXPECT_THAT(check({"--mode", "fsdp_tp", "--mesh", "2x2", "--reshard-after-forward", "4"},
+                    launched(4)),
+              HasSubstr("--reshard-after-forward 4 must divide the shard group size 2 of "
+                        "fsdp_tp"));
   EXPECT_EQ(check({"--mode", "tp", "--mesh", "2", "--batch", "3"}, launched(2)), "");
   EXPECT_THAT(check({"--mode", "ddp", "--mesh", "2x1"}, launched(2)),
               HasSubstr("--mode ddp needs a 1-D mesh N, got --mesh 2x1"));

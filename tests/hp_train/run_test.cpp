@@ -331,45 +331,74 @@ TEST(HpTrain, InitFromGivesTheFilesModelInEveryMode) {
       << "--mode fsdp on 2 from the file";
 }
 
-// --mode tp from the same --init-from weights and data as --mode none.
-// Step 0: tensor parallelism reorders sums inside the forward (the
-// row-parallel products' partial sums, the vocabulary's exp-sum, the
-// replicated parameters' gradients), so the loss is held to the measured
-// bound of tests/nn/gpt_sensitivity.h in fp32, 4 n_max u S, where S is the
-// loss's response to relative changes of every parameter, measured in
-// float64 on the file's model and batch 0, and n_max = max(4 d, tokens,
-// vocab) the longest sum; plus first_loss_bound for the mean's order. Later
-// steps have no bound the logs support (see the top): tensor parallelism's
-// AdamW steps are checked elementwise in tests/tp/gpt_tp_test.cpp. Here tp
-// must train, repeat bit for bit, and write every rank's --trace.
-TEST(HpTrain, TensorParallelMatchesOneProcessAtStepZero) {
+// --mode tp and --mode fsdp_tp from the same --init-from weights and data
+// as --mode none. Step 0: tensor parallelism reorders sums inside the
+// forward (the row-parallel products' partial sums, the vocabulary's
+// exp-sum, the replicated parameters' gradients), so each data-parallel
+// slice's loss is held to the measured bound of tests/nn/gpt_sensitivity.h
+// in fp32, 4 n_max u S, where S is that slice loss's response to relative
+// changes of every parameter, measured in float64 on the file's model, and
+// n_max = max(4 d, tokens, vocab) the longest sum; the logged loss is the
+// mean of the D slices, so it is within the mean of their bounds, plus
+// first_loss_bound for the mean's order. Later steps have no bound the logs
+// support (see the top): the AdamW steps are checked elementwise in
+// tests/tp/gpt_tp_test.cpp and gpt_fsdp_tp_test.cpp. Here both must train,
+// repeat bit for bit, and write every rank's --trace.
+TEST(HpTrain, TensorParallelModesMatchOneProcessAtStepZero) {
   TempDir dir;
   nn::GPT model = tiny_model(99);
   const std::string weights = write_weights(dir, model);
   const Args args = concat(kTiny, {"--init-from", weights});
-  const Args tp = concat(args, {"--mode", "tp", "--mesh", "2", "--trace", dir.file("tp.json")});
-  const std::vector<double> curve = losses(2, tp, dir, "tp");
-  ASSERT_EQ(curve.size(), 5u);
-
-  const Batch batch = first_batch();
   const nn::GPTConfig config = model->config();
-  const nn::Sensitivity s = nn::measure_sensitivity(model, config, batch.inputs, batch.targets);
   const int64_t n_max = std::max({4 * config.n_embd, kTokens, config.vocab_size});
-  const double expected = first_loss(model, 1);
-  const double bound = test::reordered_sum_bound(s.per_unit.at("loss"), n_max, at::kFloat) +
-                       first_loss_bound(expected, 1);
-  EXPECT_TRUE(test::within_bound(curve[0], expected, bound)) << "tp on 2, step 0";
-  EXPECT_LT(curve[4], curve[0] - 0.5) << "tp trains";
-  EXPECT_EQ(losses(2, tp, dir, "tp_again"), curve) << "tp repeats";
-  for (int rank = 0; rank < 2; ++rank) {
-    EXPECT_TRUE(std::ifstream(dir.file("tp.rank" + std::to_string(rank) + ".json")).good())
-        << "rank " << rank << "'s trace";
+
+  for (const auto& [mode, mesh, ranks, dp] :
+       std::vector<std::tuple<std::string, std::string, int, int64_t>>{
+           {"tp", "2", 2, 1}, {"fsdp_tp", "2x2", 4, 2}}) {
+    SCOPED_TRACE("--mode " + mode + " --mesh " + mesh);
+    const Args run = concat(args, {"--mode", mode, "--mesh", mesh, "--trace",
+                                   dir.file(mode + ".json")});
+    const std::vector<double> curve = losses(ranks, run, dir, mode);
+    ASSERT_EQ(curve.size(), 5u);
+    double bound = 0;
+    for (int64_t r = 0; r < dp; ++r) {
+      const Batch batch = first_batch(r, dp);
+      const nn::Sensitivity s = nn::measure_sensitivity(model, config, batch.inputs, batch.targets);
+      bound += test::reordered_sum_bound(s.per_unit.at("loss"), n_max, at::kFloat) / dp;
+    }
+    const double expected = first_loss(model, dp);
+    bound += first_loss_bound(expected, dp);
+    EXPECT_TRUE(test::within_bound(curve[0], expected, bound)) << "step 0";
+    EXPECT_LT(curve[4], curve[0] - 0.5) << "trains";
+    EXPECT_EQ(losses(ranks, run, dir, mode + "_again"), curve) << "repeats";
+    for (int rank = 0; rank < ranks; ++rank) {
+      EXPECT_TRUE(std::ifstream(dir.file(mode + ".rank" + std::to_string(rank) + ".json")).good())
+          << "rank " << rank << "'s trace";
+    }
   }
-  // Flags that configure fully_shard are refused, as with --mode none.
-  ProcessResult r = hp_train(2, concat(tp, {"--no-prefetch"}));
+
+  // Mixed precision under tensor parallelism: fully_shard units over a
+  // data-parallel dim of one rank carry it. bf16 moves the loss off the fp32
+  // curve (the header says which dtypes ran); it still trains, and fusion,
+  // which changes only how collectives are packed, gives the same bits.
+  const Args bf16 = concat(args, {"--mode", "tp", "--mesh", "2", "--param-dtype", "bf16",
+                                  "--reduce-dtype", "fp32"});
+  ProcessResult header = hp_train(2, concat(bf16, {"--steps", "1"}));
+  ASSERT_EQ(header.exit_code, 0) << header.err;
+  EXPECT_THAT(header.out, HasSubstr("param dtype bf16, reduce dtype fp32"));
+  const std::vector<double> curve = losses(2, bf16, dir, "tp_bf16");
+  ASSERT_EQ(curve.size(), 5u);
+  EXPECT_NE(curve, losses(2, concat(args, {"--mode", "tp", "--mesh", "2"}), dir, "tp_fp32"));
+  EXPECT_LT(curve[4], curve[0] - 0.5) << "bf16 tp trains";
+  EXPECT_EQ(losses(2, concat(bf16, {"--no-comm-fusion"}), dir, "tp_bf16_per_parameter"), curve);
+
+  // fsdp_tp needs a 2-D mesh, and heads that divide by its T.
+  ProcessResult r = hp_train(4, concat(args, {"--mode", "fsdp_tp", "--mesh", "4"}));
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_THAT(r.err + r.out, HasSubstr("--no-prefetch configures fully_shard and does not apply "
-                                       "to --mode tp"));
+  EXPECT_THAT(r.err + r.out, HasSubstr("--mode fsdp_tp needs a 2-D mesh DxT"));
+  r = hp_train(4, concat(args, {"--mode", "fsdp_tp", "--mesh", "1x4"}));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err + r.out, HasSubstr("must be divisible by the tensor-parallel size 4"));
 }
 
 // --activation-checkpointing blocks recomputes every block in backward:

@@ -105,7 +105,7 @@ Measured run_steps(const TrainOptions& options, const Parallelism& parallelism,
     nn::GPT model(config);
     std::optional<FSDPModule> fsdp = parallelize(model, parallelism, options);
     const bool distributed = parallelism.mode != Mode::kNone;
-    const int64_t dp_rank = parallelism.dp_size > 1 ? world.rank : 0;
+    const int64_t dp_rank = parallelism.dp_rank(world.rank);
     Trainer trainer(model, fsdp, distributed ? dist::world_group() : nullptr, dp_rank,
                     parallelism.dp_size, tokens, options);
     measured.first = trainer.step(0).rank_peak_bytes.at(distributed ? world.rank : 0) - base;
@@ -214,6 +214,16 @@ TEST_F(MemoryPlanTest, TensorParallel) {
   check_case(fmt::format("--mode tp --batch 2 {}", kParameterHeavy));
   check_case(fmt::format("--mode tp --batch 8 --activation-checkpointing blocks {}",
                          kActivationHeavy));
+  // fully_shard's flags under tp: units over a data-parallel dim of one rank.
+  check_case(fmt::format("--mode tp --batch 8 --param-dtype bf16 {}", kActivationHeavy));
+  check_case(fmt::format("--mode tp --batch 2 --comm-fusion {}", kParameterHeavy));
+  if (n % 2 == 0 && n > 2) {
+    // FSDP over the dp dim of tensor-parallel parameters on a (dp, tp) mesh.
+    const std::string mesh = fmt::format("--mode fsdp_tp --mesh 2x{} --batch 16", n / 2);
+    check_case(mesh + " " + kActivationHeavy);
+    check_case(fmt::format("--mode fsdp_tp --mesh 2x{} --batch 4 {}", n / 2, kParameterHeavy));
+    check_case(mesh + " --param-dtype bf16 " + kActivationHeavy);
+  }
 }
 
 TEST(MemoryPlanOptions, BadOptionsNameTheArgument) {

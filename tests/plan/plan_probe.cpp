@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
   torch::optim::AdamW optimizer(
       model->parameters(),
       torch::optim::AdamWOptions(o.lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(o.weight_decay));
-  const int64_t dp_rank = parallelism.dp_size > 1 ? world.rank : 0;
+  const int64_t dp_rank = parallelism.dp_rank(world.rank);
   for (int64_t s = 0; s < o.steps; ++s) {
     hp::reset_peak_memory();
     const int64_t start = current();

@@ -23,10 +23,11 @@ plan::ParallelMode plan_mode(Mode mode) {
     case Mode::kHSDP: return plan::ParallelMode::kHSDP;
     case Mode::kDDP: return plan::ParallelMode::kDDP;
     case Mode::kTP: return plan::ParallelMode::kTP;
+    case Mode::kFSDPTP: return plan::ParallelMode::kFSDPTP;
     default: break;
   }
   throw ArgumentError(cat("--dry-run: the memory plan does not cover --mode ", mode_name(mode),
-                          " yet; expected none, fsdp, hsdp, ddp or tp"));
+                          " yet; expected none, fsdp, hsdp, ddp, tp or fsdp_tp"));
 }
 
 }  // namespace
@@ -52,6 +53,7 @@ plan::PlanOptions plan_options(const TrainOptions& options, const Parallelism& p
   p.prefetch = options.prefetch;
   p.reshard_after_forward = options.reshard_after_forward;
   p.grad_clip = options.grad_clip > 0;
+  p.tp_units = parallelism.mode == Mode::kTP && !options.fully_shard_flags.empty();
   p.checkpointing = options.activation_checkpointing == "blocks" ? plan::Checkpointing::kBlocks
                                                                  : plan::Checkpointing::kNone;
   return p;

@@ -175,8 +175,8 @@ int run(const TrainOptions& options) {
     hp::trace::enable(world.rank, fmt::format("rank {}", world.rank));
   }
   // Data-parallel ranks are the world's ranks in the fully_shard modes;
-  // tensor-parallel ranks all read the same samples.
-  const int64_t dp_rank = parallelism.dp_size > 1 ? world.rank : 0;
+  // tensor-parallel ranks (of one data-parallel group) read the same samples.
+  const int64_t dp_rank = parallelism.dp_rank(world.rank);
   Trainer trainer(model, fsdp, distributed ? hp::dist::world_group() : nullptr, dp_rank,
                   parallelism.dp_size, corpus.tokens, options);
 
@@ -232,12 +232,15 @@ int run(const TrainOptions& options) {
       // forward, collectively, and keep them for the other tokens. Same
       // generator seed and same logits on every rank, so the ranks draw the
       // same tokens.
-      std::optional<GatheredForInference> gathered;
-      if (fsdp) gathered.emplace(fully_shard_units(model, *fsdp), options.reshard_after_forward);
       // Tensor parallelism: sampling (top-k, multinomial) has no sharding
       // rules, so every rank samples from a whole copy of the model.
-      hp::nn::GPT sampler =
-          parallelism.mode == Mode::kTP ? whole_copy(model) : model;
+      const bool tensor_parallel =
+          parallelism.mode == Mode::kTP || parallelism.mode == Mode::kFSDPTP;
+      std::optional<GatheredForInference> gathered;
+      if (fsdp && !tensor_parallel) {
+        gathered.emplace(fully_shard_units(model, *fsdp), options.reshard_after_forward);
+      }
+      hp::nn::GPT sampler = tensor_parallel ? whole_copy(model) : model;
       sampler->eval();
       at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
       at::Tensor prompt = corpus.tokens.narrow(0, 0, 1).view({1, 1});

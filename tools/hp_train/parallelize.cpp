@@ -29,13 +29,25 @@ std::optional<FSDPModule> parallelize(nn::GPT& model, const Parallelism& paralle
     for (const nn::Block& block : model->blocks()) nn::set_activation_checkpointing(*block.ptr());
   }
   if (parallelism.mode == Mode::kNone) return std::nullopt;
-  if (parallelism.mode == Mode::kTP) {
+  if (parallelism.mode == Mode::kTP && train.fully_shard_flags.empty()) {
     auto mesh = init_device_mesh("cpu", parallelism.mesh_shape, parallelism.mesh_names);
     shard_module(model, mesh, gpt_tensor_parallel_plan(model->config(), *mesh, "tp"));
     return std::nullopt;
   }
   FullyShardOptions options;
-  options.mesh = init_device_mesh("cpu", parallelism.mesh_shape, parallelism.mesh_names);
+  if (parallelism.mode == Mode::kTP || parallelism.mode == Mode::kFSDPTP) {
+    // Tensor parallel over mesh["tp"], then fully_shard over mesh["dp"]
+    // (of one rank under --mode tp: units that only carry mixed precision).
+    const std::vector<int64_t> shape = parallelism.mode == Mode::kTP
+                                           ? std::vector<int64_t>{1, parallelism.mesh_shape[0]}
+                                           : parallelism.mesh_shape;
+    auto mesh = init_device_mesh("cpu", shape, {"dp", "tp"});
+    auto tp = (*mesh)["tp"];
+    shard_module(model, tp, gpt_tensor_parallel_plan(model->config(), *tp, "tp"));
+    options.mesh = (*mesh)["dp"];
+  } else {
+    options.mesh = init_device_mesh("cpu", parallelism.mesh_shape, parallelism.mesh_names);
+  }
   options.comm_fusion = train.comm_fusion;
   if (train.reshard_after_forward == 0) {
     options.reshard_after_forward = false;

@@ -12,7 +12,11 @@ namespace hp::train {
 
 // Collective (needs the process group) except for Mode::kNone, which leaves
 // the model alone and returns nullopt. Mode::kTP shards every layer with
-// the GPT's tensor-parallel plan (hp/tp/gpt_plan.h) and returns nullopt. Otherwise builds the mesh and makes
+// the GPT's tensor-parallel plan (hp/tp/gpt_plan.h) and returns nullopt;
+// with fully_shard flags given (mixed precision, fusion) it goes on as
+// Mode::kFSDPTP on a 1xT mesh. Mode::kFSDPTP builds the (dp, tp) mesh,
+// shards every layer over "tp" and then makes the units below over "dp".
+// Otherwise builds the mesh and makes
 // every block a fully_shard unit, then the root (embeddings, final norm,
 // head), inner-first as fully_shard requires; returns the root's handle.
 // The mesh decides the mode: 1-D shards (FSDP), (replicate, shard) is HSDP,

@@ -18,7 +18,8 @@ std::string header_text(const TrainOptions& o, const Parallelism& parallelism,
       o.init_from.empty() ? fmt::format("seed {}", o.seed)
                           : fmt::format("weights from {}", o.init_from));
   text += fmt::format("  mode:   {}\n", parallelism.describe());
-  if (parallelism.mode != Mode::kNone && parallelism.mode != Mode::kTP) {
+  if (parallelism.mode != Mode::kNone &&
+      (parallelism.mode != Mode::kTP || !o.fully_shard_flags.empty())) {
     const std::string reshard = o.reshard_after_forward < 0    ? "true"
                                 : o.reshard_after_forward == 0 ? "false"
                                                                : fmt::format("to groups of {}",

@@ -91,6 +91,7 @@ Mode parse_mode(const std::string& value) {
   if (value == "hsdp") return Mode::kHSDP;
   if (value == "ddp") return Mode::kDDP;
   if (value == "tp") return Mode::kTP;
+  if (value == "fsdp_tp") return Mode::kFSDPTP;
   return Mode::kFSDP;  // the validator admits nothing else
 }
 
@@ -206,6 +207,8 @@ const char* mode_name(Mode mode) {
       return "ddp";
     case Mode::kTP:
       return "tp";
+    case Mode::kFSDPTP:
+      return "fsdp_tp";
   }
   return "?";
 }
@@ -275,13 +278,15 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
              },
              "", "seed"));
   option("--mode", mode,
-         "fsdp | hsdp | ddp | tp | none (default: fsdp under a launcher, else none); tp is "
-         "tensor parallelism over --mesh T ranks",
-         "M", one_of({"fsdp", "hsdp", "ddp", "tp", "none"}));
+         "fsdp | hsdp | ddp | tp | fsdp_tp | none (default: fsdp under a launcher, else none); "
+         "tp is tensor parallelism over --mesh T ranks, fsdp_tp FSDP over D data-parallel "
+         "ranks of tensor-parallel groups of T (--mesh DxT)",
+         "M", one_of({"fsdp", "hsdp", "ddp", "tp", "fsdp_tp", "none"}));
   option("--mesh", o.mesh,
          "mesh shape: N ranks, or RxS = R replicas (data-parallel copies) x S shards each, for "
-         "--mode hsdp; its product is the world size (default: the world size)",
-         "N|RxS", kMesh);
+         "--mode hsdp, or DxT for --mode fsdp_tp; its product is the world size (default: the "
+         "world size)",
+         "N|RxS|DxT", kMesh);
   option("--init-from", o.init_from, "initial weights (.safetensors) by parameter name", "FILE",
          kFileName);
   option("--log-json", o.log_json,
@@ -408,10 +413,22 @@ std::string Parallelism::describe() const {
     case Mode::kTP:
       text += fmt::format(": every layer split over {}", plural(mesh_shape[0], "rank"));
       break;
+    case Mode::kFSDPTP:
+      text += fmt::format(": every layer split over {}, its pieces sharded over {}",
+                          plural(mesh_shape[1], "rank"),
+                          plural(mesh_shape[0], "data-parallel rank"));
+      break;
     case Mode::kNone:
       break;
   }
   return text + fmt::format(", data-parallel size {}", dp_size);
+}
+
+int64_t Parallelism::dp_rank(int rank) const {
+  if (dp_size == 1) return 0;
+  // Row-major (dp, tp): the T ranks of one data-parallel group are adjacent.
+  if (mode == Mode::kFSDPTP) return rank / mesh_shape[1];
+  return rank;
 }
 
 Parallelism resolve_parallelism(const TrainOptions& options, const World& world) {
@@ -438,6 +455,11 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
                  "R*S = the world size ", world.size, ")");
     HP_CHECK_ARG(shape.size() == 2, "--mode hsdp needs a 2-D mesh RxS (replicas x shards), got "
                  "--mesh ", options.mesh);
+  } else if (p.mode == Mode::kFSDPTP) {
+    HP_CHECK_ARG(!options.mesh.empty(), "--mode fsdp_tp needs --mesh DxT (data-parallel x "
+                 "tensor-parallel ranks, D*T = the world size ", world.size, ")");
+    HP_CHECK_ARG(shape.size() == 2, "--mode fsdp_tp needs a 2-D mesh DxT (data-parallel x "
+                 "tensor-parallel ranks), got --mesh ", options.mesh);
   } else {
     HP_CHECK_ARG(shape.size() == 1, "--mode ", mode, " needs a 1-D mesh N, got --mesh ",
                  options.mesh, " (a 2-D mesh RxS is --mode hsdp)");
@@ -466,6 +488,11 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
       p.mesh_names = {"tp"};
       p.dp_size = 1;
       return p;
+    case Mode::kFSDPTP:
+      p.mesh_shape = shape;
+      p.mesh_names = {"dp", "tp"};
+      p.dp_size = shape[0];
+      return p;
     case Mode::kNone:
       break;
   }
@@ -482,25 +509,27 @@ void validate_options(const TrainOptions& o, const Parallelism& parallelism) {
                " (the global batch) must be divisible by the data-parallel size ",
                parallelism.dp_size, " (", mode_name(parallelism.mode), " on ",
                plural(parallelism.dp_size, "rank"), ")");
-  if (parallelism.mode == Mode::kNone || parallelism.mode == Mode::kTP) {
-    // These configure fully_shard; a single process or tensor parallelism
-    // alone has none, and taking them silently would train in another
-    // precision than asked for.
+  if (parallelism.mode == Mode::kNone) {
+    // These configure fully_shard; a single process has none, and taking
+    // them silently would train in another precision than asked for.
     HP_CHECK_ARG(o.fully_shard_flags.empty(), o.fully_shard_flags.front(),
-                 " configures fully_shard and does not apply to --mode ",
-                 mode_name(parallelism.mode),
-                 " (no fully_shard units); leave it out, or use --mode fsdp, hsdp or ddp");
+                 " configures fully_shard and does not apply to --mode none (no fully_shard "
+                 "units); leave it out, or use --mode fsdp, hsdp, ddp, tp or fsdp_tp");
   }
-  if (parallelism.mode == Mode::kTP) {
-    const int64_t tp = parallelism.mesh_shape.at(0);
+  if (parallelism.mode == Mode::kTP || parallelism.mode == Mode::kFSDPTP) {
+    const int64_t tp = parallelism.mesh_shape.back();
     HP_CHECK_ARG(o.heads % tp == 0, "--heads ", o.heads, " must be divisible by the "
-                 "tensor-parallel size ", tp, " (--mode tp --mesh ", tp,
+                 "tensor-parallel size ", tp, " (--mode ", mode_name(parallelism.mode),
+                 " --mesh ", fmt::format("{}", fmt::join(parallelism.mesh_shape, "x")),
                  "): each rank computes whole heads");
   }
-  if (o.reshard_after_forward > 0 && parallelism.mode != Mode::kNone &&
-      parallelism.mode != Mode::kTP) {
-    const int64_t shard_size =
-        parallelism.mode == Mode::kDDP ? 1 : parallelism.mesh_shape.back();
+  if (o.reshard_after_forward > 0 && parallelism.mode != Mode::kNone) {
+    // The ranks fully_shard shards over: the mesh's last dim, the
+    // data-parallel dim of fsdp_tp, none under DDP or tensor parallelism.
+    const int64_t shard_size = parallelism.mode == Mode::kDDP || parallelism.mode == Mode::kTP
+                                   ? 1
+                               : parallelism.mode == Mode::kFSDPTP ? parallelism.mesh_shape[0]
+                                                                   : parallelism.mesh_shape.back();
     HP_CHECK_ARG(shard_size % o.reshard_after_forward == 0 &&
                      o.reshard_after_forward <= shard_size,
                  "--reshard-after-forward ", o.reshard_after_forward,

@@ -17,9 +17,9 @@
 
 namespace hp::train {
 
-enum class Mode { kNone, kFSDP, kHSDP, kDDP, kTP };
+enum class Mode { kNone, kFSDP, kHSDP, kDDP, kTP, kFSDPTP };
 
-// "none", "fsdp", "hsdp", "ddp", "tp".
+// "none", "fsdp", "hsdp", "ddp", "tp", "fsdp_tp".
 const char* mode_name(Mode mode);
 
 // The defaults are the README's main job: FSDP on 2 ranks of a 2-core
@@ -73,7 +73,9 @@ struct TrainOptions {
   std::string reduce_dtype;          // --reduce-dtype (default: the param dtype)
   std::string trace;                 // --trace FILE: Chrome trace per rank
   // The fully_shard flags given on the command line, as written (e.g.
-  // "--no-comm-fusion"): --mode none refuses them rather than ignore them.
+  // "--no-comm-fusion"): --mode none refuses them rather than ignore them;
+  // --mode tp with any of them builds fully_shard units over a data-parallel
+  // dim of one rank to carry them (mixed precision, fusion).
   std::vector<std::string> fully_shard_flags;
 
   // Activation checkpointing (hp/nn/activation_checkpoint.h): "blocks"
@@ -106,13 +108,17 @@ struct World {
 
 // The mesh and mode after defaults. The data-parallel size is the world size
 // in the fully_shard modes (the mesh is row-major, so data-parallel rank =
-// global rank) and 1 under tensor parallelism (every rank sees the same
-// samples).
+// global rank), 1 under tensor parallelism (every rank sees the same
+// samples) and D on fsdp_tp's DxT mesh (the T ranks of one data-parallel
+// group see the same samples).
 struct Parallelism {
   Mode mode = Mode::kNone;
   std::vector<int64_t> mesh_shape;      // init_device_mesh's shape; empty for kNone
   std::vector<std::string> mesh_names;  // its dim names
   int64_t dp_size = 1;
+
+  // The data-parallel coordinate of global rank `rank`.
+  int64_t dp_rank(int rank) const;
 
   // "fsdp on mesh [2] (shard)", "none (one process)".
   std::string describe() const;
@@ -124,7 +130,7 @@ struct Parallelism {
 // shards, built as (replicate, shard)), ddp a 1-D mesh N (built as [N, 1]);
 // the mesh's product must equal the world size; none runs in a world of one;
 // tp takes a 1-D mesh T (tensor parallel over T ranks, one data-parallel
-// copy).
+// copy); fsdp_tp a 2-D mesh DxT, built as (dp, tp).
 Parallelism resolve_parallelism(const TrainOptions& options, const World& world);
 
 // Combinations of flags: heads dividing d, seq <= ctx, the global batch
