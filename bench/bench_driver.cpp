@@ -241,6 +241,18 @@ json summarize(const std::string& name, const std::vector<json>& runs, const Ben
         "hp::memory_stats: peak live bytes of libtorch's CPU allocator over the timed steps "
         "(tracking enabled before the model was built; excludes Gloo's own buffers)";
     row["peak_bytes_each_rank"] = peaks;
+    // The memory plan's prediction for the same quantity (its steady step),
+    // the highest rank, beside the measured one.
+    if (last.contains("predicted_peak_bytes_per_rank")) {
+      const auto predicted = last["predicted_peak_bytes_per_rank"].get<std::vector<int64_t>>();
+      const auto in_flight = last["predicted_in_flight_bytes_per_rank"].get<std::vector<int64_t>>();
+      const size_t top = std::max_element(predicted.begin(), predicted.end()) - predicted.begin();
+      row["predicted_peak_bytes_per_rank"] = predicted[top];
+      row["predicted_in_flight_bytes"] = in_flight[top];
+      row["predicted_peak_each_rank"] = predicted;
+      row["plan_error"] = static_cast<double>(predicted[top] - row["peak_bytes_per_rank"].get<int64_t>()) /
+                          row["peak_bytes_per_rank"].get<double>();
+    }
   }
   row["peak_rss_delta_method"] =
       "getrusage ru_maxrss at the end minus VmRSS before the model was built, max over ranks";
@@ -447,6 +459,40 @@ json compute_targets(const json& rows, const BenchConfig& c) {
     targets["exposed_comm_" + name] = t;
   }
 
+  {
+    // The memory plan (P2) against every row of ours. The plan's peak holds
+    // what only collectives in flight hold until the code waits for them
+    // (the highest a step can reach); a step whose collectives completed
+    // sooner peaks up to that much lower (docs/design.md, "Memory plan").
+    // So a row's distance is how far its measured peak lies outside
+    // [predicted - in flight, predicted], relative to it; the target is 10%.
+    json t = {{"what", "plan vs measured: within 10% on every row (outside [predicted - "
+                       "in-flight collective buffers, predicted])"},
+              {"limit", 0.10}};
+    double worst = 0;
+    bool any = false;
+    json distances = json::object(), errors = json::object();
+    for (const auto& r : rows) {
+      if (!r.contains("predicted_peak_bytes_per_rank")) continue;
+      any = true;
+      const double measured = r["peak_bytes_per_rank"].get<double>();
+      const double predicted = r["predicted_peak_bytes_per_rank"].get<double>();
+      const double low = predicted - r["predicted_in_flight_bytes"].get<double>();
+      const double outside = measured > predicted ? measured - predicted
+                             : measured < low     ? low - measured
+                                                  : 0.0;
+      const std::string name = r["name"];
+      distances[name] = outside / measured;
+      errors[name] = (predicted - measured) / measured;
+      worst = std::max(worst, outside / measured);
+    }
+    t["value"] = any ? json(worst) : json(nullptr);
+    t["distance_outside_band"] = distances;
+    t["plain_error"] = errors;
+    t["pass"] = any ? json(worst <= 0.10) : json(nullptr);
+    targets["plan_vs_measured"] = t;
+  }
+
   // The bound is for fusion + zero-copy (fsdp_fused); with prefetch
   // one more unit is gathered ahead by design, so that row is reported
   // against the same bound for comparison.
@@ -476,9 +522,9 @@ json compute_targets(const json& rows, const BenchConfig& c) {
 }
 
 void print_table(const json& report) {
-  fmt::print("\n{:<20} {:>5} {:>10} {:>9} {:>10} {:>10} {:>6} {:>6} {:>6} {:>8} {:>8}\n", "row",
-             "ranks", "step_s", "tok/s", "peak_MiB", "coll/step", "AG", "RS", "AR", "exposed",
-             "loss");
+  fmt::print("\n{:<20} {:>5} {:>10} {:>9} {:>10} {:>9} {:>10} {:>6} {:>6} {:>6} {:>8} {:>8}\n",
+             "row", "ranks", "step_s", "tok/s", "peak_MiB", "plan_MiB", "coll/step", "AG", "RS",
+             "AR", "exposed", "loss");
   for (const auto& r : report["rows"]) {
     const std::string name = r["name"];
     if (r.contains("skipped")) {
@@ -499,11 +545,15 @@ void print_table(const json& report) {
             : fmt::format("{:.1f}%", 100 * r["exposed_comm_fraction"].get<double>());
     const std::string loss =
         r["last_loss"].is_null() ? "-" : fmt::format("{:.4f}", r["last_loss"].get<double>());
-    fmt::print("{:<20} {:>5} {:>10.4f} {:>9.0f} {:>10.1f} {:>10.1f} {:>6.1f} {:>6.1f} {:>6.1f} "
-               "{:>8} {:>8}{}{}\n",
+    const std::string plan =
+        r.contains("predicted_peak_bytes_per_rank")
+            ? fmt::format("{:.1f}", r["predicted_peak_bytes_per_rank"].get<double>() / (1 << 20))
+            : "-";
+    fmt::print("{:<20} {:>5} {:>10.4f} {:>9.0f} {:>10.1f} {:>9} {:>10.1f} {:>6.1f} {:>6.1f} "
+               "{:>6.1f} {:>8} {:>8}{}{}\n",
                name, r["ranks"].get<int>(), r["step_time_s_median"].get<double>(),
                r["tokens_per_s"].get<double>(),
-               r["peak_bytes_per_rank"].get<double>() / (1 << 20), c["total"].get<double>(),
+               r["peak_bytes_per_rank"].get<double>() / (1 << 20), plan, c["total"].get<double>(),
                c["all_gather"].get<double>(), c["reduce_scatter"].get<double>(),
                c["all_reduce"].get<double>(), exposed, loss,
                name.rfind("torch_", 0) == 0 ? "  (peak: RSS delta)" : "",

@@ -31,6 +31,7 @@
 #include "hp/util/memory_stats.h"
 #include "tools/hp_train/batches.h"
 #include "tools/hp_train/corpus.h"
+#include "tools/hp_train/dry_run.h"
 #include "tools/hp_train/parallelize.h"
 
 namespace hp::bench {
@@ -125,7 +126,9 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
   for (const auto& p : model->blocks().at(0)->parameters()) block_bytes += p.nbytes();
 
   std::optional<FSDPModule> root;
+  // hp-train's recipe for this row; also what the memory plan is asked about.
   train::Parallelism parallelism;
+  train::TrainOptions recipe;
   if (distributed) {
     // hp-train's own recipe (each block a unit, then the root), so the
     // benchmark measures what the training program runs.
@@ -139,7 +142,6 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
     parallelism.dp_size = parallelism.mode == train::Mode::kTP       ? 1
                           : parallelism.mode == train::Mode::kFSDPTP ? spec.shape[0]
                                                                      : world;
-    train::TrainOptions recipe;
     recipe.comm_fusion = spec.fusion;
     recipe.prefetch = spec.prefetch;
     if (spec.activation_checkpointing) recipe.activation_checkpointing = "blocks";
@@ -208,6 +210,22 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
   }
 
   if (rank == 0) {
+    // The memory plan of every rank (P2): arithmetic, no communication. The
+    // measured peak spans steps after the warm-up: the plan's steady step.
+    recipe.layers = c.layers;
+    recipe.d = c.d;
+    recipe.heads = c.heads;
+    recipe.ctx = c.ctx;
+    recipe.seq = c.seq;
+    recipe.batch = global_batch;
+    recipe.grad_clip = 0;  // the benchmark's step does not clip
+    std::vector<int64_t> predicted, in_flight;
+    for (int r = 0; r < world; ++r) {
+      const plan::MemoryPlan plan =
+          plan::plan_memory(train::plan_options(recipe, parallelism, c.vocab, r));
+      predicted.push_back(plan.steady.terms.total());
+      in_flight.push_back(plan.steady.in_flight_bytes);
+    }
     const int64_t n = c.steps;
     auto at_rank = [&](int r, int64_t i) { return all[r][i].item<double>(); };
     nlohmann::json out;
@@ -253,6 +271,8 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
     }
     out["first_loss"] = std::isnan(first) ? nlohmann::json(nullptr) : nlohmann::json(first);
     out["peak_bytes_per_rank"] = peaks;
+    out["predicted_peak_bytes_per_rank"] = predicted;
+    out["predicted_in_flight_bytes_per_rank"] = in_flight;
     out["end_bytes_per_rank"] = current;
     out["peak_rss_delta_bytes_per_rank"] = rss;
     out["collective_counts_per_rank"] = counts;  // over the timed steps

@@ -6,7 +6,8 @@ usage: plot_bench.py bench.json bench.png
 Panels: median step time (with the 10th-90th percentile range), tokens/s,
 peak memory per rank (torch_ddp's bar is its RSS delta, hatched: a different
 method, see the JSON's peak_bytes_method; the black ticks are every row's RSS
-delta, measured alike) and collectives per step stacked by kind. Failed rows
+delta, measured alike; the red circles the memory plan's prediction for our
+rows) and collectives per step stacked by kind. Failed rows
 are labelled "failed".
 """
 import json
@@ -78,6 +79,13 @@ def main(path, out):
     if rss:
         ax.scatter([x for x, _ in rss], [v for _, v in rss], marker="_", s=400, color="black",
                    zorder=3, label="RSS delta (every row, same method)")
+    plan = [(x, value(r, "predicted_peak_bytes_per_rank")) for x, r in enumerate(rows)]
+    plan = [(x, v / 2**20) for x, v in plan if v is not None]
+    if plan:
+        ax.scatter([x for x, _ in plan], [v for _, v in plan], marker="o", s=30,
+                   facecolors="none", edgecolors="#c44e52", zorder=4,
+                   label="memory plan's prediction (ours)")
+    if rss or plan:
         ax.legend(fontsize=7, loc="upper left")
     ax.set_ylabel("MiB")
 

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -35,6 +36,7 @@
 #include "hp/util/trace.h"
 #include "tools/hp_train/checkpointing.h"
 #include "tools/hp_train/corpus.h"
+#include "tools/hp_train/dry_run.h"
 #include "tools/hp_train/gathered_for_inference.h"
 #include "tools/hp_train/init_weights.h"
 #include "tools/hp_train/output_file.h"
@@ -94,6 +96,29 @@ void say(bool root, const std::string& text) {
   if (root) std::cout << text << std::endl;
 }
 
+// --dry-run: the plan is arithmetic, so every rank prints its own and rank 0
+// writes every rank's JSON line without asking the others; no process group
+// is joined.
+int dry_run(const TrainOptions& options, const Parallelism& parallelism, const World& world,
+            int64_t vocab_size) {
+  const bool root = world.rank == 0;
+  std::ofstream json;
+  if (root && !options.log_json.empty()) json = open_output_file("--log-json", options.log_json);
+  for (int r = 0; r < world.size; ++r) {
+    const hp::plan::MemoryPlan plan =
+        hp::plan::plan_memory(plan_options(options, parallelism, vocab_size, r));
+    if (r == world.rank) {
+      std::cout << fmt::format("{}, {} x {} tokens per rank\n{}", parallelism.describe(),
+                               options.batch / parallelism.dp_size, options.seq,
+                               hp::plan::format_plan(plan))
+                << std::endl;
+    }
+    if (json.is_open()) json << plan_json(plan) << "\n";
+  }
+  if (json.is_open()) say(root, fmt::format("memory plans written to {}", options.log_json));
+  return 0;
+}
+
 int run(const TrainOptions& options) {
   at::set_num_threads(options.threads);
 
@@ -109,6 +134,7 @@ int run(const TrainOptions& options) {
                             ? load_fortunes()
                             : load_token_file(options.data_file, options.vocab);
   validate_corpus(options, corpus);
+  if (options.dry_run) return dry_run(options, parallelism, world, corpus.vocab_size);
   // From here on every libtorch allocation is counted: weights, their
   // shards, gradients, AdamW state, activations, communication buffers.
   // Each training step resets the peak (Trainer::step).

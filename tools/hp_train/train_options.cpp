@@ -322,6 +322,10 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   option("--top-k", o.top_k,
          fmt::format("sample among the K likeliest tokens; 0 = all (default {})", defaults.top_k),
          "K", non_negative_integer());
+  app.add_flag("--dry-run", o.dry_run,
+               "print each rank's memory plan (the predicted peak of a training step, by term) "
+               "and exit: no step, no collective; with --log-json, rank 0 writes one JSON object "
+               "per rank");
   // fully_shard's flags.
   auto* comm_fusion = app.add_flag(
       "--comm-fusion,!--no-comm-fusion", o.comm_fusion,

@@ -54,6 +54,7 @@ struct TrainOptions {
 
   std::string init_from;  // a .safetensors file of the full initial weights
   std::string log_json;   // rank 0 appends one JSON object per step
+  bool dry_run = false;   // --dry-run: print the memory plan (P2), train nothing
 
   // Checkpoints (tools/hp_train/checkpointing.h).
   std::string save_dir;    // --save-dir: sharded checkpoints go here
