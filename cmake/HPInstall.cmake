@@ -5,7 +5,8 @@
 #   find_package(HyperParallel REQUIRED)
 #   target_link_libraries(app PRIVATE HyperParallel::hp)
 #
-# HyperParallel::hp brings every layer (fully_shard down to the process
+# HyperParallel::hp brings every layer (fully_shard, tensor parallelism,
+# checkpoints and the memory plan down to the process
 # world), libtorch (Torch's own find_package, run again by the config file),
 # Gloo's headers, fmt, nlohmann_json and the link order every hp program
 # needs (hp_link_order in cmake/HPTargets.cmake).
@@ -15,10 +16,10 @@ include(CMakePackageConfigHelpers)
 set(HP_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/HyperParallel)
 
 add_library(hp INTERFACE)
-target_link_libraries(hp INTERFACE hp_fsdp hp_checkpoint)
+target_link_libraries(hp INTERFACE hp_fsdp hp_checkpoint hp_tp hp_plan)
 add_library(HyperParallel::hp ALIAS hp)
 
-install(TARGETS hp hp_fsdp hp_nn hp_tensor hp_mesh hp_dist hp_checkpoint hp_util
+install(TARGETS hp hp_fsdp hp_tp hp_plan hp_nn hp_tensor hp_mesh hp_dist hp_checkpoint hp_util
                 hp_link_order hp_fmt hp_gloo_headers
         EXPORT HyperParallelTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
