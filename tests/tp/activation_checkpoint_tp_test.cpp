@@ -21,12 +21,7 @@ namespace hp {
 namespace {
 
 nn::GPT tp_model(double dropout, bool checkpointed, const DeviceMeshPtr& mesh) {
-  nn::GPTConfig config;
-  config.vocab_size = 50;
-  config.context = 8;
-  config.n_layer = 2;
-  config.n_head = 12;
-  config.n_embd = 48;
+  nn::GPTConfig config = test::tp_small_config();
   config.dropout = dropout;
   torch::manual_seed(1234);
   nn::GPT model(config);

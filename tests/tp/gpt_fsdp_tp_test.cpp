@@ -21,24 +21,13 @@
 #include "hp/util/error.h"
 #include "tests/nn/gpt_sensitivity.h"
 #include "tests/support/rounding_bounds.h"
+#include "tests/tp/tp_test_util.h"
 
 namespace hp {
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
-
-// Heads divide by 2, 3 and 4; the vocabulary does not (uneven shards), and
-// neither do the row-parallel weights' dim 0 over 3 dp ranks after padding.
-nn::GPTConfig small_config() {
-  nn::GPTConfig config;
-  config.vocab_size = 50;
-  config.context = 8;
-  config.n_layer = 2;
-  config.n_head = 12;
-  config.n_embd = 48;
-  return config;
-}
 
 // Every (dp, tp) with dp * tp = world size.
 std::vector<std::pair<int64_t, int64_t>> mesh_shapes() {
@@ -48,19 +37,6 @@ std::vector<std::pair<int64_t, int64_t>> mesh_shapes() {
     if (n % dp == 0) shapes.emplace_back(dp, n / dp);
   }
   return shapes;
-}
-
-nn::GPT noisy_model(const nn::GPTConfig& config) {
-  torch::manual_seed(1234);
-  nn::GPT model(config);
-  model->to(at::kDouble);
-  auto gen = at::detail::createCPUGenerator(77);
-  torch::NoGradGuard no_grad;
-  for (auto& p : model->parameters()) {
-    const double scale = p.dim() == 2 ? 1.0 / std::sqrt(double(p.size(1))) : 0.1;
-    p.add_(torch::randn(p.sizes(), gen).to(at::kDouble) * scale);
-  }
-  return model;
 }
 
 // Tensor parallel over mesh["tp"], then every block and the root a
@@ -83,34 +59,17 @@ at::Tensor global_value(const at::Tensor& param, const at::Tensor& value) {
   return from_local(value.detach(), p.shard_layout(), {p.global_shape()}).full_tensor();
 }
 
-// Copies the reference's parameters into each rank's shards.
-void load_into(nn::GPT& target, nn::GPT& source) {
-  torch::NoGradGuard no_grad;
-  auto from = source->named_parameters();
-  for (auto& p : target->named_parameters()) {
-    const at::Tensor& full = from[p.key()];
-    auto managed = fsdp::find_managed(p.value());
-    if (is_dtensor(p.value())) {
-      local_of(p.value()).copy_(local_of(distribute(full, layout_of(p.value()))));
-    } else if (managed) {
-      p.value().copy_(distribute_tensor(full, managed->param->shard_layout()).local());
-    } else {
-      p.value().copy_(full);
-    }
-  }
-}
-
 // The parameters' layouts: on a 2-D mesh each keeps its tensor-parallel
 // placement over "tp" and gains fully_shard's over "dp", on a dim tensor
 // parallelism left whole; the column-parallel biases (no dim left) are
 // replicated over "dp".
 TEST(GptFsdpTp, ParametersGetTwoDimensionalLayouts) {
-  const nn::GPTConfig config = small_config();
+  const nn::GPTConfig config = test::tp_small_config();
   for (auto [dp, tp] : mesh_shapes()) {
     if (dp == 1 || tp == 1) continue;
     SCOPED_TRACE(fmt::format("mesh {}x{}", dp, tp));
     auto mesh = init_device_mesh("cpu", {dp, tp}, {"dp", "tp"});
-    nn::GPT model = noisy_model(config);
+    nn::GPT model = test::noisy_gpt(config, at::kDouble);
     parallelize(model, mesh, {});
     auto params = model->named_parameters();
     auto placements = [&](const std::string& name) {
@@ -143,7 +102,7 @@ TEST(GptFsdpTp, ParametersGetTwoDimensionalLayouts) {
 // within the same bound; the parameters after AdamW within what AdamWBound
 // derives from the gradient bounds.
 TEST(GptFsdpTp, TrainsLikeOneProcess) {
-  const nn::GPTConfig config = small_config();
+  const nn::GPTConfig config = test::tp_small_config();
   const test::AdamWHyper hyper{1e-3, 0.9, 0.95, 1e-8, 0.1};
   auto adamw_options = torch::optim::AdamWOptions(hyper.lr)
                            .betas({hyper.beta1, hyper.beta2})
@@ -154,8 +113,8 @@ TEST(GptFsdpTp, TrainsLikeOneProcess) {
       SCOPED_TRACE(fmt::format("mesh {}x{}, comm_fusion {}", dp, tp, fused));
       auto mesh = init_device_mesh("cpu", {dp, tp}, {"dp", "tp"});
       const int64_t dp_rank = mesh->coordinate(0);
-      nn::GPT reference = noisy_model(config);
-      nn::GPT model = noisy_model(config);
+      nn::GPT reference = test::noisy_gpt(config, at::kDouble);
+      nn::GPT model = test::noisy_gpt(config, at::kDouble);
       FullyShardOptions options;
       options.comm_fusion = fused;
       parallelize(model, mesh, options);
@@ -170,7 +129,7 @@ TEST(GptFsdpTp, TrainsLikeOneProcess) {
         SCOPED_TRACE("step " + std::to_string(step));
         at::Tensor idx = torch::randint(config.vocab_size, {B, T}, gen, torch::kLong);
         at::Tensor targets = torch::randint(config.vocab_size, {B, T}, gen, torch::kLong);
-        load_into(model, reference);
+        test::load_into(model, reference);
         const nn::Sensitivity s = nn::measure_sensitivity(reference, config, idx, targets);
         auto bound = [&](const std::string& name) {
           return torch::scalar_tensor(
@@ -220,12 +179,12 @@ TEST(GptFsdpTp, TrainsLikeOneProcess) {
 // sums of N squares in double in different orders; the norms then differ by
 // at most that over the reference norm. The inf norm moves by at most max d_p.
 TEST(GptFsdpTp, ClipGradNormCountsEachElementOnce) {
-  const nn::GPTConfig config = small_config();
+  const nn::GPTConfig config = test::tp_small_config();
   for (auto [dp, tp] : mesh_shapes()) {
     SCOPED_TRACE(fmt::format("mesh {}x{}", dp, tp));
     auto mesh = init_device_mesh("cpu", {dp, tp}, {"dp", "tp"});
-    nn::GPT reference = noisy_model(config);
-    nn::GPT model = noisy_model(config);
+    nn::GPT reference = test::noisy_gpt(config, at::kDouble);
+    nn::GPT model = test::noisy_gpt(config, at::kDouble);
     parallelize(model, mesh, {});
     auto gen = at::detail::createCPUGenerator(5);
     const int64_t b = 2, B = b * dp, T = config.context;
@@ -261,12 +220,12 @@ TEST(GptFsdpTp, ClipGradNormCountsEachElementOnce) {
 // tensors under GPT-2's names and shapes equal to the reference's, and a
 // load of the whole tensors into a freshly parallelized model.
 TEST(GptFsdpTp, StateDictsGiveGlobalTensorsByGpt2Name) {
-  const nn::GPTConfig config = small_config();
+  const nn::GPTConfig config = test::tp_small_config();
   for (auto [dp, tp] : mesh_shapes()) {
     SCOPED_TRACE(fmt::format("mesh {}x{}", dp, tp));
     auto mesh = init_device_mesh("cpu", {dp, tp}, {"dp", "tp"});
-    nn::GPT reference = noisy_model(config);
-    nn::GPT model = noisy_model(config);
+    nn::GPT reference = test::noisy_gpt(config, at::kDouble);
+    nn::GPT model = test::noisy_gpt(config, at::kDouble);
     FSDPModule root = parallelize(model, mesh, {});
     StateDictOptions full;
     full.full_state_dict = true;
@@ -281,7 +240,7 @@ TEST(GptFsdpTp, StateDictsGiveGlobalTensorsByGpt2Name) {
     }
     EXPECT_EQ(checked, ref.size());
 
-    nn::GPT other = noisy_model(config);
+    nn::GPT other = test::noisy_gpt(config, at::kDouble);
     {
       torch::NoGradGuard no_grad;
       for (auto& p : other->parameters()) p.zero_();
@@ -302,10 +261,10 @@ TEST(GptFsdpTp, StateDictsGiveGlobalTensorsByGpt2Name) {
 TEST(GptFsdpTp, RefusesMeshesAndDimsThatDoNotCompose) {
   const int64_t n = dist::get_world_size();
   if (n < 2) GTEST_SKIP() << "needs a tensor-parallel dim";
-  const nn::GPTConfig config = small_config();
+  const nn::GPTConfig config = test::tp_small_config();
   auto mesh = init_device_mesh("cpu", {1, n}, {"dp", "tp"});
   auto other = init_device_mesh("cpu", {1, n}, {"dp2", "tp2"});
-  nn::GPT model = noisy_model(config);
+  nn::GPT model = test::noisy_gpt(config, at::kDouble);
   shard_module(model, (*mesh)["tp"], gpt_tensor_parallel_plan(config, *(*mesh)["tp"]));
   FullyShardOptions options;
   options.mesh = (*other)["dp2"];

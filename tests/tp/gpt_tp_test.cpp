@@ -26,56 +26,14 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
-// Heads divide by 2, 3 and 4; the vocabulary does not (uneven shards).
-nn::GPTConfig small_config() {
-  nn::GPTConfig config;
-  config.vocab_size = 50;
-  config.context = 8;
-  config.n_layer = 2;
-  config.n_head = 12;
-  config.n_embd = 48;
-  return config;
-}
-
 using test::tp_mesh;
 using test::whole;
 
-// A model with parameters drawn from `seed` and unit-scale noise added (as the
-// PyTorch parity test does: at GPT-2's tiny initial weights every layer is
-// nearly linear and a wrong rule hardly shows).
-nn::GPT noisy_model(const nn::GPTConfig& config, at::ScalarType dtype) {
-  torch::manual_seed(1234);
-  nn::GPT model(config);
-  model->to(dtype);
-  auto gen = at::detail::createCPUGenerator(77);
-  torch::NoGradGuard no_grad;
-  for (auto& p : model->parameters()) {
-    const double scale = p.dim() == 2 ? 1.0 / std::sqrt(double(p.size(1))) : 0.1;
-    p.add_(torch::randn(p.sizes(), gen).to(dtype) * scale);
-  }
-  return model;
-}
-
-// Copies `source`'s parameters into the tensor-parallel `target` (each rank
-// its shard).
-void load_into(nn::GPT& target, nn::GPT& source) {
-  torch::NoGradGuard no_grad;
-  auto from = source->named_parameters();
-  for (auto& p : target->named_parameters()) {
-    const at::Tensor& full = from[p.key()];
-    if (is_dtensor(p.value())) {
-      local_of(p.value()).copy_(local_of(distribute(full, layout_of(p.value()))));
-    } else {
-      p.value().copy_(full);
-    }
-  }
-}
-
 TEST(GptTensorParallel, FusedQkvSplitGivesEachRankItsOwnHeads) {
-  const nn::GPTConfig config = small_config();
+  const nn::GPTConfig config = test::tp_small_config();
   auto mesh = tp_mesh();
-  nn::GPT plain = noisy_model(config, at::kDouble);
-  nn::GPT model = noisy_model(config, at::kDouble);
+  nn::GPT plain = test::noisy_gpt(config, at::kDouble);
+  nn::GPT model = test::noisy_gpt(config, at::kDouble);
   shard_module(model, mesh, gpt_tensor_parallel_plan(config, *mesh));
 
   const int64_t n = mesh->size(), r = mesh->coordinate(0), d = config.n_embd;
@@ -107,7 +65,7 @@ TEST(GptTensorParallel, FusedQkvSplitGivesEachRankItsOwnHeads) {
 }
 
 TEST(GptTensorParallel, PlanRefusesHeadsThatDoNotDivide) {
-  nn::GPTConfig config = small_config();
+  nn::GPTConfig config = test::tp_small_config();
   config.n_head = 1;
   config.n_embd = 48;
   auto mesh = tp_mesh();
@@ -115,7 +73,7 @@ TEST(GptTensorParallel, PlanRefusesHeadsThatDoNotDivide) {
   EXPECT_THAT([&] { gpt_tensor_parallel_plan(config, *mesh); },
               ThrowsMessage<ArgumentError>(HasSubstr("n_head 1 is not divisible by the "
                                                      "tensor-parallel size")));
-  EXPECT_THAT([&] { gpt_tensor_parallel_plan(small_config(), *mesh, "dp"); },
+  EXPECT_THAT([&] { gpt_tensor_parallel_plan(test::tp_small_config(), *mesh, "dp"); },
               ThrowsMessage<ArgumentError>(HasSubstr("tp_dim 'dp' is not a dim of")));
 }
 
@@ -167,15 +125,15 @@ TEST(GptTensorParallel, LossParallelMatchesCrossEntropy) {
 // AdamW within what AdamWBound derives from the gradient bounds (the two
 // optimizers' moments may drift apart by those bounds step after step).
 TEST(GptTensorParallel, TrainsLikeOneProcess) {
-  const nn::GPTConfig config = small_config();
+  const nn::GPTConfig config = test::tp_small_config();
   auto mesh = tp_mesh();
   const test::AdamWHyper hyper{1e-3, 0.9, 0.95, 1e-8, 0.1};
   auto adamw_options = torch::optim::AdamWOptions(hyper.lr)
                            .betas({hyper.beta1, hyper.beta2})
                            .eps(hyper.eps)
                            .weight_decay(hyper.weight_decay);
-  nn::GPT reference = noisy_model(config, at::kDouble);
-  nn::GPT model = noisy_model(config, at::kDouble);
+  nn::GPT reference = test::noisy_gpt(config, at::kDouble);
+  nn::GPT model = test::noisy_gpt(config, at::kDouble);
   shard_module(model, mesh, gpt_tensor_parallel_plan(config, *mesh));
   torch::optim::AdamW ref_opt(reference->parameters(), adamw_options);
   torch::optim::AdamW opt(model->parameters(), adamw_options);
@@ -188,7 +146,7 @@ TEST(GptTensorParallel, TrainsLikeOneProcess) {
     SCOPED_TRACE("step " + std::to_string(step));
     at::Tensor idx = torch::randint(config.vocab_size, {B, T}, gen, torch::kLong);
     at::Tensor targets = torch::randint(config.vocab_size, {B, T}, gen, torch::kLong);
-    load_into(model, reference);
+    test::load_into(model, reference);
     const nn::Sensitivity s = nn::measure_sensitivity(reference, config, idx, targets);
     auto bound = [&](const std::string& name) {
       return torch::scalar_tensor(test::reordered_sum_bound(s.per_unit.at(name), n_max, at::kDouble),
