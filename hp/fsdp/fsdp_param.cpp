@@ -245,7 +245,7 @@ void FSDPParam::use_unsharded() {
     accumulator_->add_post_hook(std::make_unique<PostAccumulateHook>(post_accumulate_hook_));
   } else if (compute_dtype_ != orig_dtype_) {
     // set_data with another dtype made autograd forget the accumulator.
-    torch::autograd::impl::set_grad_accumulator(param_, accumulator_);
+    torch::autograd::impl::set_grad_accumulator(param_, compat::weak_autograd_node(accumulator_));
   }
 }
 

@@ -34,6 +34,7 @@
 #include "hp/fsdp/mesh_info.h"
 #include "hp/fsdp/options.h"
 #include "hp/tensor/layout.h"
+#include "hp/util/torch_compat.h"
 
 namespace torch::autograd {
 struct Node;
@@ -232,7 +233,7 @@ class FSDPParam {
   at::Tensor gather_buffer_;    // dims other than 0: flat gather before the copy-out
   at::Tensor regather_piece_;   // reshard_after_forward = N
 
-  std::shared_ptr<torch::autograd::Node> accumulator_;
+  compat::AutogradNodePtr<> accumulator_;
   // Shared with the accumulator's post-hook, which holds it weakly: an
   // autograd graph may outlive this parameter's unit.
   std::shared_ptr<std::function<void()>> post_accumulate_hook_;

@@ -14,6 +14,7 @@
 #include "hp/tensor/redistribute_exec.h"
 #include "hp/tensor/redistribute_plan.h"
 #include "hp/util/error.h"
+#include "hp/util/torch_compat.h"
 
 namespace hp {
 
@@ -125,7 +126,7 @@ struct RedistributeBackward : torch::autograd::Node {
 
 // Makes `out` (a fresh tensor) the output of `node`, whose input is `input`.
 template <typename NodeT>
-at::Tensor attach(std::shared_ptr<NodeT> node, const at::Tensor& input, at::Tensor out) {
+at::Tensor attach(compat::AutogradNodePtr<NodeT> node, const at::Tensor& input, at::Tensor out) {
   node->set_next_edges(torch::autograd::collect_next_edges(input));
   if (out.is_same(input)) out = input.detach();
   torch::autograd::set_history(out, node);
@@ -133,8 +134,8 @@ at::Tensor attach(std::shared_ptr<NodeT> node, const at::Tensor& input, at::Tens
 }
 
 template <typename NodeT>
-std::shared_ptr<NodeT> make_node() {
-  return std::shared_ptr<NodeT>(new NodeT(), torch::autograd::deleteNode);
+compat::AutogradNodePtr<NodeT> make_node() {
+  return compat::make_autograd_node<NodeT>();
 }
 
 bool needs_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }

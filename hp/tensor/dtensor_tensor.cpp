@@ -11,6 +11,7 @@
 #include "hp/tensor/redistribute_exec.h"
 #include "hp/tensor/redistribute_plan.h"
 #include "hp/util/error.h"
+#include "hp/util/torch_compat.h"
 
 namespace hp {
 
@@ -43,12 +44,12 @@ at::Tensor grad_into(const at::Tensor& grad, const Layout& layout) {
 }
 
 template <typename NodeT>
-std::shared_ptr<NodeT> make_node() {
-  return std::shared_ptr<NodeT>(new NodeT(), torch::autograd::deleteNode);
+compat::AutogradNodePtr<NodeT> make_node() {
+  return compat::make_autograd_node<NodeT>();
 }
 
 template <typename NodeT>
-at::Tensor attach(std::shared_ptr<NodeT> node, const at::Tensor& input, at::Tensor out) {
+at::Tensor attach(compat::AutogradNodePtr<NodeT> node, const at::Tensor& input, at::Tensor out) {
   node->set_next_edges(torch::autograd::collect_next_edges(input));
   torch::autograd::set_history(out, node);
   return out;

@@ -1,6 +1,7 @@
 #include "hp/tensor/redistribute_exec.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 

@@ -1,6 +1,7 @@
 #include "hp/util/torch_compat.h"
 
 #include <ATen/Context.h>
+#include <ATen/Version.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #ifdef USE_C10D_NCCL
@@ -8,6 +9,8 @@
 // include directories this header needs.
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
+
+#include <cctype>
 
 #include "hp/util/error.h"
 
@@ -32,6 +35,16 @@ c10::intrusive_ptr<c10d::ProcessGroup> gloo_process_group(
 #else
   (void)store;
   return gloo;
+#endif
+}
+
+std::string cpu_capability() {
+#if HP_TORCH_AT_LEAST(2, 0)
+  std::string name = at::get_cpu_capability();
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+#else
+  return "";
 #endif
 }
 

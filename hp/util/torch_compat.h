@@ -11,6 +11,9 @@
 //   - torch::optim::Optimizer::state() is keyed by the parameter's
 //     TensorImpl as a string in 1.13 and as a pointer in 2.x;
 //     optimizer_state_key() gives the key either way.
+//   - autograd::Node is owned through std::shared_ptr (deleter deleteNode)
+//     up to 2.12 and through c10::intrusive_ptr from 2.13;
+//     AutogradNodePtr, make_autograd_node() and weak_autograd_node() hide it.
 //   - CUDA and NCCL are optional in both: the helpers below raise an
 //     ArgumentError naming what this build lacks instead of failing later.
 #pragma once
@@ -25,6 +28,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <memory>
 #include <string>
 
 namespace c10d {
@@ -37,7 +41,49 @@ class ProcessGroupGloo;
   (TORCH_VERSION_MAJOR > (major) ||     \
    (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
+namespace torch::autograd {
+struct Node;
+#if !HP_TORCH_AT_LEAST(2, 13)
+// Declared in <torch/csrc/autograd/function.h>; repeated here so that this
+// header stays light.
+void deleteNode(Node* function);
+#endif
+}  // namespace torch::autograd
+
 namespace hp::compat {
+
+// An owning pointer to an autograd node, in the form this libtorch uses
+// (Tensor::grad_fn(), impl::grad_accumulator() and set_history() take it).
+#if HP_TORCH_AT_LEAST(2, 13)
+template <class NodeT = torch::autograd::Node>
+using AutogradNodePtr = c10::intrusive_ptr<NodeT>;
+
+template <class NodeT>
+AutogradNodePtr<NodeT> make_autograd_node() {
+  return c10::make_intrusive<NodeT>();
+}
+
+// What impl::set_grad_accumulator() keeps: a non-owning reference. (A
+// template, so that Node need only be complete where it is called.)
+template <class NodeT = torch::autograd::Node>
+c10::weak_intrusive_ptr<NodeT> weak_autograd_node(const AutogradNodePtr<NodeT>& node) {
+  return c10::weak_intrusive_ptr<NodeT>(node);
+}
+#else
+template <class NodeT = torch::autograd::Node>
+using AutogradNodePtr = std::shared_ptr<NodeT>;
+
+template <class NodeT>
+AutogradNodePtr<NodeT> make_autograd_node() {
+  // deleteNode frees long chains of nodes without deep recursion.
+  return AutogradNodePtr<NodeT>(new NodeT(), torch::autograd::deleteNode);
+}
+
+template <class NodeT = torch::autograd::Node>
+std::weak_ptr<NodeT> weak_autograd_node(const AutogradNodePtr<NodeT>& node) {
+  return node;
+}
+#endif
 
 // "1.13.0", "2.11.0": the libtorch headers this was compiled with.
 const char* torch_version();
@@ -83,6 +129,11 @@ c10::intrusive_ptr<c10d::ProcessGroup> gloo_process_group(
 c10::intrusive_ptr<c10d::ProcessGroup> make_nccl_group(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
     std::chrono::milliseconds timeout, c10::Device device);
+
+// The CPU kernels ATen dispatches to, in lower case ("avx512", "avx2",
+// "default": what ATEN_CPU_CAPABILITY may force), or "" where this libtorch
+// does not say (1.13).
+std::string cpu_capability();
 
 // Whether this libtorch was built with NCCL support in c10d.
 bool has_nccl();

@@ -4,6 +4,7 @@
 // gradient. Values are small integers, so gradients are exact. Tests named
 // after a collective also count the collectives of the forward and backward.
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

@@ -333,8 +333,12 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
       "--no-comm-fusion takes the per-parameter path (FSDP2's default): one all-gather and one "
       "reduce-scatter per parameter, slower; for comparing against that path or seeing each "
       "parameter's collectives in a --trace");
-  auto* no_prefetch = app.add_flag("--no-prefetch", "do not gather the next unit while this one "
-                                   "computes (prefetch is on by default)");
+  // The description as a const std::string: under C++20 (libtorch 2.x)
+  // arrays are constructible from integers, and CLI11 2.1 then takes a
+  // literal description for a counter as well.
+  const std::string no_prefetch_help =
+      "do not gather the next unit while this one computes (prefetch is on by default)";
+  auto* no_prefetch = app.add_flag("--no-prefetch", no_prefetch_help);
   option("--reshard-after-forward", reshard_after_forward,
          "after forward, free gathered parameters (true, default), keep them (false), or keep "
          "them gathered within groups of N ranks",
