@@ -38,4 +38,5 @@ write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/HyperParallelConfig
                                  COMPATIBILITY SameMinorVersion)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/HyperParallelConfig.cmake
               ${CMAKE_CURRENT_BINARY_DIR}/HyperParallelConfigVersion.cmake
+              ${HP_ROOT}/cmake/HPTorch.cmake
         DESTINATION ${HP_INSTALL_CMAKEDIR})

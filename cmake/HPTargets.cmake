@@ -32,6 +32,8 @@ if(UNIX AND NOT APPLE)
   target_link_options(hp_link_order INTERFACE
     "LINKER:--push-state,--no-as-needed,-l:libstdc++.so.6,--pop-state")
 endif()
+# A CUDA wheel's own CUDA libraries ahead of the machine's (cmake/HPTorch.cmake).
+hp_link_torch_runtime(hp_link_order BUILD_ONLY)
 
 add_library(hp_gloo_headers INTERFACE)
 target_include_directories(hp_gloo_headers SYSTEM INTERFACE
