@@ -20,7 +20,7 @@ struct DriverOptions {
   bool hook_overhead = true;
   bool dispatch_overhead = true;
   std::string hprun;         // default: next to this binary's build tree
-  std::string python = "/usr/bin/python3";
+  std::string python = HP_PYTHON;  // the build's (scripts/build.sh: the environment's)
   std::string torch_script;  // default: bench/torch_ddp_baseline.py of the source tree
   std::string plot_script;   // default: bench/plot_bench.py of the source tree
   double row_timeout_s = 180;

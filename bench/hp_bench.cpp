@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--hprun", o.hprun, "the launcher (default: tools/hprun/hprun of this build)");
   app.add_option("--python", o.python,
-                 "Python with PyTorch, for the torch_ rows (/usr/bin/python3)");
+                 "Python with PyTorch, for the torch_ rows (default: " HP_PYTHON ")");
   app.add_option("--torch-script", o.torch_script,
                  "the PyTorch DDP baseline script (the FSDP2 one is taken from beside it)");
   app.add_option("--plot-script", o.plot_script, "the plotting script");

@@ -6,5 +6,6 @@ cd "$(dirname "$0")/.."
 out=${1:-out}
 mkdir -p "$out"
 build/tools/hprun/hprun -n 2 build/bench/bench_collectives --json "$out/collectives.json"
-/usr/bin/python3 bench/plot_collectives.py "$out/collectives.json" "$out/collectives.png"
+python=$(sed -n 's/^HP_PYTHON:FILEPATH=//p' build/CMakeCache.txt)
+"${python:-python3}" bench/plot_collectives.py "$out/collectives.json" "$out/collectives.png"
 echo "wrote $out/collectives.json and $out/collectives.png"

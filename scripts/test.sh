@@ -1,12 +1,39 @@
 #!/usr/bin/env bash
 # Quick start, command 2: installs what is missing, builds, runs every test.
-# CI (.ci/run) runs exactly this.
+# CI (.ci/run) runs exactly this. Extra arguments go to ctest.
+#
+# Phases: install (scripts/install-deps.sh), build (scripts/build.sh, against
+# the environment's libtorch 2.x), compile checks without the precompiled
+# headers (every source file against Debian's libtorch 1.13,
+# scripts/check-libtorch-debian.sh; the library, programs and examples
+# against 2.x, scripts/syntax-check.py), ctest. Each phase's time is printed
+# before ctest runs.
+#
+# HP_LIBTORCH=debian runs the whole suite against Debian's libtorch 1.13
+# instead (build-debian/; no compile check: that build compiles every file).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install-deps.sh
-bash scripts/build.sh
-# Every source file must still compile against libtorch 2.x (headers only).
-bash scripts/check-libtorch2.sh
+
+times=()
+phase() {  # phase NAME COMMAND...: runs it, records its time
+  local name=$1 start
+  shift
+  start=$(date +%s)
+  "$@"
+  times+=("$name $(( $(date +%s) - start )) s")
+}
+
+phase install bash scripts/install-deps.sh
+phase build bash scripts/build.sh
+source scripts/build-dir.sh
+build=$(hp_build_dir)
+if [ "${HP_LIBTORCH:-venv}" != debian ]; then
+  phase "compile check (libtorch 1.13)" bash scripts/check-libtorch-debian.sh
+  # The library, the programs and the examples on their own includes against
+  # 2.x too (the build above uses precompiled headers).
+  phase "compile check (libtorch 2.x)" python3 scripts/syntax-check.py "$build" hp tools examples
+fi
+printf 'test.sh: %s\n' "${times[@]}"
 # Multi-rank tests take both cores each (PROCESSORS 2), so -j2 only overlaps
 # the small single-process ones with them.
-ctest --test-dir build --output-on-failure -j2 "$@"
+ctest --test-dir "$build" --output-on-failure -j2 "$@"

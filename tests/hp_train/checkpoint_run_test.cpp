@@ -226,7 +226,7 @@ TEST(HpTrainCheckpoints, ExportReadsBackInPyTorchAndThroughInitFrom) {
     cfg[field] = rows;
   }
   std::ofstream(dir.file("cfg.json")) << cfg.dump();
-  ProcessResult py = run_process({"/usr/bin/python3", HP_SOURCE_DIR "/tests/checkpoint/export_check.py",
+  ProcessResult py = run_process({HP_PYTHON, HP_SOURCE_DIR "/tests/checkpoint/export_check.py",
                                   weights, dir.file("cfg.json"), dir.file("out.json")},
                                  {}, 120);
   ASSERT_EQ(py.exit_code, 0) << describe(py);

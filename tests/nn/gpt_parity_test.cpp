@@ -155,9 +155,9 @@ TEST(GPTParity, MatchesPyTorchForwardBackwardAndAdamWStep) {
   std::ofstream(dir.path + "/config.json") << json_config.dump();
 
   const std::string script = std::string(HP_SOURCE_DIR) + "/tests/nn/gpt_reference.py";
-  auto [status, output] = run("/usr/bin/python3 " + script + " " + dir.path);
-  ASSERT_EQ(status, 0) << "the PyTorch reference failed (it needs Debian's python3-torch and "
-                          "python3-numpy: scripts/install-deps.sh):\n"
+  auto [status, output] = run(std::string(HP_PYTHON) + " " + script + " " + dir.path);
+  ASSERT_EQ(status, 0) << "the PyTorch reference failed (" HP_PYTHON " needs the torch this was "
+                          "built against and numpy: scripts/install-deps.sh):\n"
                        << output;
   auto ref = test::read_raw_tensors(dir.path, "outputs");
 

@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Compiles each file of a configured build with -fsyntax-only, on its own
+includes: the commands of the build's compile_commands.json without the
+precompiled header, the object and the dependency file. A file that leans on
+the precompiled header for an #include fails here.
+
+Usage: syntax-check.py [-j N] [--logs DIR] BUILD_DIR [PATH...]
+  PATH  files or directories (relative to the repository) to check; default:
+        every project source file of the build
+Prints "FAIL <file>" for each failure and its first 40 lines of diagnostics,
+then one summary line; exit status 1 if any file failed.
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+
+def syntax_only(args):
+    """The compile command of one file, as -fsyntax-only without the PCH."""
+    out, skip = [], False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if a in ("-o", "-MF", "-MT", "-include") and i + 1 < len(args):
+            skip = True  # the object, the dependency file, the precompiled header
+            continue
+        if a in ("-c", "-MD", "-Winvalid-pch"):
+            continue
+        out.append(a)
+    return out + ["-fsyntax-only"]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-j", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--logs", help="where failing files' diagnostics go (default: BUILD_DIR/syntax-logs)")
+    parser.add_argument("build_dir")
+    parser.add_argument("paths", nargs="*")
+    a = parser.parse_args()
+
+    root = os.getcwd()
+    commands = os.path.join(a.build_dir, "compile_commands.json")
+    if not os.path.exists(commands):
+        sys.exit(f"syntax-check: {commands} does not exist: configure {a.build_dir} first")
+    wanted = [os.path.normpath(p) for p in a.paths]
+
+    def selected(rel):
+        if rel.startswith(("..", "cmake/")):  # outside the project; the PCH anchors
+            return False
+        return not wanted or any(rel == w or rel.startswith(w + os.sep) for w in wanted)
+
+    entries = []
+    for e in json.load(open(commands)):
+        path = os.path.abspath(os.path.join(e["directory"], e["file"]))
+        rel = os.path.relpath(path, root)
+        if selected(rel):
+            args = e.get("arguments") or shlex.split(e["command"])
+            entries.append((rel, e["directory"], syntax_only(args)))
+    entries.sort()
+
+    logs = a.logs or os.path.join(a.build_dir, "syntax-logs")
+    os.makedirs(logs, exist_ok=True)
+    for old in os.listdir(logs):
+        os.remove(os.path.join(logs, old))
+
+    def check(item):
+        rel, cwd, args = item
+        r = subprocess.run(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+        if r.returncode != 0:
+            with open(os.path.join(logs, rel.replace("/", "_") + ".log"), "w") as f:
+                f.write(r.stdout)
+            print("FAIL " + rel, flush=True)
+        return rel, r.returncode, r.stdout
+
+    start = time.time()
+    with concurrent.futures.ThreadPoolExecutor(a.j) as pool:
+        results = list(pool.map(check, entries))
+    failed = [(rel, out) for rel, code, out in results if code != 0]
+    for rel, out in failed:
+        print("== " + rel)
+        print("\n".join(out.splitlines()[:40]))
+    print(f"syntax-check: {len(entries)} files of {a.build_dir} on their own includes, "
+          f"{len(failed)} failed, {time.time() - start:.0f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
