@@ -11,9 +11,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <string>
 
 #include "hp/dist/launch_env.h"
 #include "hp/dist/world.h"
+#include "hp/util/torch_compat.h"
 #include "tests/support/rounding_bounds.h"
 
 namespace {
@@ -52,6 +54,16 @@ class BoundUsePrinter : public testing::EmptyTestEventListener {
 
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
+  // An entry forced onto another CPU code path (tests/CMakeLists.txt) that
+  // runs on the native one would only repeat the native entry.
+  if (const char* forced = std::getenv("ATEN_CPU_CAPABILITY")) {
+    const std::string running = hp::compat::cpu_capability();
+    if (!running.empty() && running != forced) {
+      std::cerr << "ATEN_CPU_CAPABILITY=" << forced << " but ATen runs its " << running
+                << " kernels" << std::endl;
+      return 1;
+    }
+  }
   at::set_num_threads(1);
   const bool distributed = hp::dist::started_by_launcher();
   if (distributed) {
