@@ -71,11 +71,16 @@ if ! "$venv/bin/python" -m pip install --no-cache-dir --disable-pip-version-chec
   tail -n 15 "$log" >&2
   if grep -qiE 'No space left on device|Errno 28' "$log"; then
     fail "pip ran out of disk space under $(cd "$parent" && pwd): free some space and run again"
-  elif grep -qiE 'Could not find a version|No matching distribution' "$log" &&
-       ! grep -qiE 'NewConnectionError|Max retries|Temporary failure in name resolution|ConnectTimeout|ReadTimeout|SSLError|ProxyError' "$log"; then
-    fail "pip found no wheel of a pinned version for Python $version on this platform (above); torch==2.15.0 has Linux x86-64 wheels for CPython 3.11 and newer"
-  elif grep -qiE 'NewConnectionError|Max retries|Temporary failure in name resolution|ConnectTimeout|ReadTimeout|SSLError|ProxyError|Network is unreachable' "$log"; then
+  elif grep -qiE 'from versions: none|NewConnectionError|Max retries|Temporary failure in name resolution|Network is unreachable|ConnectTimeout|SSLError|ProxyError' "$log"; then
+    # No version of a package at all: the registry did not answer, or has no
+    # wheel for this interpreter and platform. Asking it for torch's
+    # versions tells which.
+    if "$venv/bin/python" -m pip index versions torch >/dev/null 2>&1; then
+      fail "the package registry answers but has no wheel of a pinned package (above) for Python $version on $(uname -m): torch==2.15.0 needs CPython >= 3.11 on Linux x86-64 or aarch64"
+    fi
     fail "cannot reach the Python package registry (pip's error above): the environment needs a network path to it, or a pip configuration (index-url, find-links) that serves these wheels"
+  elif grep -qiE 'Could not find a version|No matching distribution' "$log"; then
+    fail "the package registry has no wheel of a pinned version (above) for Python $version on $(uname -m)"
   fi
   fail "pip could not install $requirements (its last lines are above)"
 fi
