@@ -231,7 +231,7 @@ json summarize(const std::string& name, const std::vector<json>& runs, const Ben
     row["peak_bytes_per_rank"] = row["peak_rss_delta_bytes_per_rank"];
     row["peak_bytes_method"] =
         "rss_delta: getrusage ru_maxrss after the timed steps minus VmRSS before the model was "
-        "built (whole process, includes allocator caching and fragmentation; PyTorch 1.13 has no "
+        "built (whole process, includes allocator caching and fragmentation; PyTorch has no "
         "counting CPU allocator)";
     row["peak_bytes_each_rank"] = rss;
   } else {
@@ -363,6 +363,10 @@ json compute_targets(const json& rows, const BenchConfig& c) {
   targets["fsdp_fused_prefetch_over_torch_ddp"] =
       ratio_target(rows, "fsdp_fused_prefetch", "torch_ddp", 1.0,
                    "median step time of fsdp_fused_prefetch / PyTorch DDP <= 1.0");
+  targets["fsdp_fused_prefetch_over_torch_fsdp2"] =
+      ratio_target(rows, "fsdp_fused_prefetch", "torch_fsdp2", 1.0,
+                   "median step time of fsdp_fused_prefetch / PyTorch FSDP2 (same model, data "
+                   "and ranks) <= 1.0");
   targets["ddp_over_torch_ddp"] = ratio_target(
       rows, "ddp", "torch_ddp", 0.9, "median step time of ddp (ours) / PyTorch DDP <= 0.9");
   targets["tp_over_single"] =

@@ -6,8 +6,9 @@
 //
 // The driver (this program without --worker) launches each row as its own
 // job, one after another: `hprun -n R hp-bench --worker ROW ...` for our rows,
-// `hprun -n R /usr/bin/python3 bench/torch_ddp_baseline.py ...` (and
-// torch_fsdp2_baseline.py beside it) for PyTorch,
+// `hprun -n R PYTHON bench/torch_ddp_baseline.py ...` (and
+// torch_fsdp2_baseline.py beside it) for PyTorch, PYTHON being the build's
+// (the project environment's, whose torch is the libtorch built against),
 // then `hprun -n 1 hp-bench --worker hook_overhead`. Each prints one result
 // line; the driver pools them, prints the table and writes the JSON and the
 // plot. A failing row is reported and the others still run; the exit status

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Plots hp-bench's JSON: one bar chart per measure, one bar per row.
 
 usage: plot_bench.py bench.json bench.png

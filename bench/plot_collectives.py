@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Plots bench_collectives' JSON: bus bandwidth per op and size.
 
 usage: plot_collectives.py collectives.json collectives.png

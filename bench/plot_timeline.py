@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Draws one training step of hp-train's --trace output as lanes.
 
 usage: plot_timeline.py trace.rank0.json [trace.rank1.json ...] out.png [--step N]

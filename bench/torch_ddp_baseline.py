@@ -1,16 +1,19 @@
-#!/usr/bin/python3
-"""The torch_ddp row of hp-bench: PyTorch 1.13's DistributedDataParallel.
+#!/usr/bin/env python3
+"""The torch_ddp row of hp-bench: PyTorch's DistributedDataParallel on CPU over Gloo.
 
 Launched by hp-bench as
 
-  hprun -n 2 /usr/bin/python3 bench/torch_ddp_baseline.py --tokens FILE --vocab 512 ...
+  hprun -n 2 PYTHON bench/torch_ddp_baseline.py --tokens FILE --vocab 512 ...
 
-(hprun sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). The model is the
+with PYTHON the build's (.venv/bin/python: the PyTorch whose libtorch our
+rows run on, so both sides use the same kernels; hprun sets RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT). The model is the
 PyTorch GPT of tests/nn/gpt_reference.py (imported from there, so parameter
 names and initialisation are those of hp::nn::GPT: the same seed gives the same
 weights), trained on the same token file with hp-train's batch rule, the same
 per-rank batch and AdamW hyper-parameters as our rows, one intra-op thread.
-PyTorch's FSDP in 1.13 refuses to run without CUDA, so DDP is the baseline.
+FSDP2 is the other baseline (torch_fsdp2_baseline.py, which reuses this
+file's model, data and timing).
 
 Per step (no barrier): zero_grad(set_to_none) + batch slice + forward + loss +
 backward + AdamW step, timed with perf_counter. After the timed steps the
@@ -34,7 +37,8 @@ try:
     from torch.nn.parallel import DistributedDataParallel as DDP
 except ImportError as e:
     sys.stderr.write(f"torch_ddp_baseline.py: cannot import {e.name} ({e}); "
-                     "install python3-torch (scripts/install-deps.sh)\n")
+                     "run it with the project environment's Python, .venv/bin/python "
+                     "(scripts/install-deps.sh)\n")
     sys.exit(3)
 
 MARKER = "HPBENCH_RESULT "

@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The torch_fsdp2 row of hp-bench: PyTorch's own FSDP2 on CPU over Gloo.
 
 Launched by hp-bench as
 
-  hprun -n 2 /usr/bin/python3 bench/torch_fsdp2_baseline.py --tokens FILE --vocab 512 ...
+  hprun -n 2 PYTHON bench/torch_fsdp2_baseline.py --tokens FILE --vocab 512 ...
 
 Everything but the wrapper is torch_ddp_baseline.py's (imported from beside
 this file): the GPT of tests/nn/gpt_reference.py with the same seed, the same
