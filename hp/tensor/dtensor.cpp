@@ -133,11 +133,6 @@ at::Tensor attach(compat::AutogradNodePtr<NodeT> node, const at::Tensor& input, 
   return out;
 }
 
-template <typename NodeT>
-compat::AutogradNodePtr<NodeT> make_node() {
-  return compat::make_autograd_node<NodeT>();
-}
-
 bool needs_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
 
 void check_on_mesh(const Layout& layout, const char* op) {
@@ -319,7 +314,7 @@ DTensor DTensor::redistribute(const Layout& target) const {
   at::Tensor out = redistribute_local(local_, layout_, dst, shape_);
   if (!grad) return DTensor(out, dst, shape_, nullptr);
   auto cell = std::make_shared<GradLayoutCell>();
-  auto node = make_node<RedistributeBackward>();
+  auto node = compat::make_autograd_node<RedistributeBackward>();
   node->source = layout_;
   node->target = dst;
   node->shape = shape_;
@@ -435,7 +430,7 @@ DTensor from_local(const at::Tensor& local, const Layout& layout,
   }
   if (!needs_grad(local)) return DTensor(local, norm, shape, nullptr);
   auto cell = std::make_shared<GradLayoutCell>();
-  auto node = make_node<FromLocalBackward>();
+  auto node = compat::make_autograd_node<FromLocalBackward>();
   node->layout = norm;
   node->shape = shape;
   node->cell = cell;

@@ -44,11 +44,6 @@ at::Tensor grad_into(const at::Tensor& grad, const Layout& layout) {
 }
 
 template <typename NodeT>
-compat::AutogradNodePtr<NodeT> make_node() {
-  return compat::make_autograd_node<NodeT>();
-}
-
-template <typename NodeT>
 at::Tensor attach(compat::AutogradNodePtr<NodeT> node, const at::Tensor& input, at::Tensor out) {
   node->set_next_edges(torch::autograd::collect_next_edges(input));
   torch::autograd::set_history(out, node);
@@ -94,7 +89,7 @@ at::Tensor wrap_differentiable(const at::Tensor& local, const Layout& layout,
                                const std::vector<int64_t>& shape, const Layout& grad_layout) {
   at::Tensor out = wrap_local(local.detach(), layout, shape);
   if (!needs_grad(local)) return out;
-  auto node = make_node<WrapBackward>();
+  auto node = compat::make_autograd_node<WrapBackward>();
   node->grad_layout = grad_layout;
   return attach(node, local, out);
 }
@@ -154,7 +149,7 @@ at::Tensor redistribute(const at::Tensor& tensor, const Layout& target) {
       wrap_local(redistribute_local(impl.local(), impl.layout(), dst, impl.global_shape()), dst,
                  impl.global_shape());
   if (!needs_grad(tensor)) return out;
-  auto node = make_node<RedistributeBackward>();
+  auto node = compat::make_autograd_node<RedistributeBackward>();
   node->source_grad_layout = gradient_layout(impl.layout());
   return attach(node, tensor, out);
 }
@@ -178,7 +173,7 @@ at::Tensor to_local(const at::Tensor& tensor, const std::optional<Placements>& g
   }
   at::Tensor local = impl.local().detach();
   if (!needs_grad(tensor)) return local;
-  auto node = make_node<UnwrapBackward>();
+  auto node = compat::make_autograd_node<UnwrapBackward>();
   node->grad_layout = grad_layout;
   node->shape = impl.global_shape();
   return attach(node, tensor, local);
