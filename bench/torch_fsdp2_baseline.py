@@ -49,16 +49,21 @@ def import_fully_shard():
 
 
 class CollectiveCounter:
-    """Counts FSDP2's all-gathers and reduce-scatters (it calls them through
-    the torch.distributed module, so wrapping the module's functions sees
-    every call)."""
+    """Counts FSDP2's all-gathers and reduce-scatters. FSDP2 calls them
+    through the torch.distributed module (all_gather_into_tensor and
+    reduce_scatter_tensor up to 2.14, all_gather_single and
+    reduce_scatter_single from 2.15, each straight on the process group), so
+    wrapping the module's functions that exist sees every call once."""
+
+    KINDS = (("all_gather_into_tensor", "all_gather"), ("all_gather_single", "all_gather"),
+             ("reduce_scatter_tensor", "reduce_scatter"),
+             ("reduce_scatter_single", "reduce_scatter"), ("all_reduce", "all_reduce"))
 
     def __init__(self):
         self.counts = {"all_gather": 0, "reduce_scatter": 0, "all_reduce": 0}
-        for attr, kind in (("all_gather_into_tensor", "all_gather"),
-                           ("reduce_scatter_tensor", "reduce_scatter"),
-                           ("all_reduce", "all_reduce")):
-            setattr(dist, attr, self._wrap(getattr(dist, attr), kind))
+        for attr, kind in self.KINDS:
+            if hasattr(dist, attr):
+                setattr(dist, attr, self._wrap(getattr(dist, attr), kind))
 
     def _wrap(self, fn, kind):
         def counted(*args, **kwargs):
@@ -160,8 +165,9 @@ def main():
                 "all_gather_per_step": per_step["all_gather"],
                 "reduce_scatter_per_step": per_step["reduce_scatter"],
                 "all_reduce_per_step": per_step["all_reduce"],
-                "method": "calls to torch.distributed.all_gather_into_tensor / "
-                          "reduce_scatter_tensor / all_reduce during the timed steps, rank 0",
+                "method": "calls to torch.distributed's all-gather (all_gather_into_tensor, "
+                          "all_gather_single), reduce-scatter (reduce_scatter_tensor, "
+                          "reduce_scatter_single) and all_reduce during the timed steps, rank 0",
             },
         }
         print(MARKER + json.dumps(out), flush=True)
