@@ -41,11 +41,7 @@ void set_collective_checks(bool enabled) { checks_flag().store(enabled); }
 
 void verify_same_call(Group& group, const CallFingerprint& mine) {
   if (group.size() == 1) return;
-  // NCCL moves only CUDA tensors: there the fingerprints travel on this
-  // rank's current GPU.
-  const at::TensorOptions options = group.backend_kind() == Backend::kNccl
-                                        ? at::TensorOptions(at::kLong).device(at::kCUDA)
-                                        : at::TensorOptions(at::kLong);
+  const at::TensorOptions options = at::TensorOptions(at::kLong).device(group.device());
   at::Tensor local = at::tensor(
       std::vector<int64_t>{static_cast<int64_t>(mine.kind), static_cast<int64_t>(mine.sequence),
                            mine.input_numel, mine.output_numel, mine.dtype, mine.extra},

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
+
 #include "hp/util/format.h"
 
 namespace c10d {
@@ -34,9 +36,11 @@ const char* to_string(Backend backend);
 class Group {
  public:
   // `group_rank` is this process's index in `ranks`, or -1 for a
-  // non-member, whose `backend` is null.
+  // non-member, whose `backend` is null. `device` is where the group's
+  // tensors live: the CPU for Gloo, this rank's GPU for NCCL.
   Group(std::vector<int> ranks, int group_rank, std::shared_ptr<c10d::ProcessGroup> backend,
-        std::string name, std::chrono::milliseconds timeout, Backend kind = Backend::kGloo);
+        std::string name, std::chrono::milliseconds timeout, Backend kind = Backend::kGloo,
+        c10::Device device = c10::Device(c10::DeviceType::CPU));
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
 
@@ -51,6 +55,11 @@ class Group {
   const std::string& name() const { return name_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   Backend backend_kind() const { return kind_; }
+  // Where a caller makes the tensors of a collective it issues for values
+  // of its own (a count, a flag, a norm): NCCL moves only tensors on its
+  // GPU. Data tensors are wherever the data already is (Gloo also moves
+  // CUDA tensors).
+  c10::Device device() const { return device_; }
 
   // Collectives issued on this group so far.
   uint64_t sequence_number() const { return sequence_.load(); }
@@ -74,6 +83,7 @@ class Group {
   std::string name_;
   std::chrono::milliseconds timeout_;
   Backend kind_;
+  c10::Device device_;
   std::shared_ptr<const std::string> description_;
   std::atomic<uint64_t> sequence_{0};
 };

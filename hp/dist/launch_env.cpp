@@ -87,6 +87,9 @@ LaunchEnv read_launch_env(const EnvLookup& lookup) {
                kHowToLaunch);
   env.master_addr = *addr;
   env.master_port = parse_int("MASTER_PORT", *port, 1, 65535, "a TCP port in 1..65535");
+  if (auto share = lookup("HP_SHARE_GPUS")) {
+    env.share_gpus = parse_int("HP_SHARE_GPUS", *share, 0, 1, "0 or 1") == 1;
+  }
   return env;
 }
 
@@ -95,6 +98,17 @@ bool started_by_launcher(const EnvLookup& lookup) {
     if (lookup(name)) return true;
   }
   return false;
+}
+
+int local_cuda_index(const LaunchEnv& env, int device_count) {
+  HP_CHECK_ARG(device_count > 0, "local_cuda_index: device_count must be positive, got ",
+               device_count);
+  if (env.local_rank < device_count) return env.local_rank;
+  HP_CHECK_ARG(env.share_gpus, "LOCAL_RANK=", env.local_rank, " has no GPU of its own: this "
+               "machine has ", device_count, " CUDA device(s) for LOCAL_WORLD_SIZE=",
+               env.local_world_size, " ranks; expected at most one rank per GPU (launch ",
+               device_count, " ranks per node, or set HP_SHARE_GPUS=1 to share GPUs on purpose)");
+  return env.local_rank % device_count;
 }
 
 }  // namespace hp::dist

@@ -5,6 +5,9 @@
 // _SIZE, _LOCAL_RANK, _LOCAL_SIZE). The rendezvous address always comes from
 // MASTER_ADDR / MASTER_PORT. Missing, malformed or contradictory variables
 // raise ArgumentError naming the variable, its value and what was expected.
+//
+// Which GPU a process uses follows from the same environment: one GPU per
+// local rank (local_cuda_index below).
 #pragma once
 
 #include <functional>
@@ -21,6 +24,9 @@ struct LaunchEnv {
   std::string master_addr;
   int master_port = 0;
   std::string source;  // "torchrun" or "openmpi"
+  // HP_SHARE_GPUS=1: several local ranks may use one GPU on purpose (tests
+  // of a multi-rank job on a machine with fewer GPUs).
+  bool share_gpus = false;
 };
 
 // Returns the value of an environment variable, or nullopt when unset.
@@ -34,5 +40,12 @@ LaunchEnv read_launch_env(const EnvLookup& lookup = process_env);
 // Whether a launcher set this process's rank or world size (in either
 // convention). A process started on its own has none and is a world of one.
 bool started_by_launcher(const EnvLookup& lookup = process_env);
+
+// The index of the GPU this local rank uses among `device_count` (> 0):
+// LOCAL_RANK itself. More local ranks than GPUs raise ArgumentError unless
+// env.share_gpus, which maps LOCAL_RANK % device_count: two ranks on one GPU
+// by accident halve its memory and, over NCCL, fail inside the first
+// collective ("Duplicate GPU detected"), so sharing has to be asked for.
+int local_cuda_index(const LaunchEnv& env, int device_count);
 
 }  // namespace hp::dist

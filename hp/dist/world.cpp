@@ -79,10 +79,12 @@ GroupPtr make_group(World& w, const std::vector<int>& ranks, const std::string& 
     HP_CHECK_ARG(compat::has_nccl(), "new_group: backend 'nccl' needs a libtorch built with NCCL; "
                  "this libtorch ", compat::torch_version(), " has none (use backend 'gloo', "
                  "which also carries CUDA tensors on a CUDA build)");
-    cuda_device = compat::select_local_cuda_device(w.env.local_rank);
+    cuda_device = compat::set_current_cuda_device(
+        local_cuda_index(w.env, compat::cuda_device_count()));
   }
   if (group_rank < 0) {
-    return std::make_shared<Group>(ranks, -1, nullptr, name, timeout, backend);
+    return std::make_shared<Group>(ranks, -1, nullptr, name, timeout, backend,
+                                   cuda_device.value_or(c10::Device(c10::DeviceType::CPU)));
   }
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   try {
@@ -115,7 +117,7 @@ GroupPtr make_group(World& w, const std::vector<int>& ranks, const std::string& 
   std::shared_ptr<c10d::ProcessGroup> process_group(
       pg.get(), [pg](c10d::ProcessGroup*) mutable { pg.reset(); });
   return std::make_shared<Group>(ranks, group_rank, std::move(process_group), name, timeout,
-                                 backend);
+                                 backend, cuda_device.value_or(c10::Device(c10::DeviceType::CPU)));
 }
 
 // HP_TIMEOUT_S, else 300 s.
@@ -191,6 +193,11 @@ int get_world_size() { return launch_env().world_size; }
 const LaunchEnv& launch_env() {
   std::lock_guard<std::mutex> lock(g_mutex);
   return the_world().env;
+}
+
+c10::Device local_cuda_device() {
+  compat::require_cuda("device 'cuda'");
+  return compat::set_current_cuda_device(local_cuda_index(launch_env(), compat::cuda_device_count()));
 }
 
 GroupPtr world_group() {

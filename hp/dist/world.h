@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
+
 #include "hp/dist/group.h"
 #include "hp/dist/launch_env.h"
 
@@ -51,6 +53,9 @@ void destroy_process_group();
 int get_rank();
 int get_world_size();
 const LaunchEnv& launch_env();
+// This rank's GPU (local_cuda_index of launch_env()), made the calling
+// thread's current device. Raises ArgumentError without CUDA.
+c10::Device local_cuda_device();
 
 GroupPtr world_group();
 GroupPtr new_group(const std::vector<int>& ranks, const GroupOptions& options = {});

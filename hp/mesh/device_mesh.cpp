@@ -122,7 +122,7 @@ DeviceMeshPtr DeviceMesh::create(const std::string& device_type, std::vector<int
   c10::Device device(c10::DeviceType::CPU);
   if (device_type == "cuda") {
     backend = cuda_backend();
-    device = compat::select_local_cuda_device(dist::launch_env().local_rank);
+    device = dist::local_cuda_device();
   }
 
   std::shared_ptr<DeviceMesh> mesh(new DeviceMesh());

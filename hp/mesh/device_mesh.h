@@ -34,8 +34,9 @@ class DeviceMesh : public std::enable_shared_from_this<DeviceMesh> {
                               std::vector<int> ranks, std::vector<std::string> names = {});
 
   const std::string& device_type() const { return device_type_; }
-  // Where this rank's tensors live: cpu, or for 'cuda' its GPU (LOCAL_RANK %
-  // device count, made the current device when the mesh was built).
+  // Where this rank's tensors live: cpu, or for 'cuda' its GPU (the
+  // LOCAL_RANK-th, hp::dist::local_cuda_index; made the current device when
+  // the mesh was built).
   c10::Device device() const { return device_; }
   // The backend of the mesh's groups: Gloo for 'cpu'; for 'cuda' NCCL, or
   // Gloo when HP_CUDA_BACKEND=gloo (ranks sharing one GPU).

@@ -98,11 +98,11 @@ void require_cuda(const std::string& what) {
                TORCH_VERSION, " has CUDA but sees no device (CUDA_VISIBLE_DEVICES, driver)");
 }
 
-c10::Device select_local_cuda_device(int local_rank) {
+c10::Device set_current_cuda_device(int index) {
   require_cuda("device 'cuda'");
-  HP_CHECK_ARG(local_rank >= 0, "LOCAL_RANK must be >= 0, got ", local_rank);
-  const int count = cuda_device_count();
-  c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(local_rank % count));
+  HP_CHECK_ARG(index >= 0 && index < cuda_device_count(), "CUDA device index ", index,
+               " is out of range for ", cuda_device_count(), " device(s)");
+  c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
   c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->setDevice(device);
   return device;
 }

@@ -143,8 +143,8 @@ bool cuda_available();
 int cuda_device_count();
 // Raises ArgumentError naming `what` needs CUDA when !cuda_available().
 void require_cuda(const std::string& what);
-// The CUDA device of this local rank: LOCAL_RANK % device count, made the
-// current device of the calling thread.
-c10::Device select_local_cuda_device(int local_rank);
+// Makes CUDA device `index` the calling thread's current device and returns
+// it (which index a rank uses is hp::dist::local_cuda_index's choice).
+c10::Device set_current_cuda_device(int index);
 
 }  // namespace hp::compat

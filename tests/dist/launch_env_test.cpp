@@ -144,5 +144,27 @@ TEST(LaunchEnv, ContradictoryConventions) {
                                 HasSubstr("WORLD_SIZE=4 contradicts OMPI_COMM_WORLD_SIZE=8")));
 }
 
+// One GPU per local rank; more local ranks than GPUs only when asked for.
+TEST(LocalCudaIndex, IsTheLocalRankAndRefusesSharingUnlessAsked) {
+  Env env = kTorchrun;
+  env["LOCAL_RANK"] = "1";
+  LaunchEnv launch = read_launch_env(lookup_in(env));
+  EXPECT_FALSE(launch.share_gpus);
+  EXPECT_EQ(local_cuda_index(launch, 2), 1);
+  EXPECT_THAT([&] { local_cuda_index(launch, 1); },
+              ThrowsMessage<ArgumentError>(AllOf(
+                  HasSubstr("LOCAL_RANK=1 has no GPU of its own"),
+                  HasSubstr("1 CUDA device(s) for LOCAL_WORLD_SIZE=2"),
+                  HasSubstr("HP_SHARE_GPUS=1"))));
+  env["HP_SHARE_GPUS"] = "1";
+  launch = read_launch_env(lookup_in(env));
+  EXPECT_TRUE(launch.share_gpus);
+  EXPECT_EQ(local_cuda_index(launch, 1), 0);
+  EXPECT_EQ(local_cuda_index(launch, 2), 1);
+  env["HP_SHARE_GPUS"] = "yes";
+  EXPECT_THAT(reading(env), ThrowsMessage<ArgumentError>(
+                                HasSubstr("HP_SHARE_GPUS must be 0 or 1, got 'yes'")));
+}
+
 }  // namespace
 }  // namespace hp::dist
