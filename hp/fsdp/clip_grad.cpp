@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 
 #include "hp/dist/collectives.h"
 #include "hp/fsdp/registry.h"
@@ -14,82 +13,115 @@
 
 namespace hp {
 
-double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
-                       double norm_type) {
+namespace {
+
+// Gradients split over the same list of groups: their values are combined
+// locally, then reduced over each group in turn.
+struct Split {
+  std::vector<dist::GroupPtr> groups;
+  std::vector<at::Tensor> values;  // 0-d double, one per gradient
+};
+
+// The 0-d combination of `values` on `device`: their sum, or for the inf
+// norm their maximum. One stack and one reduction, whatever the count.
+at::Tensor combine(const std::vector<at::Tensor>& values, c10::Device device, bool inf_norm) {
+  std::vector<at::Tensor> moved;
+  moved.reserve(values.size());
+  for (const auto& v : values) moved.push_back(v.to(device, /*non_blocking=*/true));
+  at::Tensor all = at::stack(moved);
+  return inf_norm ? all.max() : all.sum();
+}
+
+}  // namespace
+
+at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
+                           double norm_type) {
   const bool inf_norm = std::isinf(norm_type);
   HP_CHECK_ARG(inf_norm || norm_type == 2.0, "clip_grad_norm_: norm_type must be 2.0 or inf, got ",
                norm_type);
   HP_CHECK_ARG(max_norm >= 0 && std::isfinite(max_norm),
                "clip_grad_norm_: max_norm must be a finite non-negative number, got ", max_norm);
+  at::NoGradGuard no_grad;
   // Per list of groups a gradient is split over (in first-seen order, the
-  // same on every rank), the reduction of its pieces' norms; replicated
-  // gradients (identical on every rank) stay local and count once.
-  std::vector<std::vector<dist::GroupPtr>> splits;
-  std::vector<double> split_values;
-  double local_value = 0;
-  std::vector<at::Tensor> grads;
-  auto combine = [inf_norm](double a, double b) { return inf_norm ? std::max(a, b) : a + b; };
+  // same on every rank), its pieces' values; replicated gradients
+  // (identical on every rank) stay local and count once.
+  std::vector<Split> splits;
+  std::vector<at::Tensor> local_values;
+  std::vector<at::Tensor> scaled;  // what the coefficient multiplies, in place
   for (const auto& p : parameters) {
     const at::Tensor& grad = p.grad();
     if (!grad.defined()) continue;
-    grads.push_back(grad);
     // A DTensor gradient (tensor parallelism, with or without fully_shard)
     // is measured on its local piece and reduced over the mesh dims that
     // split it; its layout already says where the fully_shard shard is. A
     // Partial one cannot be measured piecewise: its norm goes through the
-    // DTensor ops, which reduce it first and return the same value
-    // everywhere.
-    const bool piecewise = is_dtensor(grad) && std::none_of(
+    // DTensor ops, which reduce it first, and is then the same everywhere.
+    const bool dtensor = is_dtensor(grad);
+    const bool piecewise = dtensor && std::none_of(
         layout_of(grad).placements().begin(), layout_of(grad).placements().end(),
         [](const Placement& q) { return q.is_partial(); });
     const at::Tensor& measured = piecewise ? local_of(grad) : grad;
-    // The squared 2-norm accumulated in double without a double copy of
-    // the gradient.
-    double value = 0;
-    if (inf_norm) {
-      value = measured.abs().max().item<double>();
-    } else {
-      const double norm = at::linalg_vector_norm(measured, 2, c10::nullopt, false, at::kDouble)
-                              .item<double>();
-      value = norm * norm;
-    }
+    scaled.push_back(dtensor ? local_of(grad) : grad);
+    // Accumulated in double without a double copy of the gradient; kept on
+    // the gradient's device (no host sync per parameter).
+    at::Tensor value = inf_norm ? measured.abs().max()
+                                : at::linalg_vector_norm(measured, 2, c10::nullopt, false,
+                                                         at::kDouble);
+    if (is_dtensor(value)) value = full_tensor(value);
+    value = inf_norm ? value.to(at::kDouble) : value.square();
     std::vector<dist::GroupPtr> split;
     if (piecewise) {
       const Layout& layout = layout_of(grad);
       for (int64_t m = 0; m < layout.mesh()->ndim(); ++m) {
         if (layout.placements()[m].is_sharded()) split.push_back(layout.mesh()->group_ptr(m));
       }
-    } else if (!is_dtensor(grad)) {
+    } else if (!dtensor) {
       auto managed = fsdp::find_managed(p);
       if (managed && managed->param->sharded()) split.push_back(managed->unit->mesh().reduce_group);
     }
     if (split.empty()) {
-      local_value = combine(local_value, value);
+      local_values.push_back(std::move(value));
       continue;
     }
-    auto it = std::find(splits.begin(), splits.end(), split);
+    auto it = std::find_if(splits.begin(), splits.end(),
+                           [&](const Split& s) { return s.groups == split; });
     if (it == splits.end()) {
-      splits.push_back(split);
-      split_values.push_back(value);
-    } else {
-      double& v = split_values[it - splits.begin()];
-      v = combine(v, value);
+      splits.push_back({std::move(split), {}});
+      it = splits.end() - 1;
     }
+    it->values.push_back(std::move(value));
   }
-  double total = local_value;
-  for (size_t i = 0; i < splits.size(); ++i) {
-    at::Tensor t = at::full({1}, split_values[i], at::kDouble);
+  if (scaled.empty()) return at::zeros({}, at::kDouble);
+
+  // The norm lives where the collectives run (a GPU for NCCL groups, whose
+  // tensors cannot be on the CPU), else with the first gradient.
+  const c10::Device device = splits.empty() ? scaled[0].device() : splits[0].groups[0]->device();
+  std::vector<at::Tensor> parts;
+  if (!local_values.empty()) parts.push_back(combine(local_values, device, inf_norm));
+  for (const Split& split : splits) {
     // Reducing over each dim's group in turn reaches every rank that holds
     // a piece (the pieces form a grid over those dims).
-    for (const auto& group : splits[i]) {
+    at::Tensor t = combine(split.values, split.groups[0]->device(), inf_norm).reshape({1});
+    for (const auto& group : split.groups) {
+      t = t.to(group->device(), /*non_blocking=*/true);
       dist::all_reduce(*group, t, inf_norm ? dist::ReduceOp::kMax : dist::ReduceOp::kSum).wait();
     }
-    total = combine(total, t.item<double>());
+    parts.push_back(t.reshape({}));
   }
-  const double norm = inf_norm ? total : std::sqrt(total);
-  const double coefficient = max_norm / (norm + 1e-6);
-  if (coefficient < 1.0) {
-    for (auto& g : grads) g.mul_(coefficient);
+  at::Tensor total = combine(parts, device, inf_norm);
+  at::Tensor norm = inf_norm ? total : total.sqrt();
+  // min(1, max_norm / (norm + eps)): scaling by exactly 1 leaves a gradient
+  // bit for bit as it was, so nothing needs deciding on the host.
+  at::Tensor coefficient = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+  std::vector<at::Tensor> coefficient_on;  // one per device the gradients are on
+  for (auto& g : scaled) {
+    auto it = std::find_if(coefficient_on.begin(), coefficient_on.end(),
+                           [&](const at::Tensor& c) { return c.device() == g.device(); });
+    if (it == coefficient_on.end()) {
+      coefficient_on.push_back(coefficient.to(g.device(), /*non_blocking=*/true));
+      it = coefficient_on.end() - 1;
+    }
+    g.mul_(*it);
   }
   return norm;
 }

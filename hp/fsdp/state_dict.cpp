@@ -111,13 +111,17 @@ int64_t agree_on_min(const nn::Module& model, int64_t value) {
     const DeviceMesh* mesh = managed->unit->mesh().mesh.get();
     if (std::find(meshes.begin(), meshes.end(), mesh) == meshes.end()) meshes.push_back(mesh);
   }
-  at::Tensor t = at::full({1}, value, at::kLong);
+  int64_t agreed = value;
   for (const DeviceMesh* mesh : meshes) {
     for (int64_t d = 0; d < mesh->ndim(); ++d) {
-      dist::all_reduce(mesh->group(d), t, dist::ReduceOp::kMin).wait();
+      dist::Group& group = mesh->group(d);
+      // On the group's device: an NCCL group refuses CPU tensors.
+      at::Tensor t = at::full({1}, agreed, at::TensorOptions(at::kLong).device(group.device()));
+      dist::all_reduce(group, t, dist::ReduceOp::kMin).wait();
+      agreed = t.item<int64_t>();
     }
   }
-  return t.item<int64_t>();
+  return agreed;
 }
 
 }  // namespace
@@ -130,23 +134,29 @@ StateDict get_model_state_dict(const nn::Module& model, const StateDictOptions& 
                "tensors can be kept on rank 0 alone), got full_state_dict=false");
   reshard_tree(model);
   const bool keep = !options.rank0_only || !dist::is_initialized() || dist::get_rank() == 0;
+  auto placed = [&](const at::Tensor& t) { return options.cpu_offload ? t.cpu() : t; };
   StateDict out;
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
     auto managed = fsdp::find_managed(item.value());
     if (!managed) {
-      if (keep) out.emplace_back(item.key(), item.value().detach());
+      if (keep) out.emplace_back(item.key(), placed(item.value().detach()));
       continue;
     }
     DTensor local = shard_dtensor(*managed);
     if (!options.full_state_dict) {
+      if (options.cpu_offload) {
+        FromLocalOptions shape;
+        shape.shape = local.sizes();
+        local = from_local(local.local().cpu(), local.layout(), shape);
+      }
       out.emplace_back(item.key(), local);
       continue;
     }
     at::Tensor whole = local.full_tensor();  // collective: every rank gathers
-    if (keep) out.emplace_back(item.key(), whole);
+    if (keep) out.emplace_back(item.key(), placed(whole));
   }
   for (const auto& item : model.named_buffers(/*recurse=*/true)) {
-    if (keep) out.emplace_back(item.key(), item.value().detach());
+    if (keep) out.emplace_back(item.key(), placed(item.value().detach()));
   }
   return out;
 }

@@ -163,9 +163,12 @@ std::vector<MeshRow> gather_rows(const DeviceMesh& mesh, const std::vector<int64
   at::Tensor table = at::tensor(row, at::kLong).view({1, width});
   for (int64_t m = n - 1; m >= 0; --m) {
     dist::Group& group = mesh.group(m);
-    at::Tensor gathered = at::empty({group.size() * table.size(0), width}, at::kLong);
-    dist::all_gather_into(group, gathered, table.contiguous()).wait();
-    table = gathered;
+    // On the group's device (an NCCL group refuses CPU tensors), read back
+    // on the host.
+    const auto options = at::TensorOptions(at::kLong).device(group.device());
+    at::Tensor gathered = at::empty({group.size() * table.size(0), width}, options);
+    dist::all_gather_into(group, gathered, table.to(group.device()).contiguous()).wait();
+    table = gathered.cpu();
   }
   std::vector<MeshRow> rows;
   const int64_t* data = table.data_ptr<int64_t>();
