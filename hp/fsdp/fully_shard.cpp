@@ -216,6 +216,58 @@ std::vector<ParamPlan> plan_params(const std::vector<std::shared_ptr<nn::Module>
   return plans;
 }
 
+// The device a unit's parameters live on: the mesh's. Without a mesh,
+// the parameters choose: a GPU when any is on one (the default mesh is then
+// 'cuda', as FSDP2 builds it on the current accelerator), else the CPU.
+// Checked here, before any collective (fully_shard's caller may be the only
+// rank with a misplaced module): a parameter on another GPU or on a GPU
+// under a 'cpu' mesh raises naming it; a CPU parameter under a 'cuda' mesh
+// is moved there later, with the unit's buffers, as FSDP2 does; a meta
+// parameter waits for materialisation (Unit::validate_for_training).
+c10::Device unit_device(const std::vector<ParamPlan>& plans, const DeviceMeshPtr& mesh,
+                        const char* mode) {
+  auto device_of = [](const ParamPlan& plan) {
+    return (is_dtensor(plan.param) ? local_of(plan.param) : plan.param).device();
+  };
+  c10::Device device(c10::DeviceType::CPU);
+  if (mesh) {
+    device = mesh->device();
+  } else if (std::any_of(plans.begin(), plans.end(),
+                         [&](const ParamPlan& p) { return device_of(p).is_cuda(); })) {
+    device = dist::local_cuda_device();
+  }
+  for (const auto& plan : plans) {
+    const c10::Device at = device_of(plan);
+    if (at == device || at.is_meta() || (at.is_cpu() && !is_dtensor(plan.param))) continue;
+    const std::string mesh_text =
+        mesh ? mesh->describe() : cat("the default mesh (on ", device, ", this rank's device)");
+    throw_argument_error(cat(
+        "fully_shard: parameter '", plan.fqn, "' is on ", at, " but ", mesh_text,
+        " places this rank's ", mode, " shards on ", device,
+        "; expected the module on the mesh's device: move it to ", device,
+        device.is_cpu() ? ", or pass a 'cuda' mesh (init_device_mesh(\"cuda\", ...))"
+                        : " (this rank's GPU is the LOCAL_RANK-th) before fully_shard"));
+  }
+  return device;
+}
+
+// Moves the CPU parameters and buffers of `roots` to `device` in place
+// (their identity stays: an optimizer built before still holds them).
+void move_states_to(const std::vector<std::shared_ptr<nn::Module>>& roots,
+                    const std::vector<ParamPlan>& plans, c10::Device device) {
+  if (device.is_cpu()) return;
+  at::NoGradGuard no_grad;
+  for (const auto& plan : plans) {
+    at::Tensor param = plan.param;
+    if (!is_dtensor(param) && param.device().is_cpu()) param.set_data(param.to(device));
+  }
+  for (const auto& root : roots) {
+    for (auto& buffer : root->buffers(/*recurse=*/true)) {
+      if (buffer.device().is_cpu()) buffer.set_data(buffer.to(device));
+    }
+  }
+}
+
 }  // namespace
 
 FSDPModule fully_shard(const std::shared_ptr<nn::Module>& module,
@@ -256,13 +308,19 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<nn::Module>>& modules,
     Unit::check_reshard_after_forward(regather_ranks, shard_size, roots[0]->name());
   }
 
+  const c10::Device device = unit_device(plans, options.mesh, mode);
+
   // Valid: build. The collective steps (the mesh's groups, the regather
   // group) come first, so that a failure there (a timeout, a peer that did
   // not call) leaves every parameter as it was.
   DeviceMeshPtr mesh = options.mesh;
-  if (!mesh) mesh = init_device_mesh("cpu", {dist::get_world_size()}, {"dp"});
+  if (!mesh) {
+    mesh = init_device_mesh(device.is_cuda() ? "cuda" : "cpu", {dist::get_world_size()}, {"dp"});
+  }
   fsdp::MeshInfo mesh_info = fsdp::MeshInfo::from_mesh(mesh);
   dist::GroupPtr regather_group = Unit::regather_group_for(mesh_info, regather_ranks);
+
+  move_states_to(roots, plans, device);
 
   // From here on parameters are swapped to their shards; should anything
   // raise, each one gets its whole data and gradient back.
