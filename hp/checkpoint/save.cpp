@@ -79,6 +79,20 @@ RankReport decode(const int64_t* p, int64_t chunks) {
   return r;
 }
 
+// A piece's bytes in host memory, for the file. A contiguous CPU piece is
+// written from its own memory and a strided one copied; a GPU piece is
+// copied into pinned host memory (a full-bandwidth transfer, which a copy
+// into pageable memory is not). One piece at a time: the staging memory is
+// one piece's, not the state's.
+at::Tensor host_piece(const at::Tensor& local) {
+  at::Tensor piece = local.detach();
+  if (piece.is_cpu()) return piece.contiguous();
+  at::Tensor host =
+      at::empty(piece.sizes(), piece.options().device(at::kCPU).pinned_memory(true));
+  host.copy_(piece);
+  return host;
+}
+
 // Writes this rank's file (if it owns any chunk) and reports it.
 RankReport write_rank_file(const std::vector<const StateEntry*>& owned, const std::string& path) {
   RankReport report;
@@ -89,9 +103,7 @@ RankReport write_rank_file(const std::vector<const StateEntry*>& owned, const st
   }
   SafetensorsWriter writer(path, specs);
   for (const StateEntry* e : owned) {
-    // A contiguous piece is written from its own memory; only a strided one
-    // is copied, one at a time.
-    at::Tensor data = e->local.detach().contiguous();
+    at::Tensor data = host_piece(e->local);
     report.chunks.emplace_back(0, crc32c(0, data.data_ptr(), data.nbytes()));
     writer.write(data);
   }

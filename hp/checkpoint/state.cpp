@@ -92,8 +92,8 @@ void State::add_entry(StateEntry entry) {
   HP_CHECK_ARG(key != "__metadata__", "checkpoint state: '__metadata__' is reserved");
   HP_CHECK_ARG(!index_.count(key), "checkpoint state: key '", key,
                "' is added twice; keys must be unique");
-  HP_CHECK_ARG(entry.local.device().is_cpu(), "checkpoint state: tensor '", key, "' is on ",
-               entry.local.device(), "; checkpoints hold CPU tensors");
+  HP_CHECK_ARG(entry.local.is_cpu() || entry.local.is_cuda(), "checkpoint state: tensor '", key,
+               "' is on ", entry.local.device(), "; checkpoints hold CPU and CUDA tensors");
   HP_CHECK_ARG(safetensors_dtype_name(entry.local.scalar_type()).has_value(),
                "checkpoint state: tensor '", key, "' has dtype ", entry.local.scalar_type(),
                ", which the checkpoint format cannot hold");

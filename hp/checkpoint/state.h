@@ -7,10 +7,11 @@
 //   state.add("model.lm_head.weight", local, layout, shape); // any laid-out tensor
 //   state.add("train.step", step_tensor);                    // every rank holds it whole
 //
-// save() reads the pieces; load() writes into them in place, so the tensors
-// given here must be the ones the model and optimizer use (parameters,
-// optimizer state), not copies. A piece whose layout says ranks hold the
-// same data (Replicate dims) is written once, by the lowest rank holding it.
+// save() reads the pieces (a GPU piece through pinned host memory); load()
+// writes into them in place, so the tensors given here must be the ones the
+// model and optimizer use (parameters, optimizer state), not copies. A piece
+// whose layout says ranks hold the same data (Replicate dims) is written
+// once, by the lowest rank holding it.
 // Pieces must be boxes of the global tensor: Shard and Replicate placements
 // (Partial is refused; a tensor-form DTensor with a StridedShard is moved to
 // the plain Shard of its dim when added, collectively, and moved back after
@@ -35,7 +36,7 @@ namespace hp::checkpoint {
 
 struct StateEntry {
   std::string key;
-  at::Tensor local;            // this rank's piece (contiguous or not; CPU)
+  at::Tensor local;            // this rank's piece (contiguous or not; CPU or CUDA)
   std::vector<int64_t> shape;  // the global shape
   // How the mesh's ranks hold the tensor (Shard and Replicate placements);
   // undefined: every rank of the job holds the whole tensor.

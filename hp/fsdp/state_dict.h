@@ -27,8 +27,9 @@ using StateDict = std::vector<std::pair<std::string, StateValue>>;
 struct StateDictOptions {
   // Whole tensors (all-gathered; collective) instead of local DTensors.
   bool full_state_dict = false;
-  // Move values to CPU memory. This build keeps everything in CPU memory, so
-  // it changes nothing here; it is accepted for code written for CUDA builds.
+  // Copy values to CPU memory (a GPU model's state dict for a host-side
+  // consumer); sharded values stay DTensors of the same layout whose local
+  // shards are on the CPU. Values already on the CPU are not copied.
   bool cpu_offload = false;
   // With full_state_dict: only rank 0 keeps the values (all ranks still take
   // part in the gathers); other ranks get an empty state dict. Without
