@@ -11,19 +11,24 @@
 #include <string>
 #include <vector>
 
+#include "hp/checkpoint/checkpoint.h"
 #include "hp/dist/collectives.h"
 #include "hp/dist/world.h"
+#include "hp/fsdp/clip_grad.h"
 #include "hp/fsdp/fully_shard.h"
 #include "hp/mesh/device_mesh.h"
 #include "hp/nn/gpt.h"
 #include "hp/nn/loss.h"
+#include "hp/tensor/dtensor.h"
 #include "hp/util/error.h"
 #include "hp/util/torch_compat.h"
+#include "tests/checkpoint/checkpoint_test_util.h"
 #include "tests/support/rounding_bounds.h"
 
 namespace hp {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
@@ -193,6 +198,114 @@ TEST_F(OnCuda, FullyShardFirstStepMatchesOneProcess) {
 
 TEST_F(OnCuda, OffloadKeepsShardsInPinnedHostMemory) {
   for (bool fused : {false, true}) expect_first_step_matches(mesh_, /*offload=*/true, fused);
+}
+
+// The values the library exchanges for itself (a gradient norm, the index
+// that load_state_dict's ranks agree on, from_local's local shapes) travel
+// on the group's device: an NCCL group refuses CPU tensors, so each of
+// these raised on its first call before.
+// Every gradient element is 0.5, so the squared norm is numel / 4: sums of
+// quarters, exact in double in any order, and the norm is sqrt's correctly
+// rounded result on every rank.
+TEST_F(OnCuda, ClipGradNormStaysOnTheGpuAndMatchesTheWholeNorm) {
+  nn::GPT model = make_gpt(device_);
+  int64_t numel = 0;
+  for (const auto& p : model->parameters()) numel += p.numel();
+  FullyShardOptions options;
+  options.mesh = mesh_;
+  for (const nn::Block& block : model->blocks()) fully_shard(block.ptr(), options);
+  fully_shard(model.ptr(), options);
+  for (auto& p : model->parameters()) p.mutable_grad() = at::full_like(p, 0.5);
+  const double expected = std::sqrt(numel / 4.0);
+  at::Tensor norm = clip_grad_norm_(model->parameters(), /*max_norm=*/1.0);
+  EXPECT_TRUE(norm.is_cuda());
+  EXPECT_EQ(norm.item<double>(), expected);
+  // Scaled by 1 / (norm + 1e-6) in the gradients' dtype, as torch does.
+  const float scaled = static_cast<float>(0.5f * static_cast<float>(1.0 / (expected + 1e-6)));
+  for (const auto& p : model->parameters()) {
+    EXPECT_EQ(p.grad().max().item<float>(), scaled);
+  }
+}
+
+TEST_F(OnCuda, StateDictRoundTripAndCpuOffload) {
+  nn::GPT model = make_gpt(device_);
+  FullyShardOptions options;
+  options.mesh = mesh_;
+  for (const nn::Block& block : model->blocks()) fully_shard(block.ptr(), options);
+  FSDPModule root = fully_shard(model.ptr(), options);
+  StateDict sharded = root.state_dict();
+  root.load_state_dict(sharded);  // agrees on the first rejected entry over NCCL
+  StateDictOptions offload;
+  offload.full_state_dict = true;
+  offload.cpu_offload = true;
+  nn::GPT reference = make_gpt(device_);
+  auto expected = reference->named_parameters();
+  for (const auto& [key, value] : get_model_state_dict(*model, offload)) {
+    SCOPED_TRACE(key);
+    const at::Tensor& whole = std::get<at::Tensor>(value);
+    EXPECT_TRUE(whole.is_cpu());
+    if (expected.contains(key)) EXPECT_TRUE(at::equal(whole, expected[key].cpu()));
+  }
+}
+
+TEST_F(OnCuda, FromLocalRunCheckGathersShapesOnTheGroupsDevice) {
+  const int64_t w = mesh_->size(), r = mesh_->coordinate(0);
+  // Uneven rows: rank r holds r + 1 of them; run_check infers the total.
+  at::Tensor local = at::full({r + 1, 3}, double(r), at::TensorOptions(at::kFloat).device(device_));
+  FromLocalOptions check;
+  check.run_check = true;
+  DTensor d = from_local(local, Layout(mesh_, {Shard(0)}), check);
+  EXPECT_EQ(d.sizes(), (std::vector<int64_t>{w * (w + 1) / 2, 3}));
+}
+
+TEST_F(OnCuda, CheckpointSavesAndLoadsGpuShards) {
+  test::SharedTempDir dir("cuda");
+  nn::GPT model = make_gpt(device_);
+  FullyShardOptions options;
+  options.mesh = mesh_;
+  FSDPModule root = fully_shard(model.ptr(), options);
+  checkpoint::State saved;
+  for (const auto& [key, value] : root.state_dict()) saved.add(key, std::get<DTensor>(value));
+  checkpoint::save(saved, dir.path(), /*step=*/1);
+  std::vector<at::Tensor> before;
+  for (auto& p : model->parameters()) {
+    before.push_back(p.detach().clone());
+    at::NoGradGuard no_grad;
+    p.zero_();
+  }
+  checkpoint::load(saved, dir.path());
+  size_t i = 0;
+  for (auto& p : model->parameters()) {
+    EXPECT_TRUE(p.is_cuda());
+    EXPECT_TRUE(at::equal(p.detach(), before[i++]));
+  }
+}
+
+// Where the parameters are decides the default mesh, and a misplaced module
+// is named before any collective (every rank raises the same error).
+TEST_F(OnCuda, DefaultMeshFollowsTheParametersAndMisplacedModulesAreNamed) {
+  nn::GPT on_gpu = make_gpt(device_);
+  FSDPModule root = fully_shard(on_gpu.ptr());
+  for (const auto& p : on_gpu->parameters()) EXPECT_EQ(p.device(), device_);
+  on_gpu->zero_grad();
+  at::Tensor tokens = at::randint(64, {2, 17}, at::TensorOptions(at::kLong).device(device_));
+  loss_on_rows(on_gpu, tokens, 0, 2).backward();
+
+  // A CPU module under a 'cuda' mesh moves there, as FSDP2 moves it.
+  nn::GPT on_cpu = make_gpt(at::kCPU);
+  FullyShardOptions options;
+  options.mesh = mesh_;
+  fully_shard(on_cpu.ptr(), options);
+  for (const auto& p : on_cpu->parameters()) EXPECT_TRUE(p.is_cuda());
+
+  // A GPU module under a 'cpu' mesh is refused, naming a parameter.
+  DeviceMeshPtr cpu_mesh = init_device_mesh("cpu", {dist::get_world_size()});
+  nn::GPT misplaced = make_gpt(device_);
+  options.mesh = cpu_mesh;
+  EXPECT_THAT([&] { fully_shard(misplaced.ptr(), options); },
+              ThrowsMessage<ArgumentError>(AllOf(HasSubstr("fully_shard: parameter '"),
+                                                 HasSubstr("is on cuda"),
+                                                 HasSubstr("pass a 'cuda' mesh"))));
 }
 
 }  // namespace
