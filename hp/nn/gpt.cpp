@@ -62,7 +62,10 @@ at::Tensor GPTImpl::forward(const at::Tensor& idx) {
   HP_CHECK_ARG(T >= 1, "GPT.forward: sequence length ", T, " must be at least 1");
   HP_CHECK_ARG(T <= config_.context, "GPT.forward: sequence length ", T, " exceeds config.context ",
                config_.context);
-  if (idx.numel() > 0) {
+  // Checked on the host only where that is free: on a GPU reading the ids
+  // back would stall the CPU every step, and the embedding's device-side
+  // assert stops an out-of-range id there.
+  if (idx.is_cpu() && idx.numel() > 0) {
     auto [lo, hi] = torch::aminmax(idx);
     const int64_t min_id = lo.item<int64_t>(), max_id = hi.item<int64_t>();
     HP_CHECK_ARG(min_id >= 0 && max_id < config_.vocab_size,

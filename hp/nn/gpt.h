@@ -40,7 +40,9 @@ class GPTImpl : public Module {
   explicit GPTImpl(GPTConfig config);
 
   // idx: int64 [B, T], 1 <= T <= config.context, ids in [0, vocab_size)
-  // -> logits [B, T, vocab_size].
+  // -> logits [B, T, vocab_size]. Ids out of range raise ArgumentError on
+  // the CPU; on a GPU the embedding's device-side assert stops them (a host
+  // check would sync every step).
   at::Tensor forward(const at::Tensor& idx);
 
   // Appends max_new_tokens sampled tokens to idx [B, T0] and returns
