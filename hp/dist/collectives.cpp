@@ -16,6 +16,7 @@
 #include "hp/dist/collective_checks.h"
 #include "hp/dist/comm_stats.h"
 #include "hp/util/error.h"
+#include "hp/util/torch_compat.h"
 #include "hp/util/trace.h"
 
 namespace hp::dist {
@@ -126,6 +127,14 @@ at::Tensor wire_view(const at::Tensor& t) {
 
 bool is_low_precision(at::ScalarType type) {
   return type == at::kBFloat16 || type == at::kHalf;
+}
+
+// Whether the backend gathers into one flat tensor: NCCL always, Gloo where
+// this libtorch's can (CPU tensors). The fallback gathers into a list of
+// views (for NCCL a flat temporary plus one copy per rank).
+bool gathers_flat(const Group& group, const at::Tensor& t) {
+  if (group.backend_kind() == Backend::kNccl) return true;
+  return compat::gloo_has_flat_all_gather() && t.is_cpu();
 }
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
@@ -372,6 +381,13 @@ Work all_gather_into(Group& group, const at::Tensor& output, const at::Tensor& i
       if (output.data_ptr() != in.data_ptr()) output.view(-1).copy_(in.view(-1));
     });
   }
+  if (gathers_flat(group, in)) {
+    return launch(group, op, std::move(sizes), fp, [&group, output, in] {
+      at::Tensor flat_out = wire_view(output).view(-1);
+      at::Tensor flat_in = wire_view(in).view(-1);
+      return group.backend()._allgather_base(flat_out, flat_in);
+    }, nullptr);
+  }
   return launch(group, op, std::move(sizes), fp, [&group, output, in, n] {
     at::Tensor flat_out = wire_view(output).view(-1);
     std::vector<std::vector<at::Tensor>> outputs(1);
@@ -490,6 +506,20 @@ Work reduce_scatter(Group& group, const at::Tensor& output, const at::Tensor& in
   }
   // Low-precision data travels as its own bits and is summed in fp32 here.
   const bool low = is_low_precision(in.scalar_type());
+  if (!low && group.backend_kind() == Backend::kNccl) {
+    // NCCL: one reduce-scatter into the output itself (no group-size
+    // receive buffer); an average is the sum divided afterwards, as on the
+    // fallback. bf16 and fp16 keep the fallback's fp32 sum.
+    auto finish = op_kind == ReduceOp::kAvg ? std::function<void()>([output, size] {
+      output.div_(size);
+    }) : std::function<void()>();
+    return launch(group, op, std::move(sizes), fp, [&group, output, in, op_kind] {
+      at::Tensor out = output.view(-1), flat_in = in.view(-1);
+      c10d::ReduceScatterOptions options;
+      options.reduceOp = to_c10d(op_kind);
+      return group.backend()._reduce_scatter_base(out, flat_in, options);
+    }, std::move(finish));
+  }
   at::Tensor send = wire_view(in).view(-1);
   at::Tensor recv;
   if (scratch.defined()) {

@@ -25,7 +25,8 @@ namespace hp::dist {
 
 // output[i*n:(i+1)*n] = input of group rank i, n = input.numel().
 // output must be contiguous with group.size() * n elements of input's dtype;
-// the group ranks' pieces land in views of it (no reshaping copy after).
+// the group ranks' pieces land in it directly (one flat gather on NCCL and on
+// 2.15's Gloo, a list of views of it on 1.13's; no reshaping copy after).
 Work all_gather_into(Group& group, const at::Tensor& output, const at::Tensor& input);
 
 // One all-gather of several tensors: outputs[r][i] receives inputs[i] of
@@ -36,12 +37,13 @@ Work all_gather_coalesced(Group& group, const std::vector<std::vector<at::Tensor
                           const std::vector<at::Tensor>& inputs);
 
 // output = op over ranks of input[r*n:(r+1)*n] where r is this rank's group
-// rank and n = output.numel(). Implemented as one all-to-all plus a local
-// reduction (the same bytes on the wire as a ring reduce-scatter; Gloo 1.13
-// has none); the reduction runs in wait(). The all-to-all receives
-// group.size() * n elements: pass `scratch` (contiguous, input's dtype, at
-// least that many elements, not overlapping input) to receive into memory
-// the caller has anyway instead of a new allocation.
+// rank and n = output.numel(). On NCCL (fp32 and wider) one reduce-scatter
+// into output. Otherwise one all-to-all plus a local reduction (the same
+// bytes on the wire as a ring reduce-scatter; Gloo 1.13 has none, and bf16 /
+// fp16 are summed in fp32 there); the reduction runs in wait(). The
+// all-to-all receives group.size() * n elements: pass `scratch` (contiguous,
+// input's dtype, at least that many elements, not overlapping input) to
+// receive into memory the caller has anyway instead of a new allocation.
 Work reduce_scatter(Group& group, const at::Tensor& output, const at::Tensor& input,
                     ReduceOp op = ReduceOp::kSum, const at::Tensor& scratch = {});
 

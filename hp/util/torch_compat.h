@@ -138,6 +138,13 @@ std::string cpu_capability();
 // Whether this libtorch was built with NCCL support in c10d.
 bool has_nccl();
 
+// Whether c10d's Gloo backend gathers into one flat tensor (_allgather_base)
+// for CPU tensors: 1.13's raises that it cannot; 2.15's can (checked in its
+// ProcessGroupGloo.hpp and run). Versions in between are not assumed to.
+// (2.15's Gloo reduce-scatter from one flat tensor returns a Work without a
+// future, which asynchronous completion needs: not used.)
+constexpr bool gloo_has_flat_all_gather() { return HP_TORCH_AT_LEAST(2, 15); }
+
 // Whether this libtorch has CUDA and sees at least one device.
 bool cuda_available();
 int cuda_device_count();
