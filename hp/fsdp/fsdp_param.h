@@ -200,6 +200,9 @@ class FSDPParam {
   // .grad, or with apply_grad_on_fp32_main_grad the main grad (reduce
   // dtype), in the parameter's layout; undefined if none arrived.
   at::Tensor take_delivered_grad();
+  // The gradient accumulator whose post-hook reduces (null until the
+  // parameter first took its compute form, or when nothing communicates).
+  torch::autograd::Node* grad_accumulator() const { return accumulator_.get(); }
 
   // The shard-sized piece of a reduce-scatter (padded shard numel).
   int64_t reduce_numel() const { return padded_shard_.numel(); }

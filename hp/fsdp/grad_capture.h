@@ -6,7 +6,8 @@
 // in the post-hook of the parameter's gradient accumulator and assigns the
 // reduced shard to .grad (F4). torch::autograd::grad never runs the
 // accumulators of its inputs, so over managed parameters it would return
-// each rank's unreduced gradient of the unsharded parameter. Instead,
+// each rank's unreduced gradient of the unsharded parameter; the units
+// refuse such a backward (RootContext::ensure_end_of_backward). Instead,
 // the caller runs the usual backward restricted to its weights
 // (torch::autograd::backward with inputs = the weights), so the
 // accumulators, and with them the reductions, run as in any step, inside a

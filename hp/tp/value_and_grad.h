@@ -17,7 +17,9 @@
 // steps (a plain shard-shaped tensor, or under tensor parallelism a DTensor
 // of the combined layout); with apply_grad_on_fp32_main_grad, the reduced
 // shard a main grad would receive. A unit reduces as gradients accumulate,
-// which torch::autograd::grad never does, so for such weights the function runs backward restricted to `weights` and takes the
+// which torch::autograd::grad never does (over managed parameters it raises
+// an ArgumentError instead of returning unreduced gradients), so for such
+// weights the function runs backward restricted to `weights` and takes the
 // shards out of .grad (hp/fsdp/grad_capture.h): every weight's .grad (and
 // main grad, and no-sync or partly reduced gradients) is as before, also
 // when the backward raises; reductions deferred by set_is_last_backward(false)
