@@ -9,24 +9,9 @@
 // The returned function runs `fn` once and differentiates its result with
 // respect to `weights`: nothing is accumulated into .grad; an undefined
 // tensor for a weight the result does not depend on. The gradient of a
-// DTensor weight has the weight's layout, as .grad would.
+// DTensor weight has the weight's layout, as .grad would. The weights are
+// checked (see below) before `fn` runs.
 //
-// Weights that fully_shard units manage (F4) get what .grad would hold
-// after backward(): the reduced gradient shard (reduce-scattered, and
-// all-reduced over HSDP's replicas), in the parameter's own layout between
-// steps (a plain shard-shaped tensor, or under tensor parallelism a DTensor
-// of the combined layout); with apply_grad_on_fp32_main_grad, the reduced
-// shard a main grad would receive. A unit reduces as gradients accumulate,
-// which torch::autograd::grad never does (over managed parameters it raises
-// an ArgumentError instead of returning unreduced gradients), so for such
-// weights the function runs backward restricted to `weights` and takes the
-// shards out of .grad (hp/fsdp/grad_capture.h): every weight's .grad (and
-// main grad, and no-sync or partly reduced gradients) is as before, also
-// when the backward raises; reductions deferred by set_is_last_backward(false)
-// are completed. The units of those weights must reduce fully: gradient
-// sync and HSDP's all-reduce on, else an ArgumentError; the weights must
-// then all be leaves. Otherwise the function differentiates with
-// torch::autograd::grad. The weights are checked before `fn` runs.
 // The initial gradient of a DTensor loss is a DTensor of the same global
 // shape holding the sensitivity everywhere. Gradients of DTensors are global
 // values (hp/tensor/dtensor.h): its Shard dims follow the loss's, and its
@@ -45,6 +30,23 @@
 // 1 for the first and 0 for the others, or `sens`, one per output (another
 // count is an ArgumentError, raised before the backward's collectives);
 // outputs with sensitivity 0 are not differentiated at all.
+//
+// Weights that fully_shard units manage (F4) get what .grad would hold
+// after backward(): the reduced gradient shard (reduce-scattered, and
+// all-reduced over HSDP's replicas), in the parameter's own layout between
+// steps (a plain shard-shaped tensor, or under tensor parallelism a DTensor
+// of the combined layout); with apply_grad_on_fp32_main_grad, the reduced
+// shard a main grad would receive. A unit reduces as gradients accumulate,
+// which torch::autograd::grad never does (over managed parameters it raises
+// an ArgumentError instead of returning unreduced gradients), so for such
+// weights the function runs backward restricted to `weights` and takes the
+// shards out of .grad (hp/fsdp/grad_capture.h): every weight's .grad (and
+// main grad, and no-sync or partly reduced gradients) is as before, also
+// when the backward raises; reductions deferred by set_is_last_backward(false)
+// are completed. The units of those weights must reduce fully: gradient
+// sync and HSDP's all-reduce on, else an ArgumentError; the weights must
+// then all be leaves. Without such weights the function differentiates
+// with torch::autograd::grad.
 #pragma once
 
 #include <optional>
