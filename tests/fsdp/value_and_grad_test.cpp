@@ -2,7 +2,7 @@
 // gradients it returns are the reduced shards .grad would hold after
 // backward(), in the parameters' own shapes, equal to one process's
 // gradients of the global batch, and every .grad (and main grad) is left as
-// it was. A bare torch::autograd::grad over managed parameters, which would
+// it was, also when the backward raises. A bare torch::autograd::grad over managed parameters, which would
 // return each rank's unreduced gradient, raises before any collective of
 // its backward and leaves the units usable; one over the inputs alone
 // still works.
@@ -125,44 +125,86 @@ void accumulate_earlier_gradients(test::ToyModel& model) {
   mse_of(model, test::rows_for(x, rank, world), test::rows_for(y, rank, world)).backward();
 }
 
-TEST(FsdpValueAndGrad, ReturnsReducedShardsLikeOneProcess) {
+// parallelize_value_and_grad of the MSE of global batch 0 on this rank's
+// rows: the loss and each gradient against the reference's of the whole
+// batch. Each gradient is the reduced shard: the parameter's own (shard)
+// shape, the matching shard of the reference's gradient.
+void expect_value_and_grad_matches(test::ToyModel& model, FSDPModule& root,
+                                   bool is_last_backward) {
   const int64_t rank = dist::get_rank(), world = dist::get_world_size();
+  auto reference = test::make_toy_model();
+  auto [x, y] = test::global_batch(0);
+  at::Tensor ref_loss = test::data_parallel_backward(
+      reference->parameters(), reference->parameters(), world, [&](int64_t part) {
+        return mse_of(reference, test::rows_for(x, part, world), test::rows_for(y, part, world));
+      });
+  if (!is_last_backward) root.set_is_last_backward(false);
+  auto step = parallelize_value_and_grad(
+      [&](const at::Tensor& input, const at::Tensor& target) {
+        return mse_of(model, input, target);
+      },
+      model->parameters());
+  auto [loss, grads] = step(test::rows_for(x, rank, world), test::rows_for(y, rank, world));
+  root.set_is_last_backward(true);
+
+  EXPECT_TRUE(test::within_bound(test::world_mean(loss.item<double>()), ref_loss.item<double>(),
+                                 test::loss_bound(ref_loss, world)))
+      << "loss";
+  auto params = model->named_parameters();
+  ASSERT_EQ(grads.size(), params.size());
+  std::map<std::string, at::Tensor> by_name;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    ASSERT_TRUE(grads[i].defined()) << params[i].key();
+    EXPECT_EQ(grads[i].sizes(), params[i].value().sizes()) << params[i].key();
+    by_name[params[i].key()] = grads[i];
+  }
+  test::expect_gradient_shards_within(model, reference, by_name,
+                                      test::gradient_bounds(reference));
+}
+
+TEST(FsdpValueAndGrad, ReturnsReducedShardsLikeOneProcess) {
   for (const Config& config : configs()) {
     SCOPED_TRACE(config.name);
-    auto reference = test::make_toy_model();
     auto [model, root] = shard(config);
     accumulate_earlier_gradients(model);
     const Held before = held_by(model, config.main_grad);
+    expect_value_and_grad_matches(model, root, config.is_last_backward);
+    expect_held_unchanged(model, before, config.main_grad);
+  }
+}
 
-    auto [x, y] = test::global_batch(0);
-    at::Tensor ref_loss = test::data_parallel_backward(
-        reference->parameters(), reference->parameters(), world, [&](int64_t part) {
-          return mse_of(reference, test::rows_for(x, part, world), test::rows_for(y, part, world));
+// A backward that raises inside the call: the weights hold what they held
+// before (the units drop what the backward had started, root_context.h),
+// and the units are usable: the next call gives the reduced shards.
+TEST(FsdpValueAndGrad, RaisingBackwardKeepsGradients) {
+  const int64_t rank = dist::get_rank(), world = dist::get_world_size();
+  for (const Config& config : configs()) {
+    SCOPED_TRACE(config.name);
+    auto [model, root] = shard(config);
+    accumulate_earlier_gradients(model);
+    const Held before = held_by(model, config.main_grad);
+    // Raised while the later blocks' gradients are being reduced and block
+    // 1's backward has not started.
+    bool fail = true;
+    model->block_list[1]->register_forward_hook(
+        [&fail](nn::Module&, const nn::TensorList&,
+                const nn::TensorList& outputs) -> std::optional<nn::TensorList> {
+          if (fail) {
+            outputs[0].register_hook([](const at::Tensor&) -> at::Tensor {
+              throw std::runtime_error("hook failed in backward");
+            });
+          }
+          return std::nullopt;
         });
-    if (!config.is_last_backward) root.set_is_last_backward(false);
+    auto [x, y] = test::global_batch(0);
     auto step = parallelize_value_and_grad(
-        [&](const at::Tensor& input, const at::Tensor& target) {
-          return mse_of(model, input, target);
-        },
+        [&] { return mse_of(model, test::rows_for(x, rank, world), test::rows_for(y, rank, world)); },
         model->parameters());
-    auto [loss, grads] = step(test::rows_for(x, rank, world), test::rows_for(y, rank, world));
-    root.set_is_last_backward(true);
-
-    EXPECT_TRUE(test::within_bound(test::world_mean(loss.item<double>()),
-                                   ref_loss.item<double>(), test::loss_bound(ref_loss, world)))
-        << "loss";
-    // Each gradient is the reduced shard: the parameter's own (shard)
-    // shape, the matching shard of the reference's gradient.
-    auto params = model->named_parameters();
-    ASSERT_EQ(grads.size(), params.size());
-    std::map<std::string, at::Tensor> by_name;
-    for (size_t i = 0; i < grads.size(); ++i) {
-      ASSERT_TRUE(grads[i].defined()) << params[i].key();
-      EXPECT_EQ(grads[i].sizes(), params[i].value().sizes()) << params[i].key();
-      by_name[params[i].key()] = grads[i];
-    }
-    test::expect_gradient_shards_within(model, reference, by_name,
-                                        test::gradient_bounds(reference));
+    EXPECT_THAT([&] { step(); },
+                ThrowsMessage<std::exception>(HasSubstr("hook failed in backward")));
+    expect_held_unchanged(model, before, config.main_grad);
+    fail = false;
+    expect_value_and_grad_matches(model, root, config.is_last_backward);
     expect_held_unchanged(model, before, config.main_grad);
   }
 }
