@@ -79,7 +79,9 @@ nn::TensorList GradCapture::finish() {
   put_back();
   nn::TensorList grads;
   grads.reserve(params_.size());
-  for (const at::Tensor& param : params_) grads.push_back(delivered.at(param.unsafeGetTensorImpl()));
+  for (const at::Tensor& param : params_) {
+    grads.push_back(delivered.at(param.unsafeGetTensorImpl()));
+  }
   return grads;
 }
 

@@ -21,11 +21,14 @@
 //
 // The weights then hold what they held before (.grad, main grads, no-sync
 // and partially reduced gradients), also when the backward raises (the
-// destructor puts it back; the unit's own reset drops what the backward had
+// destructor puts it back after the units dropped what the backward had
 // started). Parameters of the tree that are not among the weights get no
-// gradient from the restricted backward, so theirs stay as they were too.
+// gradient from the restricted backward, so theirs stay as they were, but
+// a backward that raises drops them as it does for backward()
+// (root_context.h).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 

@@ -116,8 +116,8 @@ void RootContext::check_accumulates() {
   throw_argument_error(cat(
       "fully_shard: torch::autograd::grad was asked for the gradients of parameters that "
       "fully_shard units manage ", to_string(captured), "; it does not accumulate them into "
-      ".grad, and a unit reduces (reduce-scatters, all-reduces) a gradient as it accumulates, so the "
-      "result would be this rank's unreduced gradient of the unsharded parameter. Use "
+      ".grad, and a unit reduces (reduce-scatters, all-reduces) a gradient as it accumulates, "
+      "so the result would be this rank's unreduced gradient of the unsharded parameter. Use "
       "hp::parallelize_value_and_grad, which returns the reduced gradient shards and leaves "
       ".grad alone, or backward(), which leaves them in .grad"));
 }
