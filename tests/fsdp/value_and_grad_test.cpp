@@ -2,10 +2,10 @@
 // gradients it returns are the reduced shards .grad would hold after
 // backward(), in the parameters' own shapes, equal to one process's
 // gradients of the global batch, and every .grad (and main grad) is left as
-// it was, also when the backward raises. A bare torch::autograd::grad over managed parameters, which would
-// return each rank's unreduced gradient, raises before any collective of
-// its backward and leaves the units usable; one over the inputs alone
-// still works.
+// it was, also when the backward raises. A bare torch::autograd::grad over
+// managed parameters, which would return each rank's unreduced gradient,
+// raises before any collective of its backward and leaves the units usable;
+// one over the inputs alone still works.
 //
 // Tolerances as in parity_test.cpp (tests/fsdp/data_parallel_reference.h):
 // the reference runs the ranks' slices of the global batch one after the
@@ -198,7 +198,9 @@ TEST(FsdpValueAndGrad, RaisingBackwardKeepsGradients) {
         });
     auto [x, y] = test::global_batch(0);
     auto step = parallelize_value_and_grad(
-        [&] { return mse_of(model, test::rows_for(x, rank, world), test::rows_for(y, rank, world)); },
+        [&] {
+          return mse_of(model, test::rows_for(x, rank, world), test::rows_for(y, rank, world));
+        },
         model->parameters());
     EXPECT_THAT([&] { step(); },
                 ThrowsMessage<std::exception>(HasSubstr("hook failed in backward")));
@@ -218,7 +220,8 @@ TEST(FsdpValueAndGrad, BareAutogradGradRaisesBeforeAnyCollective) {
     accumulate_earlier_gradients(model);
     const Held before = held_by(model, config.main_grad);
     auto [x, y] = test::global_batch(0);
-    const at::Tensor x_mine = test::rows_for(x, rank, world), y_mine = test::rows_for(y, rank, world);
+    const at::Tensor x_mine = test::rows_for(x, rank, world);
+    const at::Tensor y_mine = test::rows_for(y, rank, world);
 
     // The gradient of the input alone runs no gradient accumulator, so
     // nothing is reduced and nothing accumulates.

@@ -179,7 +179,9 @@ TEST(GptFsdpTp, TrainsLikeOneProcess) {
 // a plain one), equal to one process's gradient within the bound of
 // TrainsLikeOneProcess (the same computation: one step's gradients, with
 // comm_fusion off and on); and every .grad is the tensor it was, with its
-// values, here an earlier backward's gradients.
+// values, here an earlier backward's gradients. A bare
+// torch::autograd::grad over the parameters raises instead (on more than
+// one rank).
 TEST(GptFsdpTp, ValueAndGradReturnsReducedShards) {
   const nn::GPTConfig config = test::tp_small_config();
   for (auto [dp, tp] : mesh_shapes()) {
@@ -215,6 +217,31 @@ TEST(GptFsdpTp, ValueAndGradReturnsReducedShards) {
       auto [idx, targets] = batch();
       const nn::Sensitivity s = nn::measure_sensitivity(reference, config, idx, targets);
       const nn::Named want = nn::forward_backward(reference, idx, targets);
+      auto bound = [&](const std::string& name) {
+        return torch::scalar_tensor(
+            test::reordered_sum_bound(s.per_unit.at("grad." + name), n_max, at::kDouble),
+            torch::kDouble);
+      };
+
+      // A bare torch::autograd::grad over the parameters would return
+      // unreduced gradients of the unsharded parameters: refused, with the
+      // units left usable for the call below. On one rank the units have
+      // nothing to gather or reduce and hook no backward: it is right.
+      at::Tensor bare_loss = nn::cross_entropy(model(mine(idx)), mine(targets));
+      if (dist::get_world_size() == 1) {
+        nn::TensorList bare = torch::autograd::grad({bare_loss}, model->parameters());
+        auto params = model->named_parameters();
+        for (size_t i = 0; i < bare.size(); ++i) {
+          EXPECT_TRUE(test::within_bound(bare[i], want.at("grad." + params[i].key()),
+                                         bound(params[i].key())))
+              << params[i].key();
+        }
+      } else {
+        EXPECT_THAT([&] { torch::autograd::grad({bare_loss}, model->parameters()); },
+                    ThrowsMessage<ArgumentError>(HasSubstr(
+                        "torch::autograd::grad was asked for the gradients of parameters")));
+      }
+
       auto [loss, grads] = parallelize_value_and_grad(
           [&] { return nn::cross_entropy(model(mine(idx)), mine(targets)); },
           model->parameters())();
@@ -233,11 +260,8 @@ TEST(GptFsdpTp, ValueAndGradReturnsReducedShards) {
         } else {
           EXPECT_EQ(grads[i].sizes(), param.sizes());
         }
-        const at::Tensor bound = torch::scalar_tensor(
-            test::reordered_sum_bound(s.per_unit.at("grad." + name), n_max, at::kDouble),
-            torch::kDouble);
         EXPECT_TRUE(test::within_bound(global_value(param, grads[i]), want.at("grad." + name),
-                                       bound));
+                                       bound(name)));
         EXPECT_TRUE(param.grad().is_same(held.at(name)));
         EXPECT_TRUE(at::equal(global_value(param, param.grad()), held_values.at(name)));
       }
