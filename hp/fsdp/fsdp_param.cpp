@@ -13,6 +13,8 @@
 #include "hp/tensor/shard_spec.h"
 #include "hp/util/error.h"
 
+#include <utility>
+
 namespace hp::fsdp {
 namespace {
 
@@ -355,6 +357,24 @@ void FSDPParam::zero_grad() {
   kept_grad_ = at::Tensor();
   partial_reduce_ = at::Tensor();
   main_grad_ = at::Tensor();
+}
+
+FSDPParam::HeldGrads FSDPParam::take_held_grads() {
+  HeldGrads held{std::move(param_.mutable_grad()), std::move(main_grad_), std::move(kept_grad_),
+                 std::move(partial_reduce_)};  // moved-from tensors are undefined
+  return held;
+}
+
+void FSDPParam::restore_held_grads(HeldGrads held) {
+  param_.mutable_grad() = std::move(held.grad);
+  main_grad_ = std::move(held.main_grad);
+  kept_grad_ = std::move(held.kept);
+  partial_reduce_ = std::move(held.partial);
+}
+
+at::Tensor FSDPParam::take_delivered_grad() {
+  if (to_main_grad_) return as_param_grad(std::exchange(main_grad_, at::Tensor()));
+  return std::exchange(param_.mutable_grad(), at::Tensor());
 }
 
 void FSDPParam::pack_for_reduce_scatter(const at::Tensor& full_grad, const at::Tensor& dst) const {

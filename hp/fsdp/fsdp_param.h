@@ -185,6 +185,25 @@ class FSDPParam {
   // HSDP without all-reduce: reduce-scattered gradients accumulate here.
   at::Tensor& partial_reduce() { return partial_reduce_; }
 
+  // --- one backward's gradient for its caller (grad_capture.h) ---
+  // What the parameter has accumulated from earlier backwards: .grad, the
+  // main grad, the no-sync and the partially reduced (HSDP) gradients.
+  struct HeldGrads {
+    at::Tensor grad, main_grad, kept, partial;
+  };
+  // Moves them out, leaving the parameter with none, so that what it holds
+  // after the next backward is that backward's gradient alone.
+  HeldGrads take_held_grads();
+  // Puts them back, replacing whatever the parameter holds.
+  void restore_held_grads(HeldGrads held);
+  // The reduced gradient shard a backward left, taken out of the parameter:
+  // .grad, or with apply_grad_on_fp32_main_grad the main grad (reduce
+  // dtype), in the parameter's layout; undefined if none arrived.
+  at::Tensor take_delivered_grad();
+  // The gradient accumulator whose post-hook reduces (null until the
+  // parameter first took its compute form, or when nothing communicates).
+  torch::autograd::Node* grad_accumulator() const { return accumulator_.get(); }
+
   // The shard-sized piece of a reduce-scatter (padded shard numel).
   int64_t reduce_numel() const { return padded_shard_.numel(); }
   // Writes `full_grad` as [shard_size, reduce_numel()] rows (row r is what

@@ -1,6 +1,7 @@
 #include "hp/fsdp/root_context.h"
 
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -65,6 +66,7 @@ Unit* RootContext::neighbour(const Unit* unit, int offset) const {
 
 void RootContext::ensure_end_of_backward() {
   if (backward_in_flight_) return;
+  check_accumulates();
   auto guard = std::make_shared<EndOfBackwardGuard>();
   guard->context = weak_from_this();
   torch::autograd::Engine::get_default_engine().queue_callback([guard] {
@@ -79,6 +81,45 @@ void RootContext::ensure_end_of_backward() {
     guard->finished = true;
   });
   backward_in_flight_ = true;
+}
+
+void RootContext::check_accumulates() {
+  // A unit reduces a parameter's gradient in the post-hook of the
+  // parameter's gradient accumulator. torch::autograd::grad never runs the
+  // accumulators of its inputs: it returns what flows into them, which for
+  // a managed parameter is this rank's own gradient of the unsharded
+  // parameter, unreduced, and nothing would say so. The engine decided what
+  // it runs before running anything: its exec_info (empty for a backward()
+  // that runs every node) marks such an input's accumulator as captured but
+  // not needed. This runs at the first unit's pre-backward, before any
+  // gather or reduction of this backward, and every rank's engine decided
+  // the same, so every rank raises here. Gradients of other inputs (a
+  // gradient penalty's d loss / d x) leave the accumulators alone and pass.
+  const auto* exec_info = torch::autograd::get_current_graph_task_exec_info();
+  if (exec_info == nullptr || exec_info->empty()) return;
+  std::vector<std::string> captured;  // "unit: parameter"
+  for (auto& weak : units_) {
+    auto unit = weak.lock();
+    if (!unit) continue;
+    for (const auto& p : unit->params()) {
+      torch::autograd::Node* accumulator = p->grad_accumulator();
+      if (accumulator == nullptr) continue;
+      auto it = exec_info->find(accumulator);
+      if (it == exec_info->end() || it->second.needed_ || !it->second.captures_) continue;
+      captured.push_back(cat(unit->name(), ": ", p->fqn()));
+    }
+  }
+  if (captured.empty()) return;
+  // Nothing of this backward has happened yet: every unit back to idle and
+  // resharded, as after a failed forward, with every gradient as it was.
+  reset_units(/*drop_grads=*/false);
+  throw_argument_error(cat(
+      "fully_shard: torch::autograd::grad was asked for the gradients of parameters that "
+      "fully_shard units manage ", to_string(captured), "; it does not accumulate them into "
+      ".grad, and a unit reduces (reduce-scatters, all-reduces) a gradient as it accumulates, "
+      "so the result would be this rank's unreduced gradient of the unsharded parameter. Use "
+      "hp::parallelize_value_and_grad, which returns the reduced gradient shards and leaves "
+      ".grad alone, or backward(), which leaves them in .grad"));
 }
 
 void RootContext::finish_backward() {

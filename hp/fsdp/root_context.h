@@ -65,7 +65,10 @@ class RootContext : public std::enable_shared_from_this<RootContext> {
   // The position of a unit's first gradient in this backward.
   int64_t take_wave() { return next_wave_++; }
   // Queues the end-of-backward callback once per backward (called from
-  // inside backward, by the first unit whose backward starts).
+  // inside backward, by the first unit whose backward starts). Before that,
+  // raises ArgumentError (with the tree reset, gradients kept) if this
+  // backward computes gradients of the tree's parameters without
+  // accumulating them (torch::autograd::grad): see check_accumulates().
   void ensure_end_of_backward();
 
   // --- failures ---
@@ -83,6 +86,7 @@ class RootContext : public std::enable_shared_from_this<RootContext> {
   struct EndOfBackwardGuard;
 
   void finish_backward();
+  void check_accumulates();
   // Waits for what is in flight and reshards every unit; false (and the
   // tree unusable) if a collective could not be waited for.
   void reset_units(bool drop_grads) noexcept;

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include "hp/fsdp/grad_capture.h"
 #include "hp/tensor/dtensor_tensor.h"
 #include "hp/util/error.h"
 #include "hp/util/format.h"
@@ -34,6 +35,15 @@ at::Tensor initial_gradient_like(const at::Tensor& output, double value) {
 
 namespace detail {
 
+void check_weights(const nn::TensorList& weights) {
+  for (size_t i = 0; i < weights.size(); ++i) {
+    HP_CHECK_ARG(weights[i].defined() && weights[i].requires_grad(),
+                 "parallelize_value_and_grad: weight ", i,
+                 " does not require grad; expected tensors that require grad (parameters)");
+  }
+  if (fsdp::any_managed(weights)) fsdp::check_capturable(weights, "parallelize_value_and_grad");
+}
+
 nn::TensorList parallel_grads(const nn::TensorList& outputs, const nn::TensorList& weights,
                               const std::optional<std::vector<double>>& sens) {
   HP_CHECK_ARG(!outputs.empty(), "parallelize_value_and_grad: fn returned no outputs");
@@ -46,11 +56,6 @@ nn::TensorList parallel_grads(const nn::TensorList& outputs, const nn::TensorLis
   } else {
     sensitivities[0] = 1.0;
   }
-  for (size_t i = 0; i < weights.size(); ++i) {
-    HP_CHECK_ARG(weights[i].defined() && weights[i].requires_grad(),
-                 "parallelize_value_and_grad: weight ", i,
-                 " does not require grad; expected tensors that require grad (parameters)");
-  }
   nn::TensorList differentiated, grad_outputs;
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (sensitivities[i] == 0.0) continue;
@@ -61,9 +66,20 @@ nn::TensorList parallel_grads(const nn::TensorList& outputs, const nn::TensorLis
     grad_outputs.push_back(initial_gradient_like(outputs[i], sensitivities[i]));
   }
   if (differentiated.empty() || weights.empty()) return nn::TensorList(weights.size());
-  nn::TensorList grads =
-      torch::autograd::grad(differentiated, weights, grad_outputs, /*retain_graph=*/false,
-                            /*create_graph=*/false, /*allow_unused=*/true);
+  nn::TensorList grads;
+  if (fsdp::any_managed(weights)) {
+    // fully_shard reduces gradients as they accumulate, which
+    // torch::autograd::grad never does: the usual backward, restricted to
+    // the weights, with their reduced shards taken out of .grad
+    // (hp/fsdp/grad_capture.h).
+    fsdp::GradCapture capture(weights);
+    torch::autograd::backward(differentiated, grad_outputs, /*retain_graph=*/false,
+                              /*create_graph=*/false, /*inputs=*/weights);
+    grads = capture.finish();
+  } else {
+    grads = torch::autograd::grad(differentiated, weights, grad_outputs, /*retain_graph=*/false,
+                                  /*create_graph=*/false, /*allow_unused=*/true);
+  }
   // A gradient comes in the layout the rules gave it (a Replicate bias
   // summed over rows sharded elsewhere arrives Partial); an optimizer
   // updates shards with shards, so each is moved into its weight's layout,

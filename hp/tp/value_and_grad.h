@@ -7,9 +7,11 @@
 //   auto [loss, grads] = step(x, y);       // grads[i]: d loss / d parameters()[i]
 //
 // The returned function runs `fn` once and differentiates its result with
-// respect to `weights` (torch::autograd::grad: nothing is accumulated into
-// .grad; an undefined tensor for a weight the result does not depend on).
-// The gradient of a DTensor weight has the weight's layout, as .grad would.
+// respect to `weights`: nothing is accumulated into .grad; an undefined
+// tensor for a weight the result does not depend on. The gradient of a
+// DTensor weight has the weight's layout, as .grad would. The weights are
+// checked (see below) before `fn` runs.
+//
 // The initial gradient of a DTensor loss is a DTensor of the same global
 // shape holding the sensitivity everywhere. Gradients of DTensors are global
 // values (hp/tensor/dtensor.h): its Shard dims follow the loss's, and its
@@ -28,6 +30,23 @@
 // 1 for the first and 0 for the others, or `sens`, one per output (another
 // count is an ArgumentError, raised before the backward's collectives);
 // outputs with sensitivity 0 are not differentiated at all.
+//
+// Weights that fully_shard units manage (F4) get what .grad would hold
+// after backward(): the reduced gradient shard (reduce-scattered, and
+// all-reduced over HSDP's replicas), in the parameter's own layout between
+// steps (a plain shard-shaped tensor, or under tensor parallelism a DTensor
+// of the combined layout); with apply_grad_on_fp32_main_grad, the reduced
+// shard a main grad would receive. A unit reduces as gradients accumulate,
+// which torch::autograd::grad never does (over managed parameters it raises
+// an ArgumentError instead of returning unreduced gradients), so for such
+// weights the function runs backward restricted to `weights` and takes the
+// shards out of .grad (hp/fsdp/grad_capture.h): every weight's .grad (and
+// main grad, and no-sync or partly reduced gradients) is as before, also
+// when the backward raises; reductions deferred by set_is_last_backward(false)
+// are completed. The units of those weights must reduce fully: gradient
+// sync and HSDP's all-reduce on, else an ArgumentError; the weights must
+// then all be leaves. Without such weights the function differentiates
+// with torch::autograd::grad.
 #pragma once
 
 #include <optional>
@@ -49,6 +68,10 @@ struct ValueAndGrad {
 
 namespace detail {
 
+// Raises ArgumentError unless every weight requires grad and, when
+// fully_shard manages some, they can be differentiated as described above.
+void check_weights(const nn::TensorList& weights);
+
 // The gradients of `weights` for `outputs` started from `sens` (nullopt:
 // 1 for the first output, 0 for the others); see above.
 nn::TensorList parallel_grads(const nn::TensorList& outputs, const nn::TensorList& weights,
@@ -60,6 +83,7 @@ nn::TensorList parallel_grads(const nn::TensorList& outputs, const nn::TensorLis
 template <typename Fn>
 auto parallelize_value_and_grad(Fn fn, nn::TensorList weights) {
   return [fn = std::move(fn), weights = std::move(weights)](auto&&... args) {
+    detail::check_weights(weights);
     auto value = fn(std::forward<decltype(args)>(args)...);
     using Value = decltype(value);
     if constexpr (std::is_same_v<Value, at::Tensor>) {
@@ -79,6 +103,7 @@ template <typename Fn>
 auto parallelize_value_and_grad(Fn fn, nn::TensorList weights, std::vector<double> sens) {
   return [fn = std::move(fn), weights = std::move(weights),
           sens = std::move(sens)](auto&&... args) {
+    detail::check_weights(weights);
     auto value = fn(std::forward<decltype(args)>(args)...);
     static_assert(std::is_same_v<decltype(value), nn::TensorList>,
                   "parallelize_value_and_grad: sens is for a fn with several outputs (returning "

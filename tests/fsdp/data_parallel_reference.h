@@ -104,15 +104,16 @@ std::map<std::string, at::Tensor> gradient_bounds(Holder& reference, double scal
   return bounds;
 }
 
-// Each managed gradient shard of the sharded `model` against the matching
-// shard of `reference`'s gradient times `scale`, within the matching shard
-// of `bounds` (whole tensors by name, Double).
+// Each gradient shard in `grads` (by name; a managed parameter's of the
+// sharded `model`) against the matching shard of `reference`'s gradient
+// times `scale`, within the matching shard of `bounds` (whole tensors by
+// name, Double).
 template <typename Holder>
-void expect_gradients_within(Holder& model, Holder& reference,
-                             const std::map<std::string, at::Tensor>& bounds,
-                             double scale = 1.0) {
+void expect_gradient_shards_within(Holder& model, Holder& reference,
+                                   const std::map<std::string, at::Tensor>& grads,
+                                   const std::map<std::string, at::Tensor>& bounds,
+                                   double scale = 1.0) {
   auto ref = reference->named_parameters();
-  auto mine = model->named_parameters();
   for (auto& [name, value] : FSDPModule(model.ptr()).state_dict()) {
     const DTensor& d = std::get<DTensor>(value);
     if (!bounds.count(name)) {
@@ -120,7 +121,7 @@ void expect_gradients_within(Holder& model, Holder& reference,
       continue;
     }
     at::Tensor expected = distribute_tensor(ref[name].grad() * scale, d.layout()).local();
-    at::Tensor grad = mine[name].grad();
+    at::Tensor grad = grads.count(name) ? grads.at(name) : at::Tensor();
     if (!grad.defined()) {
       ADD_FAILURE() << name << ": no gradient";
       continue;
@@ -129,6 +130,17 @@ void expect_gradients_within(Holder& model, Holder& reference,
     EXPECT_TRUE(within_bound(grad, expected, distribute_tensor(bounds.at(name), d.layout()).local()))
         << name << " gradient";
   }
+}
+
+// expect_gradient_shards_within for the .grad of the sharded `model`'s
+// managed parameters.
+template <typename Holder>
+void expect_gradients_within(Holder& model, Holder& reference,
+                             const std::map<std::string, at::Tensor>& bounds,
+                             double scale = 1.0) {
+  std::map<std::string, at::Tensor> grads;
+  for (auto& item : model->named_parameters()) grads[item.key()] = item.value().grad();
+  expect_gradient_shards_within(model, reference, grads, bounds, scale);
 }
 
 // expect_gradients_within the bounds the reference's recorded terms allow

@@ -15,9 +15,11 @@
 #include "hp/fsdp/fully_shard.h"
 #include "hp/fsdp/registry.h"
 #include "hp/nn/gpt.h"
+#include "hp/nn/loss.h"
 #include "hp/tensor/dtensor_tensor.h"
 #include "hp/tp/gpt_plan.h"
 #include "hp/tp/shard_module.h"
+#include "hp/tp/value_and_grad.h"
 #include "hp/util/error.h"
 #include "tests/nn/gpt_sensitivity.h"
 #include "tests/support/rounding_bounds.h"
@@ -166,6 +168,102 @@ TEST(GptFsdpTp, TrainsLikeOneProcess) {
               << p.key();
         }
         opt.zero_grad();
+      }
+    }
+  }
+}
+
+// parallelize_value_and_grad over the 2-D model returns what .grad holds
+// after backward(): each gradient the reduced shard, in its parameter's
+// layout between steps (the 2-D layout of a DTensor parameter, the shard of
+// a plain one), equal to one process's gradient within the bound of
+// TrainsLikeOneProcess (the same computation: one step's gradients, with
+// comm_fusion off and on); and every .grad is the tensor it was, with its
+// values, here an earlier backward's gradients. A bare
+// torch::autograd::grad over the parameters raises instead (on more than
+// one rank).
+TEST(GptFsdpTp, ValueAndGradReturnsReducedShards) {
+  const nn::GPTConfig config = test::tp_small_config();
+  for (auto [dp, tp] : mesh_shapes()) {
+    for (bool fused : {false, true}) {
+      SCOPED_TRACE(fmt::format("mesh {}x{}, comm_fusion {}", dp, tp, fused));
+      auto mesh = init_device_mesh("cpu", {dp, tp}, {"dp", "tp"});
+      const int64_t dp_rank = mesh->coordinate(0);
+      nn::GPT reference = test::noisy_gpt(config, at::kDouble);
+      nn::GPT model = test::noisy_gpt(config, at::kDouble);
+      FullyShardOptions options;
+      options.comm_fusion = fused;
+      parallelize(model, mesh, options);
+
+      auto gen = at::detail::createCPUGenerator(98);
+      const int64_t b = 2, B = b * dp, T = config.context;
+      const int64_t n_max = std::max({4 * config.n_embd, B * T, config.vocab_size}) + 1;
+      auto batch = [&] {
+        return std::pair{torch::randint(config.vocab_size, {B, T}, gen, torch::kLong),
+                         torch::randint(config.vocab_size, {B, T}, gen, torch::kLong)};
+      };
+      auto mine = [&](const at::Tensor& t) { return t.narrow(0, dp_rank * b, b); };
+      {
+        auto [idx, targets] = batch();
+        nn::forward_backward(model, mine(idx), mine(targets));
+      }
+      std::map<std::string, at::Tensor> held, held_values;
+      for (const auto& p : model->named_parameters()) {
+        ASSERT_TRUE(p.value().grad().defined()) << p.key();
+        held[p.key()] = p.value().grad();
+        held_values[p.key()] = global_value(p.value(), p.value().grad()).clone();
+      }
+
+      auto [idx, targets] = batch();
+      const nn::Sensitivity s = nn::measure_sensitivity(reference, config, idx, targets);
+      const nn::Named want = nn::forward_backward(reference, idx, targets);
+      auto bound = [&](const std::string& name) {
+        return torch::scalar_tensor(
+            test::reordered_sum_bound(s.per_unit.at("grad." + name), n_max, at::kDouble),
+            torch::kDouble);
+      };
+
+      // A bare torch::autograd::grad over the parameters would return
+      // unreduced gradients of the unsharded parameters: refused, with the
+      // units left usable for the call below. On one rank the units have
+      // nothing to gather or reduce and hook no backward: it is right.
+      at::Tensor bare_loss = nn::cross_entropy(model(mine(idx)), mine(targets));
+      if (dist::get_world_size() == 1) {
+        nn::TensorList bare = torch::autograd::grad({bare_loss}, model->parameters());
+        auto params = model->named_parameters();
+        for (size_t i = 0; i < bare.size(); ++i) {
+          EXPECT_TRUE(test::within_bound(bare[i], want.at("grad." + params[i].key()),
+                                         bound(params[i].key())))
+              << params[i].key();
+        }
+      } else {
+        EXPECT_THAT([&] { torch::autograd::grad({bare_loss}, model->parameters()); },
+                    ThrowsMessage<ArgumentError>(HasSubstr(
+                        "torch::autograd::grad was asked for the gradients of parameters")));
+      }
+
+      auto [loss, grads] = parallelize_value_and_grad(
+          [&] { return nn::cross_entropy(model(mine(idx)), mine(targets)); },
+          model->parameters())();
+
+      auto params = model->named_parameters();
+      ASSERT_EQ(grads.size(), params.size());
+      for (size_t i = 0; i < grads.size(); ++i) {
+        const std::string& name = params[i].key();
+        const at::Tensor& param = params[i].value();
+        SCOPED_TRACE(name);
+        ASSERT_TRUE(grads[i].defined());
+        EXPECT_EQ(is_dtensor(grads[i]), is_dtensor(param));
+        if (is_dtensor(param)) {
+          EXPECT_EQ(layout_of(grads[i]), layout_of(param)) << layout_of(grads[i]).str();
+          EXPECT_EQ(local_of(grads[i]).sizes(), local_of(param).sizes());
+        } else {
+          EXPECT_EQ(grads[i].sizes(), param.sizes());
+        }
+        EXPECT_TRUE(test::within_bound(global_value(param, grads[i]), want.at("grad." + name),
+                                       bound(name)));
+        EXPECT_TRUE(param.grad().is_same(held.at(name)));
+        EXPECT_TRUE(at::equal(global_value(param, param.grad()), held_values.at(name)));
       }
     }
   }
