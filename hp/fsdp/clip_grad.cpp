@@ -22,12 +22,20 @@ struct Split {
   std::vector<at::Tensor> values;  // 0-d double, one per gradient
 };
 
+// `t` on `device`. Towards a GPU without blocking the host (the GPU's
+// stream orders the copy before its use); towards the CPU blocking, since
+// the host (a CPU kernel, Gloo) reads the result at once and an
+// asynchronous device-to-host copy may not have landed yet.
+at::Tensor moved_to(const at::Tensor& t, c10::Device device) {
+  return t.to(device, /*non_blocking=*/!device.is_cpu());
+}
+
 // The 0-d combination of `values` on `device`: their sum, or for the inf
 // norm their maximum. One stack and one reduction, whatever the count.
 at::Tensor combine(const std::vector<at::Tensor>& values, c10::Device device, bool inf_norm) {
   std::vector<at::Tensor> moved;
   moved.reserve(values.size());
-  for (const auto& v : values) moved.push_back(v.to(device, /*non_blocking=*/true));
+  for (const auto& v : values) moved.push_back(moved_to(v, device));
   at::Tensor all = at::stack(moved);
   return inf_norm ? all.max() : all.sum();
 }
@@ -103,7 +111,7 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
     // a piece (the pieces form a grid over those dims).
     at::Tensor t = combine(split.values, split.groups[0]->device(), inf_norm).reshape({1});
     for (const auto& group : split.groups) {
-      t = t.to(group->device(), /*non_blocking=*/true);
+      t = moved_to(t, group->device());
       dist::all_reduce(*group, t, inf_norm ? dist::ReduceOp::kMax : dist::ReduceOp::kSum).wait();
     }
     parts.push_back(t.reshape({}));
@@ -118,7 +126,7 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
     auto it = std::find_if(coefficient_on.begin(), coefficient_on.end(),
                            [&](const at::Tensor& c) { return c.device() == g.device(); });
     if (it == coefficient_on.end()) {
-      coefficient_on.push_back(coefficient.to(g.device(), /*non_blocking=*/true));
+      coefficient_on.push_back(moved_to(coefficient, g.device()));
       it = coefficient_on.end() - 1;
     }
     g.mul_(*it);

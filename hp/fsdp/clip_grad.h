@@ -17,7 +17,8 @@ namespace hp {
 // Scales the gradients so that their global norm is at most max_norm and
 // returns the global norm before scaling, as a 0-d double tensor (as
 // torch.nn.utils.clip_grad_norm_ in Python). Everything stays on the
-// gradients' device: no host sync, so the CPU runs on into the optimizer
+// gradients' device: no host sync (except for gradients offloaded to the
+// CPU, which wait for the norm), so the CPU runs on into the optimizer
 // step; call .item<double>() on the result only where the value is needed
 // on the host (a log line). The norm is on the device of the collectives
 // (the GPU for NCCL groups), or of the first gradient when none is sharded;
