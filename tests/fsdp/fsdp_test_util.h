@@ -11,9 +11,18 @@
 #include "hp/dist/comm_stats.h"
 #include "hp/dist/world.h"
 #include "hp/fsdp/state_dict.h"
+#include "hp/mesh/device_mesh.h"
 #include "hp/nn/module.h"
 
 namespace hp::test {
+
+// A CPU data-parallel mesh: 1-D ("shard") for FSDP, 2-D ("replicate",
+// "shard") for HSDP and DDP.
+inline DeviceMeshPtr data_parallel_mesh(const std::vector<int64_t>& shape) {
+  return init_device_mesh("cpu", shape,
+                          shape.size() == 1 ? std::vector<std::string>{"shard"}
+                                            : std::vector<std::string>{"replicate", "shard"});
+}
 
 // Step s's global batch: [batch, in] inputs and [batch, out] targets.
 inline std::pair<at::Tensor, at::Tensor> global_batch(int step, int64_t batch = 12,

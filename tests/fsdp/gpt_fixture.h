@@ -94,9 +94,7 @@ struct MeshConfig {
 };
 
 inline DeviceMeshPtr make_mesh(const MeshConfig& config) {
-  return init_device_mesh("cpu", config.shape,
-                          config.shape.size() == 1 ? std::vector<std::string>{"shard"}
-                                                   : std::vector<std::string>{"replicate", "shard"});
+  return data_parallel_mesh(config.shape);
 }
 
 // Every mode this world size supports.

@@ -56,10 +56,7 @@ torch::optim::AdamW make_optimizer(nn::Module& model) {
 test::ToyModel shard(const Config& config, FSDPModule* root_handle = nullptr) {
   auto model = test::make_toy_model();
   FullyShardOptions options;
-  options.mesh = init_device_mesh("cpu", config.mesh_shape,
-                                  config.mesh_shape.size() == 1
-                                      ? std::vector<std::string>{"shard"}
-                                      : std::vector<std::string>{"replicate", "shard"});
+  options.mesh = test::data_parallel_mesh(config.mesh_shape);
   options.reshard_after_forward = config.reshard_after_forward;
   for (auto& block : model->block_list) fully_shard(block.ptr(), options);
   FSDPModule root = fully_shard(model.ptr(), options);

@@ -64,10 +64,7 @@ struct Sharded {
 Sharded shard(const Config& config) {
   auto model = test::make_toy_model();
   FullyShardOptions options;
-  options.mesh = init_device_mesh("cpu", config.mesh_shape,
-                                  config.mesh_shape.size() == 1
-                                      ? std::vector<std::string>{"shard"}
-                                      : std::vector<std::string>{"replicate", "shard"});
+  options.mesh = test::data_parallel_mesh(config.mesh_shape);
   options.comm_fusion = config.comm_fusion;
   options.mp_policy.apply_grad_on_fp32_main_grad = config.main_grad;
   for (auto& block : model->block_list) fully_shard(block.ptr(), options);

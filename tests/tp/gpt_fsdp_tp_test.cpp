@@ -50,6 +50,19 @@ FSDPModule parallelize(nn::GPT& model, const DeviceMeshPtr& mesh, FullyShardOpti
   return fully_shard(model.ptr(), options);
 }
 
+// The one-process reference and a model with the same (noisy) parameters,
+// both in double, the model parallelized over `mesh` as above.
+struct ReferenceAndModel {
+  nn::GPT reference, model;
+};
+ReferenceAndModel reference_and_model(const nn::GPTConfig& config, const DeviceMeshPtr& mesh,
+                                      FullyShardOptions options = {}) {
+  ReferenceAndModel out{test::noisy_gpt(config, at::kDouble),
+                        test::noisy_gpt(config, at::kDouble)};
+  parallelize(out.model, mesh, std::move(options));
+  return out;
+}
+
 // The global value of what a managed parameter (or its .grad) holds between
 // steps: a DTensor is gathered; a plain shard through its unit's layout.
 at::Tensor global_value(const at::Tensor& param, const at::Tensor& value) {
@@ -115,11 +128,10 @@ TEST(GptFsdpTp, TrainsLikeOneProcess) {
       SCOPED_TRACE(fmt::format("mesh {}x{}, comm_fusion {}", dp, tp, fused));
       auto mesh = init_device_mesh("cpu", {dp, tp}, {"dp", "tp"});
       const int64_t dp_rank = mesh->coordinate(0);
-      nn::GPT reference = test::noisy_gpt(config, at::kDouble);
-      nn::GPT model = test::noisy_gpt(config, at::kDouble);
       FullyShardOptions options;
       options.comm_fusion = fused;
-      parallelize(model, mesh, options);
+      ReferenceAndModel models = reference_and_model(config, mesh, options);
+      nn::GPT &reference = models.reference, &model = models.model;
       torch::optim::AdamW ref_opt(reference->parameters(), adamw_options);
       torch::optim::AdamW opt(model->parameters(), adamw_options);
       test::AdamWBound adam(hyper);
@@ -189,11 +201,10 @@ TEST(GptFsdpTp, ValueAndGradReturnsReducedShards) {
       SCOPED_TRACE(fmt::format("mesh {}x{}, comm_fusion {}", dp, tp, fused));
       auto mesh = init_device_mesh("cpu", {dp, tp}, {"dp", "tp"});
       const int64_t dp_rank = mesh->coordinate(0);
-      nn::GPT reference = test::noisy_gpt(config, at::kDouble);
-      nn::GPT model = test::noisy_gpt(config, at::kDouble);
       FullyShardOptions options;
       options.comm_fusion = fused;
-      parallelize(model, mesh, options);
+      ReferenceAndModel models = reference_and_model(config, mesh, options);
+      nn::GPT &reference = models.reference, &model = models.model;
 
       auto gen = at::detail::createCPUGenerator(98);
       const int64_t b = 2, B = b * dp, T = config.context;
@@ -281,9 +292,8 @@ TEST(GptFsdpTp, ClipGradNormCountsEachElementOnce) {
   for (auto [dp, tp] : mesh_shapes()) {
     SCOPED_TRACE(fmt::format("mesh {}x{}", dp, tp));
     auto mesh = init_device_mesh("cpu", {dp, tp}, {"dp", "tp"});
-    nn::GPT reference = test::noisy_gpt(config, at::kDouble);
-    nn::GPT model = test::noisy_gpt(config, at::kDouble);
-    parallelize(model, mesh, {});
+    ReferenceAndModel models = reference_and_model(config, mesh);
+    nn::GPT &reference = models.reference, &model = models.model;
     auto gen = at::detail::createCPUGenerator(5);
     const int64_t b = 2, B = b * dp, T = config.context;
     const int64_t n_max = std::max({4 * config.n_embd, B * T, config.vocab_size}) + 1;
