@@ -274,6 +274,32 @@ at::Tensor FSDPParam::reshard_lending_buffer() {
   return unsharded_;
 }
 
+std::pair<int64_t, int64_t> FSDPParam::shard_versions() const {
+  return {param_._version(), padded_shard_._version()};
+}
+
+void FSDPParam::reshard_keeping_unsharded() {
+  if (!needs_unshard() || data_ != Data::kUnsharded) return;
+  point_at(shard_view_, /*shard=*/true);
+  data_ = Data::kSharded;
+  kept_ = true;
+  kept_versions_ = shard_versions();
+}
+
+bool FSDPParam::kept_copy_is_current() const { return kept_ && shard_versions() == kept_versions_; }
+
+void FSDPParam::use_kept_copy() {
+  HP_CHECK_ARG(kept_copy_is_current(), "internal error: ", fqn_, " has no current kept copy");
+  kept_ = false;
+  use_unsharded();
+}
+
+void FSDPParam::release_kept() {
+  if (!kept_) return;
+  kept_ = false;
+  if (owns_unsharded_) free_storage(unsharded_);
+}
+
 void FSDPParam::keep_regather_piece(int64_t pieces, int64_t index) {
   if (shard_dim_ == 0) {
     regather_piece_ = unsharded_.view({pieces, -1})[index].clone();

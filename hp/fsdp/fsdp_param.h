@@ -26,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -153,6 +154,27 @@ class FSDPParam {
   // allocating as much again. The caller releases it once that is done.
   at::Tensor reshard_lending_buffer();
 
+  // --- a gathered copy kept across the end of backward ---
+  // (reshard_after_backward = false) The parameter holds its shard again,
+  // so the optimizer can step it, but the unsharded buffer keeps its memory
+  // and values, stamped with the shard's version. reshard() leaves a kept
+  // copy alone (the parameter already holds its shard); release_kept()
+  // frees it.
+  void reshard_keeping_unsharded();
+  bool holds_kept_copy() const { return kept_; }
+  // Whether the kept copy still equals a gather of the shard: neither the
+  // parameter (an optimizer step) nor the shard buffer (a load, a write
+  // through local_shard()) was written since. Writes through a tensor with
+  // a version counter of its own (param.data(), a detached alias) are not
+  // seen.
+  bool kept_copy_is_current() const;
+  // Points the parameter at the kept copy (use_unsharded()); it is not kept
+  // any more. Requires kept_copy_is_current().
+  void use_kept_copy();
+  // Frees a kept copy's memory (a buffer of its own; a unit's flat buffer is
+  // its owner's to release). The buffer is then refilled by a gather.
+  void release_kept();
+
   // reshard_after_forward = N: keeps piece `index` of `pieces` (a copy of the
   // unsharded buffer's slice) for a later gather within a group of N ranks.
   void keep_regather_piece(int64_t pieces, int64_t index);
@@ -216,6 +238,7 @@ class FSDPParam {
 
  private:
   at::Tensor unsharded_view() const;
+  std::pair<int64_t, int64_t> shard_versions() const;
   // Points the parameter at `local`: as it is, or wrapped in the compute
   // layout (`shard` false) or the shard layout for a DTensor parameter.
   void point_at(const at::Tensor& local, bool shard);
@@ -251,6 +274,9 @@ class FSDPParam {
   bool owns_unsharded_ = true;  // false: a view of a unit's flat buffer
   at::Tensor gather_buffer_;    // dims other than 0: flat gather before the copy-out
   at::Tensor regather_piece_;   // reshard_after_forward = N
+  bool kept_ = false;           // reshard_keeping_unsharded()
+  // The parameter's and the shard buffer's versions when the copy was kept.
+  std::pair<int64_t, int64_t> kept_versions_{0, 0};
 
   compat::AutogradNodePtr<> accumulator_;
   // Shared with the accumulator's post-hook, which holds it weakly: an

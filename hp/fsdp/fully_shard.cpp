@@ -268,6 +268,14 @@ void move_states_to(const std::vector<std::shared_ptr<nn::Module>>& roots,
   }
 }
 
+// The ranks an explicit reshard_after_forward keeps the parameters spread
+// over (UnitFlags); the shard size for the default, resolved per unit later.
+int64_t ranks_after_forward(const ReshardAfterForward& setting, int64_t shard_size) {
+  if (!setting) return shard_size;
+  if (const bool* reshard = std::get_if<bool>(&*setting)) return *reshard ? shard_size : 1;
+  return std::get<int64_t>(*setting);
+}
+
 }  // namespace
 
 FSDPModule fully_shard(const std::shared_ptr<nn::Module>& module,
@@ -300,13 +308,8 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<nn::Module>>& modules,
                      : shard_size == 1                          ? "DDP"
                                                                 : "HSDP";
   auto plans = plan_params(roots, options, shard_size, mode);
-  int64_t regather_ranks = shard_size;
-  if (auto* keep = std::get_if<bool>(&options.reshard_after_forward)) {
-    regather_ranks = *keep ? shard_size : 1;
-  } else {
-    regather_ranks = std::get<int64_t>(options.reshard_after_forward);
-    Unit::check_reshard_after_forward(regather_ranks, shard_size, roots[0]->name());
-  }
+  const int64_t regather_ranks = ranks_after_forward(options.reshard_after_forward, shard_size);
+  Unit::check_reshard_after_forward(regather_ranks, shard_size, roots[0]->name());
 
   const c10::Device device = unit_device(plans, options.mesh, mode);
 
@@ -335,6 +338,7 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<nn::Module>>& modules,
                                                    options.offload_policy));
     }
     fsdp::UnitFlags flags;
+    flags.reshard_after_forward = options.reshard_after_forward;
     flags.reshard_after_forward_ranks = regather_ranks;
     fsdp::ParamGroup::Options group_options;
     group_options.fused = options.comm_fusion;
@@ -411,23 +415,35 @@ void FSDPModule::set_requires_all_reduce(bool requires_all_reduce, bool recurse)
 }
 
 void FSDPModule::set_reshard_after_forward(bool reshard_after_forward, bool recurse) {
-  for (auto& u : units(recurse)) u->check_can_change_reshard_after_forward();
-  for (auto& u : units(recurse)) {
-    u->set_reshard_after_forward(reshard_after_forward ? u->mesh().shard_size : 1, nullptr);
-  }
+  set_reshard_after_forward(ReshardAfterForward(reshard_after_forward), recurse);
 }
 
 void FSDPModule::set_reshard_after_forward(int64_t ranks, bool recurse) {
+  set_reshard_after_forward(ReshardAfterForward(ranks), recurse);
+}
+
+void FSDPModule::set_reshard_after_forward(const ReshardAfterForward& setting, bool recurse) {
   // Validated for every unit before any change (and before any group is
   // made, which is collective).
   const auto tree = units(recurse);
   for (auto& u : tree) {
-    Unit::check_reshard_after_forward(ranks, u->mesh().shard_size, u->name());
+    Unit::check_reshard_after_forward(ranks_after_forward(setting, u->mesh().shard_size),
+                                      u->mesh().shard_size, u->name());
     u->check_can_change_reshard_after_forward();
   }
   std::vector<dist::GroupPtr> groups;
-  for (auto& u : tree) groups.push_back(Unit::regather_group_for(u->mesh(), ranks));
-  for (size_t i = 0; i < tree.size(); ++i) tree[i]->set_reshard_after_forward(ranks, groups[i]);
+  for (auto& u : tree) {
+    const int64_t ranks = ranks_after_forward(setting, u->mesh().shard_size);
+    groups.push_back(Unit::regather_group_for(u->mesh(), ranks));
+  }
+  for (size_t i = 0; i < tree.size(); ++i) {
+    tree[i]->set_reshard_after_forward(
+        setting, ranks_after_forward(setting, tree[i]->mesh().shard_size), groups[i]);
+  }
+}
+
+ReshardAfterForward FSDPModule::reshard_after_forward() const {
+  return unit()->flags().reshard_after_forward;
 }
 
 void FSDPModule::set_reshard_after_backward(bool reshard_after_backward, bool recurse) {

@@ -64,18 +64,33 @@ class FSDPModule {
   // tree, else to this unit only.
   void set_requires_gradient_sync(bool requires_gradient_sync, bool recurse = true);
   void set_requires_all_reduce(bool requires_all_reduce, bool recurse = true);
-  // reshard_after_forward can change only while no unit it applies to is
-  // between its forward and its backward (raises otherwise, changing nothing).
+  // reshard_after_forward (options.h says what each setting costs) can
+  // change only while no unit it applies to is between its forward and its
+  // backward (raises otherwise, changing nothing). An int N keeps the
+  // parameters gathered within groups of N ranks after forward (a divisor of
+  // the shard size), so backward gathers only inside them; making those
+  // groups is collective: every rank of the shard group calls it with the
+  // same value. std::nullopt restores the default (the root keeps, others
+  // free).
   void set_reshard_after_forward(bool reshard_after_forward, bool recurse = true);
-  // Keep the parameters gathered within groups of `ranks` ranks after forward
-  // (a divisor of the shard size), so backward gathers only inside them.
-  // Collective: every rank of the shard group calls it with the same value.
   void set_reshard_after_forward(int64_t ranks, bool recurse = true);
-  // false keeps the parameters gathered after a backward without gradient
-  // sync (a no-sync micro-batch), so the next forward gathers nothing. With
-  // gradient sync on, every backward reshards whatever this says: the
-  // optimizer steps the shards, and a gathered copy kept across the step
-  // would be stale.
+  void set_reshard_after_forward(const ReshardAfterForward& setting, bool recurse = true);
+  // This unit's setting as given (std::nullopt: the default).
+  ReshardAfterForward reshard_after_forward() const;
+  // false: at the end of backward the parameters hold their shards again
+  // (the optimizer steps them, clip_grad_norm_ and state_dict read them),
+  // but the gathered copies keep their memory, and the next forward (or
+  // unshard()) uses them instead of gathering, as FSDP2 does during
+  // gradient accumulation: with set_requires_gradient_sync(false) or, on
+  // HSDP, set_requires_all_reduce(false) micro-batches, the unit gathers once
+  // per accumulation window. Costs the unit's unsharded size between
+  // backward and the next forward. Set it back to true for the last
+  // micro-batch, so the optimizer's step is not followed by a forward over
+  // a stale copy; should the shards change while a copy is kept anyway (a
+  // step, load_state_dict, a write through the parameter), the next forward
+  // sees it in the shards' version counters and gathers again, and the
+  // trace says so once per unit. Writes through param.data() (a tensor with
+  // a version counter of its own) are not seen.
   void set_reshard_after_backward(bool reshard_after_backward, bool recurse = true);
   // Whether the coming backward is the last before the optimizer step; when
   // false its reductions complete at the next forward instead. One setting

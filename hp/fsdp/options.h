@@ -43,13 +43,34 @@ struct OffloadPolicy {
   static OffloadPolicy cpu(bool pin_memory = true) { return {Kind::kCPU, pin_memory}; }
 };
 
+// What a unit does with its gathered parameters after forward, when a
+// backward follows (FSDP2's four states):
+//   std::nullopt (the default)  true for every unit but the root, false for
+//              the root: the root's backward starts right after its forward
+//              (the loss's head first), so freeing its parameters would only
+//              gather them again at once. Resolved when the first forward
+//              makes a unit the root.
+//   true       free them; backward gathers them again. Costs one more
+//              all-gather per unit and step; holds only the shards between
+//              forward and backward. On the root too, when asked: that saves
+//              its whole unsharded size (a GPT's embeddings and head) for the
+//              whole backward, for one more all-gather.
+//   false      keep them gathered until the end of backward: no gather in
+//              backward, the unit's unsharded size held from forward to the
+//              end of backward.
+//   int N      keep this rank's piece of groups of N ranks (a divisor of the
+//              shard size; N = 1 is false, the shard size is true): backward
+//              gathers within the group only (intra-node when N is the ranks
+//              per node), holding unsharded size / N.
+// A forward without backward (no grad) frees them unless the setting is an
+// explicit false: the root's reason to keep them does not hold there.
+using ReshardAfterForward = std::optional<std::variant<bool, int64_t>>;
+
 struct FullyShardOptions {
   // 1-D mesh: FSDP over its ranks; 2-D (replicate, shard): HSDP; a 2-D mesh
   // whose shard dim has size 1: DDP. Default: a 1-D mesh over the world.
   DeviceMeshPtr mesh;
-  // true: free the unsharded parameters after forward; false: keep them for
-  // backward; an int N: keep them gathered within groups of N ranks.
-  std::variant<bool, int64_t> reshard_after_forward = true;
+  ReshardAfterForward reshard_after_forward;
   // Returns the Shard placement of a parameter, or nullopt for Shard(0).
   std::function<std::optional<Placement>(const at::Tensor& param)> shard_placement_fn;
   MixedPrecisionPolicy mp_policy;

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "hp/dist/collectives.h"
 #include "hp/fsdp/storage.h"
 #include "hp/util/error.h"
@@ -63,11 +65,44 @@ void ParamGroup::ensure_flat_unsharded() {
 }
 
 void ParamGroup::release_flat_unsharded() {
-  if (flat_unsharded_.defined() && !lent_) free_storage(flat_unsharded_);
+  if (flat_unsharded_.defined() && !lent_ && !flat_kept_) free_storage(flat_unsharded_);
 }
 
-void ParamGroup::begin_unshard(dist::Group* regather_group, bool snapshot) {
-  if (in_flight_) return;
+bool ParamGroup::use_kept_copies() {
+  bool stale = false;
+  auto drop = [&stale](FSDPParam* p) {
+    stale = stale || !p->kept_copy_is_current();
+    p->release_kept();
+  };
+  if (options_.fused && flat_kept_) {
+    // The unit gathers as one: any changed shard means gathering them all.
+    const bool current = std::all_of(sharded_.begin(), sharded_.end(), [](FSDPParam* p) {
+      return !p->holds_kept_copy() || p->kept_copy_is_current();
+    });
+    for (FSDPParam* p : sharded_) {
+      if (!p->holds_kept_copy()) continue;
+      if (current) {
+        p->use_kept_copy();
+      } else {
+        drop(p);
+      }
+    }
+    flat_kept_ = false;  // used, or about to be refilled by the gather
+  }
+  for (FSDPParam* p : params_) {
+    if (!p->holds_kept_copy()) continue;
+    if (p->kept_copy_is_current()) {
+      p->use_kept_copy();
+    } else {
+      drop(p);
+    }
+  }
+  return stale;
+}
+
+bool ParamGroup::begin_unshard(dist::Group* regather_group, bool snapshot) {
+  if (in_flight_) return false;
+  const bool stale = use_kept_copies();
   in_flight_ = true;
   arriving_.clear();
   for (FSDPParam* p : params_) {
@@ -81,7 +116,7 @@ void ParamGroup::begin_unshard(dist::Group* regather_group, bool snapshot) {
     if (p->data() != FSDPParam::Data::kUnsharded) todo.push_back(p);
   }
   arriving_.insert(arriving_.end(), todo.begin(), todo.end());
-  if (todo.empty()) return;
+  if (todo.empty()) return stale;
   const bool regather = todo[0]->regather_piece().defined();
   dist::Group& group = regather ? *regather_group : *mesh_.shard_group;
   auto input_of = [regather, snapshot](FSDPParam* p) {
@@ -89,7 +124,7 @@ void ParamGroup::begin_unshard(dist::Group* regather_group, bool snapshot) {
   };
   if (!options_.fused) {
     for (FSDPParam* p : todo) works_.push_back(p->gather(group, input_of(p)));
-    return;
+    return stale;
   }
   // One collective for the unit. Fused groups always gather all their
   // parameters together: they are unsharded and resharded as one. The
@@ -114,6 +149,7 @@ void ParamGroup::begin_unshard(dist::Group* regather_group, bool snapshot) {
     for (FSDPParam* p : sharded_) outputs[r].push_back(p->unsharded_piece(pieces, r));
   }
   works_.push_back(dist::all_gather_coalesced(group, outputs, inputs));
+  return stale;
 }
 
 void ParamGroup::finish_unshard() {
@@ -146,13 +182,24 @@ void ParamGroup::keep_for_regather(int64_t pieces, int64_t index) {
   free_unsharded();
 }
 
-void ParamGroup::reshard() {
+void ParamGroup::reshard(bool keep_copies) {
   finish_unshard();
   for (FSDPParam* p : params_) {
     p->reshard();
+    if (!keep_copies) p->release_kept();
     p->drop_regather_piece();
   }
+  if (!keep_copies) flat_kept_ = false;
   if (options_.fused) release_flat_unsharded();
+}
+
+void ParamGroup::reshard_keeping_unsharded() {
+  finish_unshard();
+  for (FSDPParam* p : params_) p->reshard_keeping_unsharded();
+  // A fused group's copies are views of the flat buffer: it stays.
+  flat_kept_ = options_.fused && std::any_of(sharded_.begin(), sharded_.end(), [](FSDPParam* p) {
+                 return p->holds_kept_copy();
+               });
 }
 
 at::Tensor ParamGroup::reshard_lending_flat_buffer() {

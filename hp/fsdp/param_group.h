@@ -40,7 +40,11 @@ class ParamGroup {
   // flight. With `snapshot` the gathers read copies of the shards, so the
   // shards may change (an optimizer step) before finish_unshard(); without,
   // zero-copy gathers read the live shards until they complete.
-  void begin_unshard(dist::Group* regather_group, bool snapshot = false);
+  // Parameters holding a current kept copy (reshard_keeping_unsharded) use
+  // it and gather nothing; fused, only if every one of them is current, as
+  // the unit gathers as one. Returns whether a kept copy was stale (the
+  // shards changed since it was kept) and is being gathered again.
+  bool begin_unshard(dist::Group* regather_group, bool snapshot = false);
   // Waits, then points the parameters at their unsharded buffers.
   void finish_unshard();
   bool in_flight() const { return in_flight_; }
@@ -52,8 +56,14 @@ class ParamGroup {
   // reshard_after_forward = N: keep pieces for a group of N ranks, release
   // the rest.
   void keep_for_regather(int64_t pieces, int64_t index);
-  // Parameters back to their shards, memory released.
-  void reshard();
+  // Parameters back to their shards, memory released; kept copies too
+  // unless `keep_copies` (a reader of the shards does not make them stale).
+  void reshard(bool keep_copies = false);
+  // Parameters back to their shards, their gathered copies kept for the next
+  // begin_unshard() (FSDPParam::reshard_keeping_unsharded); for a fused
+  // group the flat buffer stays allocated until the copies are used,
+  // released by reshard(), or found stale.
+  void reshard_keeping_unsharded();
   // For a fused reduce-scatter: reshards and returns the flat unsharded
   // buffer with its memory (undefined when not fused or not unsharded); the
   // borrower releases it, and must be done before the next begin_unshard().
@@ -61,6 +71,9 @@ class ParamGroup {
 
  private:
   void ensure_flat_unsharded();
+  // begin_unshard()'s first step: kept copies still current are used, stale
+  // ones released; returns whether one was stale.
+  bool use_kept_copies();
   void release_flat_unsharded();
 
   std::vector<FSDPParam*> params_;   // all that need unsharding
@@ -69,6 +82,7 @@ class ParamGroup {
   Options options_;
   bool in_flight_ = false;
   bool lent_ = false;  // the flat unsharded buffer is a reduce-scatter's scratch
+  bool flat_kept_ = false;  // the flat unsharded buffer holds kept copies
   std::vector<dist::Work> works_;
   // What the gathers in flight will fill: only these are pointed at their
   // unsharded buffers when they land (others may be lent to a reduction).

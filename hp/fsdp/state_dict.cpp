@@ -28,8 +28,10 @@ DTensor shard_dtensor(const fsdp::ManagedParam& managed) {
 }
 
 // Every managed unit in the tree resharded, so parameters hold their shards.
-void reshard_tree(const nn::Module& model) {
-  for (auto& unit : fsdp::units_in_tree(model)) unit->reshard();
+// Reading them leaves copies kept after backward (reshard_after_backward)
+// alone; a load frees them, as it replaces what they were gathered from.
+void reshard_tree(const nn::Module& model, bool keep_copies) {
+  for (auto& unit : fsdp::units_in_tree(model)) unit->reshard(keep_copies);
 }
 
 std::string shape_text(at::IntArrayRef shape) { return to_string(shape.vec()); }
@@ -132,7 +134,7 @@ StateDict get_model_state_dict(const nn::Module& model, const StateDictOptions& 
   HP_CHECK_ARG(!options.rank0_only || options.full_state_dict,
                "get_model_state_dict: rank0_only=true needs full_state_dict=true (only whole "
                "tensors can be kept on rank 0 alone), got full_state_dict=false");
-  reshard_tree(model);
+  reshard_tree(model, /*keep_copies=*/true);
   const bool keep = !options.rank0_only || !dist::is_initialized() || dist::get_rank() == 0;
   auto placed = [&](const at::Tensor& t) { return options.cpu_offload ? t.cpu() : t; };
   StateDict out;
@@ -215,7 +217,7 @@ void FSDPModule::load_state_dict(const StateDict& state_dict, bool strict) {
     throw_argument_error(cat("load '", state_dict[agreed].first,
                              "': rejected on another rank (see its error); nothing was loaded"));
   }
-  reshard_tree(model);
+  reshard_tree(model, /*keep_copies=*/false);
   at::NoGradGuard no_grad;
   for (const auto& step : steps) run_load_step(step);
 }

@@ -114,9 +114,16 @@ void Unit::check_can_change_reshard_after_forward() const {
                "first)");
 }
 
-void Unit::set_reshard_after_forward(int64_t ranks, dist::GroupPtr regather_group) {
-  check_reshard_after_forward(ranks, mesh_.shard_size, name_);
+int64_t Unit::ranks_after_forward() const {
+  if (flags_.reshard_after_forward) return flags_.reshard_after_forward_ranks;
+  return is_root() ? 1 : mesh_.shard_size;
+}
+
+void Unit::set_reshard_after_forward(ReshardAfterForward setting, int64_t ranks,
+                                     dist::GroupPtr regather_group) {
+  if (setting) check_reshard_after_forward(ranks, mesh_.shard_size, name_);
   check_can_change_reshard_after_forward();
+  flags_.reshard_after_forward = std::move(setting);
   flags_.reshard_after_forward_ranks = ranks;
   regather_group_ = std::move(regather_group);
 }
@@ -191,7 +198,16 @@ void Unit::begin_unshard(bool snapshot) {
   if (context_) context_->check_usable();
   if (group_.empty()) return;
   complete_own_reductions();
-  group_.begin_unshard(regather_group_.get(), snapshot);
+  const bool stale = group_.begin_unshard(regather_group_.get(), snapshot);
+  if (stale && !stale_copy_traced_ && trace::enabled()) {
+    // The copy kept after backward (reshard_after_backward = false) was
+    // gathered before the shards changed (an optimizer step, a load): it is
+    // gathered again. Worth knowing once: the copy's memory bought nothing.
+    const int64_t now = trace::now_us();
+    trace::record("stale kept copy of " + name_ + ": gathered again", "fsdp", "compute", now,
+                  now);
+    stale_copy_traced_ = true;
+  }
 }
 
 void Unit::wait_unshard() {
@@ -199,9 +215,9 @@ void Unit::wait_unshard() {
   group_.finish_unshard();
 }
 
-void Unit::reshard() {
+void Unit::reshard(bool keep_copies) {
   complete_own_reductions();
-  group_.reshard();
+  group_.reshard(keep_copies);
 }
 
 void Unit::zero_grad() {
@@ -279,9 +295,12 @@ std::optional<nn::TensorList> Unit::post_forward(nn::Module& module,
     state_ = State::kIdle;
     return replaced;
   }
-  const int64_t keep_over = flags_.reshard_after_forward_ranks;
+  const int64_t keep_over = ranks_after_forward();
   if (!backward_follows) {
-    if (keep_over != 1) reshard();
+    // Only an explicit false keeps them: the default keeps the root's for
+    // the backward that follows at once, and none follows here.
+    const bool keep = flags_.reshard_after_forward && keep_over == 1;
+    if (!keep) reshard();
     state_ = State::kIdle;
     return replaced;
   }
@@ -293,10 +312,9 @@ std::optional<nn::TensorList> Unit::post_forward(nn::Module& module,
     });
   }
   state_ = State::kAfterForward;
-  // The root's parameters would be gathered again right away for backward,
-  // and so would a unit's that runs inside a checkpointed module's
-  // recomputation (its backward follows at once: one gather serves both).
-  if (root_of_others() || keep_over == 1 || nn::in_recomputation()) return replaced;
+  // A unit that runs inside a checkpointed module's recomputation keeps its
+  // parameters: its backward follows at once, so one gather serves both.
+  if (keep_over == 1 || nn::in_recomputation()) return replaced;
   if (regather_group_) {
     group_.keep_for_regather(keep_over, mesh_.shard_rank % keep_over);
   } else {
@@ -364,15 +382,20 @@ void Unit::post_accumulate(FSDPParam& param) {
       // synchronised one (exactly equal to one large batch).
       param.keep_for_later(std::move(grad));
       param.restore_stash();
-      if (!group_.fused() && flags_.reshard_after_backward) param.reshard();
-      if (group_.fused() && last && flags_.reshard_after_backward) group_.reshard();
+      if (!group_.fused()) reshard_after_backward(param);
+      if (group_.fused() && last) reshard_after_backward();
       return;
     }
     if (!group_.fused()) {
       // The optimizer steps the shard, so a reduced gradient always goes
       // with a resharded parameter; its unsharded buffer receives the
-      // reduce-scatter.
-      at::Tensor scratch = param.reshard_lending_buffer();
+      // reduce-scatter, unless it is kept for the next forward.
+      at::Tensor scratch;
+      if (flags_.reshard_after_backward) {
+        scratch = param.reshard_lending_buffer();
+      } else {
+        param.reshard_keeping_unsharded();
+      }
       context_->reductions().push(std::make_unique<GradReduction>(
           PackedGrads::of(param, std::move(grad)), std::move(scratch), mesh_,
           ReduceSettings{flags_.average, flags_.requires_all_reduce}, grads_.wave(),
@@ -389,20 +412,46 @@ void Unit::reduce_fused() {
   // The pipeline: older reductions move on one stage (reduce-scatter done ->
   // all-reduce issued; all-reduce done -> gradients assigned).
   context_->reductions().advance_before(grads_.wave());
-  grads_.flush(context_->reductions(), group_.reshard_lending_flat_buffer(), mesh_,
+  at::Tensor scratch;
+  if (flags_.reshard_after_backward) {
+    scratch = group_.reshard_lending_flat_buffer();
+  } else {
+    group_.reshard_keeping_unsharded();
+  }
+  grads_.flush(context_->reductions(), std::move(scratch), mesh_,
                ReduceSettings{flags_.average, flags_.requires_all_reduce}, shared_from_this());
+}
+
+void Unit::reshard_after_backward(FSDPParam& param) {
+  if (flags_.reshard_after_backward) {
+    param.reshard();
+  } else {
+    param.reshard_keeping_unsharded();
+  }
+}
+
+void Unit::reshard_after_backward() {
+  if (flags_.reshard_after_backward) {
+    group_.reshard();
+  } else {
+    group_.reshard_keeping_unsharded();
+  }
 }
 
 void Unit::finish_backward() {
   // Some parameters got no gradient: reduce what did arrive.
   if (group_.fused() && flags_.requires_gradient_sync && grads_.partly_arrived()) reduce_fused();
   grads_.reset();
-  if (flags_.reshard_after_backward || flags_.requires_gradient_sync) {
-    group_.finish_unshard();
+  group_.finish_unshard();
+  if (flags_.reshard_after_backward) {
     for (auto& p : params_) {
       if (!context_->reductions().pending_for(*p)) p->reshard();
     }
     group_.free_unsharded();
+  } else {
+    // Every parameter holds its shard (the optimizer may step); the gathered
+    // copies stay for the next forward. No reduction received into them.
+    group_.reshard_keeping_unsharded();
   }
   for (auto& p : params_) {
     if (!context_->reductions().pending_for(*p)) p->restore_stash();

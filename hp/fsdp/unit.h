@@ -24,8 +24,11 @@
 //   post-accumulate (per parameter) take the full gradient; without fusion
 //                   reshard that parameter and queue its reduction, with
 //                   fusion queue the unit's once all its gradients are in
-//   end of backward reduce what is left, reshard, complete the reductions,
-//                   back to kIdle.
+//   end of backward reduce what is left, reshard (or, with
+//                   reshard_after_backward false, point the parameters at
+//                   their shards and keep the gathered copies for the next
+//                   gather while the shards do not change), complete the
+//                   reductions, back to kIdle.
 //
 // Failures: an exception that leaves a module's call after the unit's
 // pre-forward (its forward, a hook, a later unit) reshards the unit and
@@ -62,12 +65,15 @@ class Unit;
 std::vector<std::shared_ptr<Unit>> units_in_tree(const nn::Module& module, bool include_self = true);
 
 struct UnitFlags {
-  // Ranks the parameters stay spread over after forward: the shard size
-  // (true: reshard), 1 (false: keep them gathered) or N in between.
+  // As the user gave it (options.h); nullopt is resolved by
+  // Unit::ranks_after_forward() once the root is known.
+  ReshardAfterForward reshard_after_forward;
+  // An explicit setting's ranks the parameters stay spread over after
+  // forward: the shard size (true), 1 (false) or N in between.
   int64_t reshard_after_forward_ranks = 0;
-  // Read only while gradient sync is off: with sync on, every backward
-  // reshards (the optimizer steps the shards, so a gathered copy would be
-  // stale by the next forward).
+  // false: the end of backward points the parameters back at their shards
+  // but keeps the gathered copy; the next gather reuses it unless the shards
+  // changed since (an optimizer step, a load): see Unit::begin_unshard.
   bool reshard_after_backward = true;
   bool requires_gradient_sync = true;
   bool requires_all_reduce = true;
@@ -121,22 +127,33 @@ class Unit : public std::enable_shared_from_this<Unit> {
   static void check_reshard_after_forward(int64_t ranks, int64_t shard_size,
                                           const std::string& unit_name);
   static dist::GroupPtr regather_group_for(const MeshInfo& mesh, int64_t ranks);
+  // The ranks the parameters stay spread over after a forward that a
+  // backward follows: the explicit setting's, else 1 for the root (its
+  // backward follows at once) and the shard size for any other unit.
+  int64_t ranks_after_forward() const;
   // Raises unless the setting can change now: not while the parameters
   // hold pieces for a regather or a gather is in flight (between forward
   // and backward), since those were made for the current setting.
   void check_can_change_reshard_after_forward() const;
-  // reshard_after_forward as N, with its group (regather_group_for).
-  void set_reshard_after_forward(int64_t ranks, dist::GroupPtr regather_group);
+  // A new setting (ranks: the explicit setting's, see UnitFlags), with its
+  // group (regather_group_for).
+  void set_reshard_after_forward(ReshardAfterForward setting, int64_t ranks,
+                                 dist::GroupPtr regather_group);
   // Explicit prefetch lists (F11); they replace the implicit choice.
   void set_forward_prefetch(std::vector<std::weak_ptr<Unit>> units);
   void set_backward_prefetch(std::vector<std::weak_ptr<Unit>> units);
 
   // Explicit unshard/reshard (F9). A user's asynchronous unshard gathers
   // from copies of the shards (`snapshot`), so an optimizer step before
-  // wait() cannot race with the gather reading them.
+  // wait() cannot race with the gather reading them. A copy kept by
+  // reshard_after_backward = false is used instead of a gather while the
+  // shards are unchanged since it was gathered; once they changed, the unit
+  // gathers again (and says so in the trace, once per unit).
   void begin_unshard(bool snapshot = false);
   void wait_unshard();
-  void reshard();
+  // Frees the gathered parameters; with `keep_copies` a copy kept after
+  // backward stays (for callers that only read the shards: state_dict).
+  void reshard(bool keep_copies = false);
 
   // Drops every gradient of the unit's parameters (F14 zero_grad).
   void zero_grad();
@@ -150,6 +167,10 @@ class Unit : public std::enable_shared_from_this<Unit> {
   void pre_backward();
   void post_accumulate(FSDPParam& param);
   void reduce_fused();
+  // A parameter's (or, fused, the group's) reshard at the end of its
+  // backward: freed, or kept for the next forward (reshard_after_backward).
+  void reshard_after_backward(FSDPParam& param);
+  void reshard_after_backward();
   // The unit's part of the end of backward.
   void finish_backward();
   void validate_for_training() const;
@@ -187,6 +208,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
   bool forward_running_ = false;
   std::vector<const nn::Module*> modules_to_run_;
   UnitGrads grads_;
+  bool stale_copy_traced_ = false;  // the trace said once that a kept copy was stale
   int64_t compute_start_us_ = 0;  // trace: start of this unit's forward / backward compute
 };
 

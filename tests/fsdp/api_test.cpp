@@ -231,12 +231,18 @@ TEST(FullyShardApi, ReshardAfterForwardSetterIsRecursive) {
   EXPECT_TRUE(fsdp::storage_is_allocated(b0->mlp->c_fc->weight));
   EXPECT_FALSE(fsdp::storage_is_allocated(b1->mlp->c_fc->weight));
   loss.backward();
-  // The root of other units never reshards after forward (backward would
-  // gather it right away), whatever its flag: its parameters stay gathered.
+  // The root keeps its parameters by default (its backward would gather
+  // them right away), and frees them when asked to explicitly.
   root.set_reshard_after_forward(true);
   loss = test::gpt_loss(model, test::token_batch(0), 0, 4);
   EXPECT_EQ(model->wte->weight.size(0), 50);
+  EXPECT_FALSE(fsdp::storage_is_allocated(model->wte->weight));
+  loss.backward();
+  root.set_reshard_after_forward(std::nullopt, /*recurse=*/false);
+  EXPECT_FALSE(root.reshard_after_forward().has_value());
+  loss = test::gpt_loss(model, test::token_batch(0), 0, 4);
   EXPECT_TRUE(fsdp::storage_is_allocated(model->wte->weight));
+  EXPECT_FALSE(fsdp::storage_is_allocated(b1->mlp->c_fc->weight));
   loss.backward();
 }
 
@@ -567,21 +573,27 @@ TEST(FullyShardSetters, IsLastBackwardSetThroughAnInnerUnitAppliesToTheRoot) {
   expect_grads_match_reference(model, reference);
 }
 
-TEST(FullyShardSetters, ReshardAfterBackwardFalseKeepsNoSyncMicroBatchesGathered) {
+TEST(FullyShardSetters, ReshardAfterBackwardFalseKeepsCopiesAcrossNoSyncMicroBatches) {
   if (dist::get_world_size() < 2) GTEST_SKIP();
   auto reference = test::make_gpt();
   auto model = test::make_gpt();
   FSDPModule root = test::shard_gpt(model, {});
   const at::Tensor& w = model->blocks()[0]->mlp->c_fc->weight;
+  const int64_t shard_rows = chunk_span(256, dist::get_world_size(), dist::get_rank()).size;
   for (int micro = 0; micro < 3; ++micro) {
     const bool last = micro == 2;
     root.set_requires_gradient_sync(last);
     root.set_reshard_after_backward(last);
     at::Tensor tokens = test::token_batch(micro);
     test::reference_backward(reference, tokens, dist::get_world_size());
-    test::gpt_loss(model, tokens, test::my_first_row(), test::my_rows()).backward();
-    // Kept gathered between no-sync micro-batches; sharded after the last.
-    EXPECT_EQ(w.size(0) == 256, !last) << "micro-batch " << micro;
+    const int64_t gathers = dist::comm_stats().all_gather;
+    at::Tensor loss = test::gpt_loss(model, tokens, test::my_first_row(), test::my_rows());
+    // The copies kept by the previous micro-batch's backward serve this
+    // forward: it gathers nothing.
+    if (micro > 0) EXPECT_EQ(dist::comm_stats().all_gather, gathers) << "micro-batch " << micro;
+    loss.backward();
+    // Between micro-batches the parameter holds its shard, the copy aside.
+    EXPECT_EQ(w.size(0), shard_rows) << "micro-batch " << micro;
   }
   expect_grads_match_reference(model, reference);
 }

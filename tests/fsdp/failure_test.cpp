@@ -238,26 +238,35 @@ TEST(FullyShardFailures, ReshardAfterForwardCannotChangeBetweenForwardAndBackwar
   step_loss(model, 1).backward();
 }
 
-TEST(FullyShardFailures, ReshardAfterBackwardFalseHoldsOnlyWithoutGradientSync) {
+TEST(FullyShardFailures, ReshardAfterBackwardFalseKeepsACopyBesideTheShards) {
   if (dist::get_world_size() < 2) GTEST_SKIP() << "needs a shard group";
   const int64_t shard_rows = chunk_span(14, dist::get_world_size(), dist::get_rank()).size;
   auto model = make_flaky_model();
   FSDPModule root = shard(model, {"per-parameter reshard", false, true});
   root.set_reshard_after_backward(false);
-  root.set_requires_gradient_sync(false);
-  step_loss(model, 0).backward();
-  // A no-sync micro-batch keeps the parameters gathered ...
-  EXPECT_EQ(model->block_list[0]->fc1->weight.size(0), 14);
-  // ... so the next micro-batch's forward gathers nothing.
+  for (bool sync : {false, true}) {
+    SCOPED_TRACE(sync ? "gradient sync" : "no sync");
+    root.set_requires_gradient_sync(sync);
+    step_loss(model, 0).backward();
+    // The parameters hold their shards (an optimizer could step them) ...
+    for (auto& block : model->block_list) EXPECT_EQ(block->fc1->weight.size(0), shard_rows);
+    // ... and the next forward gathers nothing: the copies are current.
+    const int64_t gathers = dist::comm_stats().all_gather;
+    at::Tensor loss = step_loss(model, 1);
+    EXPECT_EQ(dist::comm_stats().all_gather, gathers);
+    loss.backward();
+  }
+  // A write to a shard (here in place, as an optimizer's step does) makes
+  // its copy stale: the next forward gathers that parameter again (one
+  // all-gather per parameter without comm_fusion), and only that one.
+  {
+    at::NoGradGuard no_grad;
+    model->block_list[0]->fc1->weight.add_(1.0);
+  }
   const int64_t gathers = dist::comm_stats().all_gather;
-  at::Tensor loss = step_loss(model, 1);
-  EXPECT_EQ(dist::comm_stats().all_gather, gathers);
+  at::Tensor loss = step_loss(model, 2);
+  EXPECT_EQ(dist::comm_stats().all_gather, gathers + 1);
   loss.backward();
-  // With gradient sync on, backward reshards whatever the setting says: the
-  // optimizer steps the shards, so a gathered copy would be stale.
-  root.set_requires_gradient_sync(true);
-  step_loss(model, 2).backward();
-  for (auto& block : model->block_list) EXPECT_EQ(block->fc1->weight.size(0), shard_rows);
 }
 
 TEST(FullyShardFailures, GraphOutlivingItsUnitsIsSafe) {

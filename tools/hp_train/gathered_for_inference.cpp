@@ -2,20 +2,18 @@
 
 namespace hp::train {
 
-GatheredForInference::GatheredForInference(std::vector<FSDPModule> units,
-                                           int64_t reshard_after_forward)
-    : units_(std::move(units)), reshard_after_forward_(reshard_after_forward) {
-  for (FSDPModule& unit : units_) unit.set_reshard_after_forward(false, /*recurse=*/false);
+GatheredForInference::GatheredForInference(std::vector<FSDPModule> units)
+    : units_(std::move(units)) {
+  for (FSDPModule& unit : units_) {
+    settings_.push_back(unit.reshard_after_forward());
+    unit.set_reshard_after_forward(false, /*recurse=*/false);
+  }
 }
 
 GatheredForInference::~GatheredForInference() {
-  for (FSDPModule& unit : units_) {
-    unit.reshard();
-    if (reshard_after_forward_ > 0) {
-      unit.set_reshard_after_forward(reshard_after_forward_, /*recurse=*/false);
-    } else {
-      unit.set_reshard_after_forward(reshard_after_forward_ < 0, /*recurse=*/false);
-    }
+  for (size_t i = 0; i < units_.size(); ++i) {
+    units_[i].reshard();
+    units_[i].set_reshard_after_forward(settings_[i], /*recurse=*/false);
   }
 }
 

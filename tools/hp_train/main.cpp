@@ -238,7 +238,7 @@ int run(const TrainOptions& options) {
           parallelism.mode == Mode::kTP || parallelism.mode == Mode::kFSDPTP;
       std::optional<GatheredForInference> gathered;
       if (fsdp && !tensor_parallel) {
-        gathered.emplace(fully_shard_units(model, *fsdp), options.reshard_after_forward);
+        gathered.emplace(fully_shard_units(model, *fsdp));
       }
       hp::nn::GPT sampler = tensor_parallel ? whole_copy(model) : model;
       sampler->eval();

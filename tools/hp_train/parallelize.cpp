@@ -61,6 +61,9 @@ std::optional<FSDPModule> parallelize(nn::GPT& model, const Parallelism& paralle
   // The loss is computed on the root's output: fp32 logits whatever the
   // compute dtype (blocks pass activations to each other in it).
   if (param != at::kFloat) options.mp_policy.output_dtype = at::kFloat;
+  // --reshard-after-forward is for the blocks: the root keeps its
+  // parameters (the default), as its backward follows its forward at once.
+  options.reshard_after_forward = std::nullopt;
   FSDPModule root = fully_shard(model.ptr(), options);
   root.set_implicit_prefetch(train.prefetch);
   return root;

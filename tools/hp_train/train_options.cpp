@@ -340,8 +340,8 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
       "do not gather the next unit while this one computes (prefetch is on by default)";
   auto* no_prefetch = app.add_flag("--no-prefetch", no_prefetch_help);
   option("--reshard-after-forward", reshard_after_forward,
-         "after forward, free gathered parameters (true, default), keep them (false), or keep "
-         "them gathered within groups of N ranks",
+         "after forward, the blocks free their gathered parameters (true, default), keep them "
+         "(false), or keep them gathered within groups of N ranks; the root keeps its own",
          "true|false|N", kReshardAfterForward);
   option("--param-dtype", o.param_dtype, "compute and all-gather dtype (default fp32)",
          "bf16|fp32", kComputeDtype);
