@@ -78,9 +78,9 @@ class FSDPModule {
   // would be stale.
   void set_reshard_after_backward(bool reshard_after_backward, bool recurse = true);
   // Whether the coming backward is the last before the optimizer step; when
-  // false its reductions complete at the next forward, at reshard(), or at
-  // wait_for_gradients(). One setting for the whole tree: set through any
-  // unit, it applies to its root.
+  // false its reductions complete at the next forward, at reshard() of a
+  // unit they cover, or at wait_for_gradients(). One setting for the whole
+  // tree: set through any unit, it applies to its root.
   void set_is_last_backward(bool is_last_backward);
   // Completes every gradient reduction still pending in the tree this unit
   // belongs to (after a backward under set_is_last_backward(false)), so
@@ -105,7 +105,10 @@ class FSDPModule {
   void wait_for_gradients();
   // "avg" (default: divide by the data-parallel size) or "sum" (F5). With
   // recurse (the default) it applies to every unit in the module's tree,
-  // like the F10 setters, else to this unit only.
+  // else to this unit only. Recursive by default, unlike FSDP2-style
+  // setters that change one unit: one call on the root sets the model's
+  // reduction, as the F10 setters do, where a per-unit default would leave
+  // the inner units averaging.
   //
   // Tensor-parallel (DTensor) parameters average too, where FSDP2-style
   // libraries may sum by default on their DTensor paths: here every
