@@ -115,6 +115,49 @@ std::optional<int64_t> shard_dim_for(const FullyShardOptions& options, const at:
   return dim;
 }
 
+// fully_shard without a mesh over a DTensor parameter. Units over the
+// parameter's own mesh (gradients all-reduced over the dims it is replicated
+// on) are not supported, so the message gives the call to make instead: the
+// free dim of the mesh the parameter's was taken from, or else that mesh
+// rebuilt with a data-parallel dim of size 1 in front.
+std::string mesh_less_dtensor_message(const std::string& fqn, const Layout& layout) {
+  const DeviceMesh& mesh = *layout.mesh();
+  const DeviceMeshPtr root = mesh.root();
+  const auto& used = mesh.dims_in_root();
+  std::vector<std::string> free_dims;
+  for (int64_t d = 0; d < root->ndim(); ++d) {
+    if (std::find(used.begin(), used.end(), d) == used.end()) {
+      free_dims.push_back(root->dim_names()[d]);
+    }
+  }
+  const std::string head = cat("fully_shard: parameter '", fqn, "' is a DTensor on ",
+                               mesh.describe(), ", and options.mesh is not set; expected ",
+                               "options.mesh, a data-parallel sub-mesh of the mesh the "
+                               "parameter's was taken from (fully_shard over a DTensor "
+                               "parameter's own mesh is not supported). ");
+  if (!free_dims.empty()) {
+    return cat(head, "Pass options.mesh = mesh[\"", free_dims[0], "\"], where mesh is ",
+               root->describe());
+  }
+  std::string dp = "dp";
+  while (std::find(root->dim_names().begin(), root->dim_names().end(), dp) !=
+         root->dim_names().end()) {
+    dp = "_" + dp;
+  }
+  std::vector<std::string> shape{"1"}, names{"\"" + dp + "\""}, quoted;
+  for (int64_t d = 0; d < root->ndim(); ++d) {
+    shape.push_back(std::to_string(root->shape()[d]));
+    quoted.push_back("\"" + root->dim_names()[d] + "\"");
+    names.push_back(quoted.back());
+  }
+  const std::string sub =
+      quoted.size() == 1 ? quoted[0] : fmt::format("{{{}}}", fmt::join(quoted, ", "));
+  return cat(head, "For tensor parallelism alone, give the mesh a data-parallel dim of size 1: ",
+             fmt::format("auto mesh = hp::init_device_mesh(\"{}\", {{{}}}, {{{}}});",
+                         root->device_type(), fmt::join(shape, ", "), fmt::join(names, ", ")),
+             " shard_module over mesh[", sub, "], then options.mesh = mesh[\"", dp, "\"]");
+}
+
 // What fully_shard does with one parameter it will manage.
 struct ParamPlan {
   std::string fqn;
@@ -178,9 +221,7 @@ std::vector<ParamPlan> plan_params(const std::vector<std::shared_ptr<nn::Module>
                  "parameter ", fqn, ": non-sharded parameters such as replicate_params are not ",
                  "supported.");
     if (is_dtensor(param)) {
-      HP_CHECK_ARG(options.mesh != nullptr, "fully_shard: parameter '", fqn, "' is a DTensor on ",
-                   layout_of(param).mesh()->describe(), "; pass fully_shard the mesh to shard ",
-                   "over (options.mesh, e.g. mesh[\"dp\"] of the same init_device_mesh)");
+      if (!options.mesh) throw_argument_error(mesh_less_dtensor_message(fqn, layout_of(param)));
       fsdp::check_composable(fqn, layout_of(param), *options.mesh);
     }
     if (!plan.keep_whole) {
@@ -459,10 +500,24 @@ void FSDPModule::set_is_last_backward(bool is_last_backward) {
   }
 }
 
-void FSDPModule::set_reduce_op_type(const std::string& reduce_op_type) {
+void FSDPModule::wait_for_gradients() {
+  // Every root context the tree's units belong to (one, unless an inner
+  // unit ran as a root of its own); a unit without one has run no forward,
+  // so nothing of it is pending.
+  std::vector<std::shared_ptr<fsdp::RootContext>> contexts;
+  for (auto& u : units(true)) {
+    const auto& context = u->context();
+    if (context && std::find(contexts.begin(), contexts.end(), context) == contexts.end()) {
+      contexts.push_back(context);
+    }
+  }
+  for (auto& context : contexts) context->wait_for_gradients();
+}
+
+void FSDPModule::set_reduce_op_type(const std::string& reduce_op_type, bool recurse) {
   HP_CHECK_ARG(reduce_op_type == "sum" || reduce_op_type == "avg", "Unsupported reduce op type ",
                reduce_op_type, ", supported types are ['sum', 'avg']");
-  for (auto& u : units(true)) u->mutable_flags().average = reduce_op_type == "avg";
+  for (auto& u : units(recurse)) u->mutable_flags().average = reduce_op_type == "avg";
 }
 
 void FSDPModule::set_implicit_prefetch(bool enabled, bool recurse) {

@@ -93,11 +93,45 @@ class FSDPModule {
   // a version counter of its own) are not seen.
   void set_reshard_after_backward(bool reshard_after_backward, bool recurse = true);
   // Whether the coming backward is the last before the optimizer step; when
-  // false its reductions complete at the next forward instead. One setting
-  // for the whole tree: set through any unit, it applies to its root.
+  // false its reductions complete at the next forward, at reshard() of a
+  // unit they cover, or at wait_for_gradients(). One setting for the whole
+  // tree: set through any unit, it applies to its root.
   void set_is_last_backward(bool is_last_backward);
-  // "avg" (default: divide by the data-parallel size) or "sum" (F5).
-  void set_reduce_op_type(const std::string& reduce_op_type);
+  // Completes every gradient reduction still pending in the tree this unit
+  // belongs to (after a backward under set_is_last_backward(false)), so
+  // that .grad, and the main grads under apply_grad_on_fp32_main_grad, hold
+  // their reduced values when it returns.
+  //   nothing pending  (a last backward, a second call, no forward yet):
+  //                    returns at once and communicates nothing.
+  //   not the root     the reductions of a tree share its root's queue, so
+  //                    called through any unit it completes the whole tree's
+  //                    (what the root's next forward would complete).
+  //   threads          not thread-safe: call it from the thread that drives
+  //                    the tree's forward and backward, between backward()
+  //                    and the optimizer step; during a backward of the tree
+  //                    (from a hook) it raises ArgumentError, waiting for
+  //                    nothing.
+  //   errors           UnusableError if the tree is already unusable; a
+  //                    collective that fails while it waits makes the tree
+  //                    unusable (root_context.h) and its error propagates.
+  // Gradients kept aside by set_requires_gradient_sync(false) or
+  // set_requires_all_reduce(false) are not pending: they wait for a
+  // backward that synchronises.
+  void wait_for_gradients();
+  // "avg" (default: divide by the data-parallel size) or "sum" (F5). With
+  // recurse (the default) it applies to every unit in the module's tree,
+  // else to this unit only. Recursive by default, unlike FSDP2-style
+  // setters that change one unit: one call on the root sets the model's
+  // reduction, as the F10 setters do, where a per-unit default would leave
+  // the inner units averaging.
+  //
+  // Tensor-parallel (DTensor) parameters average too, where FSDP2-style
+  // libraries may sum by default on their DTensor paths: here every
+  // data-parallel rank's loss is the mean over its own slice, for DTensor
+  // parameters as for plain ones, so the average over dp is the gradient of
+  // the global batch's mean for both, and one default serves a unit that
+  // holds both (docs/features.md, F5).
+  void set_reduce_op_type(const std::string& reduce_op_type, bool recurse = true);
 
   // F11. Implicit prefetch (on by default): forward gathers the next unit in
   // the recorded execution order while this one computes, backward the one
@@ -122,6 +156,14 @@ class FSDPModule {
   std::shared_ptr<nn::Module> module_;
 };
 
+// Parameters that are already DTensors (tensor parallelism, F16) need
+// options.mesh: a data-parallel sub-mesh of the mesh their layouts live on.
+// Without one fully_shard raises ArgumentError naming the parameter, its
+// mesh and the call to make instead; units over the parameters' own mesh
+// (gradients all-reduced over its replicated dims) are not supported. For
+// tensor parallelism alone, build the mesh with a data-parallel dim of size
+// 1: init_device_mesh("cpu", {1, tp}, {"dp", "tp"}), shard_module over
+// mesh["tp"], then options.mesh = mesh["dp"] (docs/features.md, F16).
 FSDPModule fully_shard(const std::shared_ptr<nn::Module>& module,
                        const FullyShardOptions& options = {});
 // The modules form one unit (their parameters are gathered together).

@@ -136,6 +136,22 @@ void RootContext::finish_backward() {
   next_wave_ = 0;
 }
 
+void RootContext::wait_for_gradients() {
+  check_usable();
+  // Inside a backward the pending reductions are the pipeline's (reduction.h):
+  // completing them there would serialise it, and the gradients of units
+  // still to run would not be among them.
+  HP_CHECK_ARG(!backward_in_flight_, "wait_for_gradients: called during a backward of the "
+               "units of ", root_->name(), "; expected a call after backward() returns");
+  if (reductions_.empty()) return;
+  try {
+    reductions_.complete_all();
+  } catch (const CollectiveError&) {
+    mark_unusable("wait_for_gradients", std::current_exception());
+    throw;
+  }
+}
+
 void RootContext::check_usable() const {
   if (unusable_reason_.empty()) return;
   throw UnusableError(unusable_reason_);

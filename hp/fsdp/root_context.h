@@ -71,6 +71,11 @@ class RootContext : public std::enable_shared_from_this<RootContext> {
   // accumulating them (torch::autograd::grad): see check_accumulates().
   void ensure_end_of_backward();
 
+  // Completes every pending reduction (FSDPModule::wait_for_gradients);
+  // raises ArgumentError during a backward of the tree, UnusableError if the
+  // tree is unusable; a collective failure makes it unusable.
+  void wait_for_gradients();
+
   // --- failures ---
   // Raises UnusableError if a failure made the tree unusable.
   void check_usable() const;

@@ -28,6 +28,7 @@
 namespace hp {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
@@ -389,7 +390,8 @@ TEST(GptFsdpTp, RefusesMeshesAndDimsThatDoNotCompose) {
               ThrowsMessage<ArgumentError>(HasSubstr("already shards dim 0")));
   options = FullyShardOptions{};
   EXPECT_THAT([&] { fully_shard(model->blocks()[0].ptr(), options); },
-              ThrowsMessage<ArgumentError>(HasSubstr("pass fully_shard the mesh to shard over")));
+              ThrowsMessage<ArgumentError>(AllOf(HasSubstr("and options.mesh is not set"),
+                                                 HasSubstr("Pass options.mesh = mesh[\"dp\"]"))));
 }
 
 }  // namespace
