@@ -174,9 +174,6 @@ std::vector<ParamPlan> plan_params(const std::vector<std::shared_ptr<nn::Module>
     plan.fqn = fqn;
     plan.param = param;
     plan.keep_whole = replicated.count(impl) > 0 || param.dim() == 0;
-    HP_CHECK_ARG(!(options.comm_fusion && replicated.count(impl)), "comm_fusion does not support ",
-                 "parameter ", fqn, ": non-sharded parameters such as replicate_params are not ",
-                 "supported.");
     if (is_dtensor(param)) {
       HP_CHECK_ARG(options.mesh != nullptr, "fully_shard: parameter '", fqn, "' is a DTensor on ",
                    layout_of(param).mesh()->describe(), "; pass fully_shard the mesh to shard ",
@@ -317,7 +314,13 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<nn::Module>>& modules,
   if (!mesh) {
     mesh = init_device_mesh(device.is_cuda() ? "cuda" : "cpu", {dist::get_world_size()}, {"dp"});
   }
-  fsdp::MeshInfo mesh_info = fsdp::MeshInfo::from_mesh(mesh);
+  // comm_fusion all-reduces a unit's whole parameters (replicate_params,
+  // scalars; every one on a shard dim of one rank) over the whole mesh.
+  const bool has_whole = shard_size == 1 || std::any_of(plans.begin(), plans.end(),
+                                                        [](const ParamPlan& p) {
+                                                          return p.keep_whole;
+                                                        });
+  fsdp::MeshInfo mesh_info = fsdp::MeshInfo::from_mesh(mesh, options.comm_fusion && has_whole);
   dist::GroupPtr regather_group = Unit::regather_group_for(mesh_info, regather_ranks);
 
   move_states_to(roots, plans, device);
