@@ -40,8 +40,10 @@ void validate_options(const FullyShardOptions& options) {
                  " must be a floating-point dtype, got ", *dtype);
   }
   HP_CHECK_ARG(options.comm_fusion || !options.comm_fusion_zero_copy.value_or(false),
-               "comm_fusion_zero_copy=true needs comm_fusion=true (the zero-copy buffer is "
-               "the fused all-gather's input)");
+               "fully_shard: comm_fusion_zero_copy=true needs comm_fusion=true, but comm_fusion "
+               "is false: zero-copy keeps the shards in the unit's flat all-gather input "
+               "buffer, which only comm_fusion builds; set comm_fusion=true, or leave "
+               "comm_fusion_zero_copy unset (or false) for the per-parameter path");
   // reshard_after_forward as an int is checked against the shard size once
   // the mesh is known (Unit::check_reshard_after_forward).
   // OffloadPolicy::cpu(): parameters on a CUDA device keep their shards in

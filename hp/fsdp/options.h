@@ -74,7 +74,8 @@ struct FullyShardOptions {
   // With comm_fusion: the shards live in one flat buffer (the all-gather's
   // input) that the optimizer updates in place (default: on with
   // comm_fusion). Parameters kept whole are not in it: they hold their own
-  // tensors.
+  // tensors. Without comm_fusion there is no such buffer, so true is
+  // refused (set comm_fusion = true as well, or leave it unset).
   std::optional<bool> comm_fusion_zero_copy;
 };
 

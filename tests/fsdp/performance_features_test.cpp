@@ -22,6 +22,7 @@
 namespace hp {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::StrEq;
 using ::testing::ThrowsMessage;
@@ -322,12 +323,24 @@ TEST(MixedPrecision, ValidationErrors) {
                   StrEq("FSDP expects uniform original parameter dtype but got {Float, Double}")));
 }
 
-TEST(CommFusionErrors, EligibilityAndOptions) {
+TEST(CommFusionErrors, ZeroCopyWithoutFusionNamesTheReasonAndTheAlternative) {
   FullyShardOptions options;
   options.comm_fusion_zero_copy = true;
+  auto model = test::make_gpt();
+  dist::reset_comm_stats();
   EXPECT_THAT(
-      [&] { fully_shard(test::make_gpt().ptr(), options); },
-      ThrowsMessage<ArgumentError>(HasSubstr("comm_fusion_zero_copy=true needs comm_fusion=true")));
+      [&] { fully_shard(model.ptr(), options); },
+      ThrowsMessage<ArgumentError>(AllOf(
+          HasSubstr("comm_fusion_zero_copy=true needs comm_fusion=true, but comm_fusion is false"),
+          HasSubstr("flat all-gather input buffer, which only comm_fusion builds"),
+          HasSubstr("set comm_fusion=true"))));
+  // Refused before any collective, the model as it was.
+  EXPECT_EQ(dist::comm_stats().total(), 0);
+  EXPECT_FALSE(is_fully_sharded(*model));
+  EXPECT_EQ(model->lm_head->weight.sizes().vec(), (std::vector<int64_t>{50, 64}));
+  // Unset, or false, is the per-parameter path.
+  options.comm_fusion_zero_copy = false;
+  EXPECT_NO_THROW(fully_shard(model.ptr(), options));
 }
 
 // The parameters the comm_fusion + replicate_params tests keep whole: some
