@@ -40,8 +40,10 @@ void validate_options(const FullyShardOptions& options) {
                  " must be a floating-point dtype, got ", *dtype);
   }
   HP_CHECK_ARG(options.comm_fusion || !options.comm_fusion_zero_copy.value_or(false),
-               "comm_fusion_zero_copy=true needs comm_fusion=true (the zero-copy buffer is "
-               "the fused all-gather's input)");
+               "fully_shard: comm_fusion_zero_copy=true needs comm_fusion=true, but comm_fusion "
+               "is false: zero-copy keeps the shards in the unit's flat all-gather input "
+               "buffer, which only comm_fusion builds; set comm_fusion=true, or leave "
+               "comm_fusion_zero_copy unset (or false) for the per-parameter path");
   // reshard_after_forward as an int is checked against the shard size once
   // the mesh is known (Unit::check_reshard_after_forward).
   // OffloadPolicy::cpu(): parameters on a CUDA device keep their shards in
@@ -217,9 +219,6 @@ std::vector<ParamPlan> plan_params(const std::vector<std::shared_ptr<nn::Module>
     plan.fqn = fqn;
     plan.param = param;
     plan.keep_whole = replicated.count(impl) > 0 || param.dim() == 0;
-    HP_CHECK_ARG(!(options.comm_fusion && replicated.count(impl)), "comm_fusion does not support ",
-                 "parameter ", fqn, ": non-sharded parameters such as replicate_params are not ",
-                 "supported.");
     if (is_dtensor(param)) {
       if (!options.mesh) throw_argument_error(mesh_less_dtensor_message(fqn, layout_of(param)));
       fsdp::check_composable(fqn, layout_of(param), *options.mesh);
@@ -361,7 +360,13 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<nn::Module>>& modules,
   if (!mesh) {
     mesh = init_device_mesh(device.is_cuda() ? "cuda" : "cpu", {dist::get_world_size()}, {"dp"});
   }
-  fsdp::MeshInfo mesh_info = fsdp::MeshInfo::from_mesh(mesh);
+  // comm_fusion all-reduces a unit's whole parameters (replicate_params,
+  // scalars; every one on a shard dim of one rank) over the whole mesh.
+  const bool has_whole = shard_size == 1 || std::any_of(plans.begin(), plans.end(),
+                                                        [](const ParamPlan& p) {
+                                                          return p.keep_whole;
+                                                        });
+  fsdp::MeshInfo mesh_info = fsdp::MeshInfo::from_mesh(mesh, options.comm_fusion && has_whole);
   dist::GroupPtr regather_group = Unit::regather_group_for(mesh_info, regather_ranks);
 
   move_states_to(roots, plans, device);

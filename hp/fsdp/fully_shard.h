@@ -63,6 +63,10 @@ class FSDPModule {
   // F10. With recurse (the default) they apply to every unit in the module's
   // tree, else to this unit only.
   void set_requires_gradient_sync(bool requires_gradient_sync, bool recurse = true);
+  // requires_all_reduce = false (HSDP, DDP): gradients are reduced over
+  // the shard ranks only and accumulate until a backward with all-reduce;
+  // with comm_fusion, the parameters kept whole are not reduced at all
+  // meanwhile (options.h, comm_fusion).
   void set_requires_all_reduce(bool requires_all_reduce, bool recurse = true);
   // reshard_after_forward (options.h says what each setting costs) can
   // change only while no unit it applies to is between its forward and its

@@ -15,7 +15,7 @@ int64_t MeshInfo::checked_shard_size(const DeviceMesh& mesh) {
   return mesh.size(mesh.ndim() - 1);
 }
 
-MeshInfo MeshInfo::from_mesh(DeviceMeshPtr mesh) {
+MeshInfo MeshInfo::from_mesh(DeviceMeshPtr mesh, bool with_mesh_group) {
   checked_shard_size(*mesh);
   MeshInfo info;
   info.mesh = mesh;
@@ -36,6 +36,20 @@ MeshInfo MeshInfo::from_mesh(DeviceMeshPtr mesh) {
     all_reduce.tag = "fsdp-allreduce";
     all_reduce.backend = mesh->backend();
     info.replicate_group = dist::new_group(mesh->group(0).ranks(), all_reduce);
+  }
+  if (with_mesh_group) {
+    if (!info.has_replicas()) {
+      info.mesh_group = info.reduce_group;
+    } else if (info.shard_size == 1) {
+      info.mesh_group = info.replicate_group;
+    } else {
+      // Its own tag: a separate stream beside the reduce-scatters and the
+      // replicas' all-reduces it pipelines with.
+      dist::GroupOptions whole;
+      whole.tag = "fsdp-allreduce-mesh";
+      whole.backend = mesh->backend();
+      info.mesh_group = dist::new_group(mesh->ranks(), whole);
+    }
   }
   return info;
 }

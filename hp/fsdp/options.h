@@ -77,12 +77,26 @@ struct FullyShardOptions {
   OffloadPolicy offload_policy;
   // Left alone entirely: not sharded, not reduced.
   std::vector<at::Tensor> ignored_params;
-  // Managed but never sharded: gradients all-reduced over the whole mesh.
+  // Managed but never sharded: gradients all-reduced over the whole mesh
+  // (per parameter: over the shard ranks, then over the replicas; with
+  // comm_fusion: see there).
   std::vector<at::Tensor> replicate_params;
-  // One all-gather / reduce-scatter per unit over packed buffers.
+  // One all-gather / reduce-scatter per unit over packed buffers (F12). The
+  // unit's parameters kept whole (replicate_params, scalars) are not
+  // gathered; their gradients are packed into one flat buffer per unit and
+  // all-reduced over every rank of the mesh in one collective, beside the
+  // reduce-scatter (and, HSDP, the replicas' all-reduce) of the sharded
+  // ones. With set_requires_all_reduce(false) on HSDP or DDP that
+  // all-reduce, which reaches the replicas, is not issued: their
+  // gradients are kept unreduced, as in a no-sync micro-batch, and the
+  // next backward with all-reduce reduces them together with its own, so
+  // that they end up as without the setter.
   bool comm_fusion = false;
-  // With comm_fusion: the shards live in one flat buffer the optimizer
-  // updates in place (default: on with comm_fusion).
+  // With comm_fusion: the shards live in one flat buffer (the all-gather's
+  // input) that the optimizer updates in place (default: on with
+  // comm_fusion). Parameters kept whole are not in it: they hold their own
+  // tensors. Without comm_fusion there is no such buffer, so true is
+  // refused (set comm_fusion = true as well, or leave it unset).
   std::optional<bool> comm_fusion_zero_copy;
 };
 

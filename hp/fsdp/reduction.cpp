@@ -92,6 +92,15 @@ GradReduction::GradReduction(PackedGrads grads, at::Tensor scratch, const MeshIn
   }
   if (scratch.defined()) free_storage(scratch);
   output_ = std::move(grads.data_);
+  if (settings_.over_mesh) {
+    if (mesh_.size() == 1) {
+      assign();
+      return;
+    }
+    work_ = dist::all_reduce(*mesh_.mesh_group, output_, dist::ReduceOp::kSum);
+    stage_ = Stage::kMeshAllReduce;
+    return;
+  }
   if (params_[0]->replicated() && mesh_.shard_size > 1) {
     // Replicated parameters differ per shard rank's data: reduce over them too.
     work_ = dist::all_reduce(*mesh_.reduce_group, output_, dist::ReduceOp::kSum);
@@ -145,6 +154,11 @@ bool GradReduction::advance() {
     case Stage::kReplicaAllReduce:
       work_.wait();
       if (settings_.average) output_.div_(mesh_.replicate_size);
+      assign();
+      break;
+    case Stage::kMeshAllReduce:
+      work_.wait();
+      if (settings_.average) output_.div_(mesh_.size());
       assign();
       break;
     case Stage::kDone:

@@ -6,7 +6,9 @@
 //               all-reduce over the replicas of everything it reduced (the
 //               replicate bucket);
 //   replicated: all-reduce over the shard ranks (replicate_params), then over
-//               the replicas.
+//               the replicas; with comm_fusion, one all-reduce over every
+//               rank of the mesh of the unit's whole parameters at once (the
+//               bucket ReduceSettings::over_mesh asks for).
 // Each stage is issued asynchronously; advance() waits for the current one
 // and issues the next, and the last assigns the reduced shards to .grad.
 // The queue drives them: without fusion, a unit's first gradient completes
@@ -32,6 +34,11 @@ namespace hp::fsdp {
 struct ReduceSettings {
   bool average = true;     // "avg": divide by the number of contributing ranks
   bool all_reduce = true;  // HSDP/DDP: all-reduce over replicas now
+  // Whole parameters: one all-reduce over MeshInfo::mesh_group instead of
+  // one over the shard ranks and one over the replicas. Such a reduction
+  // always reaches every rank, so all_reduce = false must not reach it: the
+  // unit keeps those gradients unreduced instead (unit.h).
+  bool over_mesh = false;
 };
 
 // Gradients laid out for one reduction. Sharded: `data` is [shard_size,
@@ -83,7 +90,7 @@ class GradReduction {
   bool covers(const FSDPParam& param) const;
 
  private:
-  enum class Stage { kReduceScatter, kShardAllReduce, kReplicaAllReduce, kDone };
+  enum class Stage { kReduceScatter, kShardAllReduce, kReplicaAllReduce, kMeshAllReduce, kDone };
   void start_replica_stage();
   void assign();
 

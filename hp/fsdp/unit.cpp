@@ -362,7 +362,12 @@ void Unit::pre_backward() {
   }
   compute_start_us_ = trace::enabled() ? trace::now_us() : 0;
   state_ = State::kPreBackward;
-  grads_.begin(params_, group_.fused() && flags_.requires_gradient_sync);
+  grads_.begin(params_, group_.fused() && flags_.requires_gradient_sync,
+               /*pack_whole=*/!keeps_whole_grads_unreduced());
+}
+
+bool Unit::keeps_whole_grads_unreduced() const {
+  return group_.fused() && mesh_.has_replicas() && !flags_.requires_all_reduce;
 }
 
 void Unit::post_accumulate(FSDPParam& param) {
@@ -402,8 +407,15 @@ void Unit::post_accumulate(FSDPParam& param) {
           shared_from_this()));
       return;
     }
-    // Fused: pack it now (its full tensor goes at once), reduce with the last.
-    grads_.pack(param, std::move(grad), /*defer=*/root_of_others());
+    if (!param.sharded() && keeps_whole_grads_unreduced()) {
+      // Its reduction reaches every rank of the mesh, replicas included, so
+      // it waits as a no-sync gradient does for a backward with all-reduce.
+      param.keep_for_later(std::move(grad));
+      param.restore_stash();
+    } else {
+      // Fused: pack it now (its full tensor goes at once), reduce with the last.
+      grads_.pack(param, std::move(grad), /*defer=*/root_of_others());
+    }
     if (last) reduce_fused();
   });
 }

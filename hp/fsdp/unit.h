@@ -24,6 +24,8 @@
 //   post-accumulate (per parameter) take the full gradient; without fusion
 //                   reshard that parameter and queue its reduction, with
 //                   fusion queue the unit's once all its gradients are in
+//                   (one reduce-scatter of the sharded ones, one all-reduce
+//                   over the mesh of those kept whole)
 //   end of backward reduce what is left, reshard (or, with
 //                   reshard_after_backward false, point the parameters at
 //                   their shards and keep the gathered copies for the next
@@ -166,6 +168,11 @@ class Unit : public std::enable_shared_from_this<Unit> {
   void on_forward_error(nn::Module& module, const std::exception_ptr& error);
   void pre_backward();
   void post_accumulate(FSDPParam& param);
+  // comm_fusion reduces whole parameters over the whole mesh in one
+  // all-reduce, so it cannot stop short of the replicas: while all-reduce
+  // is off (HSDP, DDP) their gradients are kept unreduced instead and join
+  // the next backward's bucket.
+  bool keeps_whole_grads_unreduced() const;
   void reduce_fused();
   // A parameter's (or, fused, the group's) reshard at the end of its
   // backward: freed, or kept for the next forward (reshard_after_backward).

@@ -4,7 +4,8 @@
 
 namespace hp::fsdp {
 
-void UnitGrads::begin(const std::vector<std::unique_ptr<FSDPParam>>& params, bool pack) {
+void UnitGrads::begin(const std::vector<std::unique_ptr<FSDPParam>>& params, bool pack,
+                      bool pack_whole) {
   reset();
   std::vector<FSDPParam*> sharded, whole;
   for (const auto& p : params) {
@@ -14,7 +15,7 @@ void UnitGrads::begin(const std::vector<std::unique_ptr<FSDPParam>>& params, boo
   }
   if (!pack) return;
   if (!sharded.empty()) sharded_ = PackedGrads(std::move(sharded));
-  if (!whole.empty()) whole_ = PackedGrads(std::move(whole));
+  if (!whole.empty() && pack_whole) whole_ = PackedGrads(std::move(whole));
 }
 
 bool UnitGrads::arrive() {
@@ -46,7 +47,9 @@ void UnitGrads::flush(ReductionQueue& queue, at::Tensor scratch, const MeshInfo&
     free_storage(scratch);
   }
   if (!whole_.empty()) {
-    queue.push(std::make_unique<GradReduction>(std::move(whole_), at::Tensor(), mesh, settings,
+    ReduceSettings over_mesh = settings;
+    over_mesh.over_mesh = true;
+    queue.push(std::make_unique<GradReduction>(std::move(whole_), at::Tensor(), mesh, over_mesh,
                                                wave_, keep_alive));
   }
   sharded_ = PackedGrads();

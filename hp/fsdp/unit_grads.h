@@ -1,6 +1,9 @@
 // The gradients of one fully_shard unit during one backward: how many are
 // expected, which have arrived, and (comm_fusion) the packed buffers they are
-// copied into until the last one arrives and the unit's reductions are issued.
+// copied into until the last one arrives and the unit's reductions are issued:
+// one reduce-scatter of the sharded parameters, and one all-reduce over the
+// whole mesh of the parameters kept whole (replicate_params, scalars; all of
+// them under DDP), each from one flat buffer.
 //
 // A fused root of other units receives gradients at both ends of backward
 // (head first, embeddings last); its early gradients are deferred as they
@@ -23,8 +26,11 @@ namespace hp::fsdp {
 class UnitGrads {
  public:
   // At the unit's pre-backward: expects one gradient per parameter that
-  // requires one; `pack` prepares the fused buffers (comm_fusion with sync).
-  void begin(const std::vector<std::unique_ptr<FSDPParam>>& params, bool pack);
+  // requires one; `pack` prepares the fused buffers (comm_fusion with sync),
+  // the whole parameters' only with `pack_whole` (else the unit keeps their
+  // gradients unreduced and must not pack them).
+  void begin(const std::vector<std::unique_ptr<FSDPParam>>& params, bool pack,
+             bool pack_whole = true);
   // Counts one arrival; true when it was the last expected.
   bool arrive();
   // Some arrived, but not all (parameters unused in this backward).
@@ -38,7 +44,8 @@ class UnitGrads {
   // once), or with `defer` keeps it as it is until flush().
   void pack(FSDPParam& param, at::Tensor grad, bool defer);
   // Fused: issues the reductions of everything packed (`scratch`: the unit's
-  // lent unsharded buffer, which the reduce-scatter may receive into).
+  // lent unsharded buffer, which the reduce-scatter may receive into); the
+  // whole parameters' over the mesh (ReduceSettings::over_mesh).
   void flush(ReductionQueue& queue, at::Tensor scratch, const MeshInfo& mesh,
              ReduceSettings settings, const std::shared_ptr<void>& keep_alive);
 

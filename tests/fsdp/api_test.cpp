@@ -436,10 +436,11 @@ TEST(FullyShardErrors, LateValidationErrorLeavesTheModelUntouched) {
   FullyShardOptions options;
   options.comm_fusion = true;
   options.replicate_params = {model->head->weight};
+  options.ignored_params = {model->head->weight};
   EXPECT_THAT([&] { fully_shard(model.ptr(), options); },
-              ThrowsMessage<ArgumentError>(
-                  HasSubstr("comm_fusion does not support parameter head.weight")));
-  expect_untouched("comm_fusion with a replicated parameter");
+              ThrowsMessage<ArgumentError>(HasSubstr(
+                  "parameter 'head.weight' is in both ignored_params and replicate_params")));
+  expect_untouched("a parameter both replicated and ignored");
 
   // A dtype that differs, seen last.
   model->head->weight.set_data(model->head->weight.detach().to(at::kDouble));

@@ -107,13 +107,35 @@ inline std::vector<MeshConfig> mesh_configs() {
 
 // Blocks first (inner units), then the root. output_dtype applies to the
 // root only: blocks hand their outputs to each other in the compute dtype.
-inline FSDPModule shard_gpt(nn::GPT& model, FullyShardOptions options) {
+// The parameters named in `replicated` (as model->named_parameters() names
+// them) are kept whole: each joins the replicate_params of the unit that
+// owns it (block i's "h.<i>." names, the root's the others).
+inline FSDPModule shard_gpt(nn::GPT& model, FullyShardOptions options,
+                            const std::vector<std::string>& replicated = {}) {
+  auto params = model->named_parameters();
+  // The named parameters of the block whose names start with
+  // `block_prefix`, or with an empty prefix the root's own (outside "h.").
+  auto replicated_in = [&](const std::string& block_prefix) {
+    std::vector<at::Tensor> out;
+    for (const std::string& name : replicated) {
+      const bool in_blocks = name.rfind("h.", 0) == 0;
+      if (block_prefix.empty() ? !in_blocks : name.rfind(block_prefix, 0) == 0) {
+        out.push_back(params[name]);
+      }
+    }
+    return out;
+  };
   FullyShardOptions block_options = options;
   block_options.mp_policy.output_dtype.reset();
-  for (const auto& block : model->blocks()) {
-    nn::Block b = block;
+  const auto blocks = model->blocks();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    nn::Block b = blocks[i];
+    if (!replicated.empty()) {
+      block_options.replicate_params = replicated_in("h." + std::to_string(i) + ".");
+    }
     fully_shard(b.ptr(), block_options);
   }
+  if (!replicated.empty()) options.replicate_params = replicated_in("");
   return fully_shard(model.ptr(), options);
 }
 
@@ -137,13 +159,15 @@ inline torch::optim::AdamW make_adamw(nn::Module& model) {
 // state is checked too; what is not carried over is Adam's amplification
 // of rounding (its 1/sqrt(v) where v ~ 0), which would feed into the next
 // step's gradients beyond any reordering bound. `compute_dtype` is the
-// options' mp_policy.param_dtype, when one is set.
+// options' mp_policy.param_dtype, when one is set; `replicated` as for
+// shard_gpt.
 inline void expect_training_matches(const FullyShardOptions& options,
-                                    std::optional<at::ScalarType> compute_dtype = {}) {
+                                    std::optional<at::ScalarType> compute_dtype = {},
+                                    const std::vector<std::string>& replicated = {}) {
   auto reference = make_gpt();
   auto ref_opt = make_adamw(*reference);
   auto model = make_gpt();
-  shard_gpt(model, options);
+  shard_gpt(model, options, replicated);
   auto opt = make_adamw(*model);
   AdamWBound adam(adamw_hyper());
   const int64_t parts = dist::get_world_size();

@@ -13,6 +13,7 @@
 #include "hp/fsdp/registry.h"
 #include "hp/fsdp/storage.h"
 #include "hp/util/error.h"
+#include "hp/util/format.h"
 #include "hp/util/trace.h"
 #include "tests/fsdp/fsdp_test_util.h"
 #include "tests/fsdp/gpt_fixture.h"
@@ -21,6 +22,7 @@
 namespace hp {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::StrEq;
 using ::testing::ThrowsMessage;
@@ -321,20 +323,190 @@ TEST(MixedPrecision, ValidationErrors) {
                   StrEq("FSDP expects uniform original parameter dtype but got {Float, Double}")));
 }
 
-TEST(CommFusionErrors, EligibilityAndOptions) {
-  auto model = test::make_gpt();
+TEST(CommFusionErrors, ZeroCopyWithoutFusionNamesTheReasonAndTheAlternative) {
   FullyShardOptions options;
-  options.comm_fusion = true;
-  options.replicate_params = {model->ln_f->weight};
-  EXPECT_THAT([&] { fully_shard(model.ptr(), options); },
-              ThrowsMessage<ArgumentError>(
-                  StrEq("comm_fusion does not support parameter ln_f.weight: non-sharded "
-                        "parameters such as replicate_params are not supported.")));
-  options = {};
   options.comm_fusion_zero_copy = true;
+  auto model = test::make_gpt();
+  dist::reset_comm_stats();
   EXPECT_THAT(
-      [&] { fully_shard(test::make_gpt().ptr(), options); },
-      ThrowsMessage<ArgumentError>(HasSubstr("comm_fusion_zero_copy=true needs comm_fusion=true")));
+      [&] { fully_shard(model.ptr(), options); },
+      ThrowsMessage<ArgumentError>(AllOf(
+          HasSubstr("comm_fusion_zero_copy=true needs comm_fusion=true, but comm_fusion is false"),
+          HasSubstr("flat all-gather input buffer, which only comm_fusion builds"),
+          HasSubstr("set comm_fusion=true"))));
+  // Refused before any collective, the model as it was.
+  EXPECT_EQ(dist::comm_stats().total(), 0);
+  EXPECT_FALSE(is_fully_sharded(*model));
+  EXPECT_EQ(model->lm_head->weight.sizes().vec(), (std::vector<int64_t>{50, 64}));
+  // Unset, or false, is the per-parameter path.
+  options.comm_fusion_zero_copy = false;
+  EXPECT_NO_THROW(fully_shard(model.ptr(), options));
+}
+
+// The parameters the comm_fusion + replicate_params tests keep whole: some
+// in the root's unit, some in each block's (a weight, biases, a LayerNorm).
+const std::vector<std::string> kReplicated = {"wpe.weight", "ln_f.weight",
+                                              "h.0.attn.c_attn.bias", "h.1.mlp.c_fc.weight",
+                                              "h.1.ln_2.bias"};
+
+// Whole parameters beside fused shards: the shards' reduce-scatter and the
+// whole parameters' one all-reduce over the mesh reduce the same terms as
+// the reference, in another order, so the bounds of expect_training_matches
+// (reordered_sum_bound of the recorded terms; AdamWBound after the step)
+// apply unchanged. 3 ranks make uneven shards beside them.
+TEST(ReplicateParams, FusedTrainingMatchesPlainLibtorchInEveryMode) {
+  for (const auto& mesh : test::mesh_configs()) {
+    for (bool zero_copy : {true, false}) {
+      SCOPED_TRACE(mesh.name + (zero_copy ? " zero-copy" : " copy-in"));
+      FullyShardOptions options;
+      options.mesh = test::make_mesh(mesh);
+      options.comm_fusion = true;
+      options.comm_fusion_zero_copy = zero_copy;
+      test::expect_training_matches(options, {}, kReplicated);
+    }
+    // bf16 compute, fp32 reduction: the whole parameters' bucket is fp32.
+    // The reference runs each slice on a bf16 copy and sums the fp32 casts
+    // of the slices' gradients, as in MixedPrecision.Bf16ParamsWithFp32-
+    // ReduceTrackFp32, so the fp32 reordering bounds apply.
+    SCOPED_TRACE(mesh.name + " bf16 compute, fp32 reduce");
+    FullyShardOptions options;
+    options.mesh = test::make_mesh(mesh);
+    options.comm_fusion = true;
+    options.mp_policy.param_dtype = at::kBFloat16;
+    options.mp_policy.reduce_dtype = at::kFloat;
+    options.mp_policy.output_dtype = at::kFloat;
+    test::expect_training_matches(options, at::kBFloat16, kReplicated);
+  }
+}
+
+// "sum" is "avg" times the number of ranks for the whole parameters too:
+// the reference's gradient times that number, within its bound scaled
+// alike (gradient_bounds' scale), as GPTFullyShard.SumIsAverageTimes-
+// DataParallelSize holds the sharded ones.
+TEST(ReplicateParams, FusedSumIsAverageTimesDataParallelSize) {
+  const double dp_size = dist::get_world_size();
+  for (const auto& mesh : test::mesh_configs()) {
+    SCOPED_TRACE(mesh.name);
+    auto reference = test::make_gpt();
+    auto model = test::make_gpt();
+    FullyShardOptions options;
+    options.mesh = test::make_mesh(mesh);
+    options.comm_fusion = true;
+    FSDPModule root = test::shard_gpt(model, options, kReplicated);
+    root.set_reduce_op_type("sum");
+    at::Tensor tokens = test::token_batch(0, kBatch);
+    test::reference_backward(reference, tokens, dist::get_world_size());
+    test::gpt_loss(model, tokens, my_first_row(), my_rows()).backward();
+    test::expect_gradients_match(model, reference, dp_size);
+  }
+}
+
+// No-sync micro-batches keep the whole parameters' gradients unreduced; the
+// synced one reduces their sum in its bucket: equal to one batch of 4 x 12
+// rows, within the bound of the reference's 4 x world terms (reordered sum).
+TEST(ReplicateParams, FusedAccumulationWithoutSyncEqualsOneBigBatch) {
+  for (const auto& mesh : test::mesh_configs()) {
+    SCOPED_TRACE(mesh.name);
+    auto reference = test::make_gpt();
+    auto ref_opt = test::make_adamw(*reference);
+    auto model = test::make_gpt();
+    FullyShardOptions options;
+    options.mesh = test::make_mesh(mesh);
+    options.comm_fusion = true;
+    FSDPModule root = test::shard_gpt(model, options, kReplicated);
+    auto opt = test::make_adamw(*model);
+    at::Tensor tokens = at::cat({test::token_batch(0), test::token_batch(1),
+                                 test::token_batch(2), test::token_batch(3)});
+    test::reference_backward(reference, tokens, 4 * dist::get_world_size());
+    for (int micro = 0; micro < 4; ++micro) {
+      root.set_requires_gradient_sync(micro == 3);
+      dist::reset_comm_stats();
+      at::Tensor loss = test::gpt_loss(model, tokens, micro * kBatch + my_first_row(), my_rows());
+      (loss / 4).backward();
+      if (micro < 3) {
+        EXPECT_EQ(dist::comm_stats().all_reduce, 0) << "no-sync micro-batch " << micro;
+      }
+    }
+    auto bounds = test::expect_gradients_match(model, reference);
+    test::AdamWBound adam(test::adamw_hyper());
+    test::step_and_expect_parameters_match(model, reference, opt, ref_opt, adam, bounds);
+  }
+}
+
+// set_requires_all_reduce(false) on meshes with replicas: the whole
+// parameters' all-reduce, which would reach the replicas, is not issued
+// (no all-reduce at all: HSDP's shards are only reduce-scattered), and the
+// backward with all-reduce reduces both micro-batches' gradients. Bounds:
+// the reference's 2 x world terms, reordered (expect_gradients_match).
+TEST(ReplicateParams, FusedRequiresAllReduceFalseDefersTheWholeBucket) {
+  for (const auto& mesh : test::mesh_configs()) {
+    if (mesh.name == "fsdp") continue;  // no replicas: nothing to skip
+    SCOPED_TRACE(mesh.name);
+    auto reference = test::make_gpt();
+    auto model = test::make_gpt();
+    FullyShardOptions options;
+    options.mesh = test::make_mesh(mesh);
+    options.comm_fusion = true;
+    FSDPModule root = test::shard_gpt(model, options, kReplicated);
+    for (int micro = 0; micro < 2; ++micro) {
+      at::Tensor tokens = test::token_batch(micro);
+      test::reference_backward(reference, tokens, dist::get_world_size());
+      root.set_requires_all_reduce(micro == 1);
+      dist::reset_comm_stats();
+      test::gpt_loss(model, tokens, my_first_row(), my_rows()).backward();
+      if (micro == 0 && dist::get_world_size() > 1) {
+        EXPECT_EQ(dist::comm_stats().all_reduce, 0);
+        // Not reduced yet: no gradient for the optimizer to step.
+        EXPECT_FALSE(model->ln_f->weight.grad().defined());
+      }
+    }
+    test::expect_gradients_match(model, reference);
+  }
+}
+
+// Per backward, each unit that holds whole parameters all-reduces them in
+// one collective over every rank of the mesh; the sharded ones keep one
+// reduce-scatter per unit (and, HSDP, one all-reduce over the replicas).
+// With zero-copy the whole parameters keep tensors of their own, outside
+// the flat shard buffer.
+TEST(CommFusion, OneAllReduceOverTheMeshPerUnitForItsWholeParameters) {
+  if (dist::get_world_size() < 2) GTEST_SKIP();
+  for (const auto& mesh : test::mesh_configs()) {
+    SCOPED_TRACE(mesh.name);
+    auto model = test::make_gpt(7, /*layers=*/4);
+    FullyShardOptions options;
+    options.mesh = test::make_mesh(mesh);
+    options.comm_fusion = true;
+    // Whole parameters in the root's unit and in blocks 0 and 2.
+    const std::vector<std::string> whole = {"ln_f.weight", "h.0.attn.c_attn.bias",
+                                            "h.2.mlp.c_fc.weight", "h.2.ln_1.bias"};
+    test::shard_gpt(model, options, whole);
+    const nn::Block block2 = model->blocks()[2];
+    EXPECT_EQ(block2->mlp->c_fc->weight.sizes().vec(), (std::vector<int64_t>{256, 64}));
+    EXPECT_FALSE(block2->mlp->c_fc->weight.is_alias_of(block2->ln_1->weight));
+    const int64_t units = 1 + 4;
+    const bool ddp = mesh.name == "ddp", hsdp = mesh.name == "hsdp";
+    // Under DDP no parameter is sharded: every unit's are whole.
+    const int64_t with_whole = ddp ? units : 3;
+    const std::string whole_mesh = "ranks " + to_string(options.mesh->ranks());
+    auto opt = test::make_adamw(*model);
+    for (int step = 0; step < 2; ++step) {
+      dist::reset_comm_stats();
+      trace::enable(dist::get_rank(), "test");
+      test::gpt_loss(model, test::token_batch(step), my_first_row(), my_rows()).backward();
+      trace::disable();
+      int64_t over_mesh = 0;
+      for (const auto& e : trace::events()) {
+        if (e.lane == "all_reduce" && e.name.find(whole_mesh) != std::string::npos) ++over_mesh;
+      }
+      const dist::CommStats stats = dist::comm_stats();
+      EXPECT_EQ(over_mesh, with_whole) << "step " << step;
+      EXPECT_EQ(stats.all_reduce, with_whole + (hsdp ? units : 0)) << "step " << step;
+      EXPECT_EQ(stats.reduce_scatter, ddp ? 0 : units) << "step " << step;
+      opt.step();
+      opt.zero_grad();
+    }
+  }
 }
 
 TEST(OffloadPolicy, AcceptedAsANoOpOnCpu) {

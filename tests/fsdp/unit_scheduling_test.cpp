@@ -218,8 +218,9 @@ TEST(BackwardPrefetch, NextUnitIsGatheredBeforeItsBackwardStarts) {
 }
 
 // replicate_params on a mesh with replicas (HSDP, DDP) and on FSDP: the
-// parameter stays whole and its gradient is averaged over every rank.
-TEST(ReplicateParams, EveryMeshTrainsLikeOneProcess) {
+// parameter stays whole and its gradient is averaged over every rank; with
+// `fused` (comm_fusion), beside the fused shards of its unit.
+void expect_replicated_params_train_like_one_process(bool fused) {
   for (const auto& mesh : test::mesh_configs()) {
     SCOPED_TRACE(mesh.name);
     auto reference = make_model();
@@ -227,6 +228,7 @@ TEST(ReplicateParams, EveryMeshTrainsLikeOneProcess) {
     // One replicated parameter in a block unit, one in the root's.
     FullyShardOptions options;
     options.mesh = test::make_mesh(mesh);
+    options.comm_fusion = fused;
     for (auto& block : model->block_list) {
       FullyShardOptions block_options = options;
       if (block.ptr() == model->block_list[1].ptr()) {
@@ -264,6 +266,17 @@ TEST(ReplicateParams, EveryMeshTrainsLikeOneProcess) {
           << item.key();
     }
   }
+}
+
+TEST(ReplicateParams, EveryMeshTrainsLikeOneProcess) {
+  expect_replicated_params_train_like_one_process(/*fused=*/false);
+}
+
+// The toy model's sizes shard unevenly over 3 and 4 ranks; the replicated
+// parameters' one all-reduce over the mesh adds the same terms as the
+// per-parameter path in another order, so the same bounds hold.
+TEST(ReplicateParams, FusedEveryMeshTrainsLikeOneProcess) {
+  expect_replicated_params_train_like_one_process(/*fused=*/true);
 }
 
 }  // namespace
