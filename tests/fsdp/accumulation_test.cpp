@@ -399,7 +399,9 @@ TEST(GradientAccumulation, KeptCopyWithoutAStepIsUsedAsItIs) {
       const dist::CommStats before = dist::comm_stats();
       at::Tensor out = s.model(test::rows_for(x, rank, world));
       const Counts forward = dist::comm_stats() - before;
-      if (micro == 1) EXPECT_EQ(forward.all_gather, 0);
+      if (micro == 1) {
+        EXPECT_EQ(forward.all_gather, 0);
+      }
       torch::mse_loss(out, test::rows_for(y, rank, world)).backward();
     }
     test::expect_gradients_match(s.model, reference);
@@ -407,7 +409,10 @@ TEST(GradientAccumulation, KeptCopyWithoutAStepIsUsedAsItIs) {
     for (auto& block : s.blocks) block.reshard();
     s.root.reshard();
     const dist::CommStats before = dist::comm_stats();
-    { at::NoGradGuard no_grad; s.model(test::rows_for(test::global_batch(0).first, rank, world)); }
+    {
+      at::NoGradGuard no_grad;
+      s.model(test::rows_for(test::global_batch(0).first, rank, world));
+    }
     EXPECT_GT((dist::comm_stats() - before).all_gather, 0);
   }
 }

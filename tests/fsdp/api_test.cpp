@@ -591,7 +591,9 @@ TEST(FullyShardSetters, ReshardAfterBackwardFalseKeepsCopiesAcrossNoSyncMicroBat
     at::Tensor loss = test::gpt_loss(model, tokens, test::my_first_row(), test::my_rows());
     // The copies kept by the previous micro-batch's backward serve this
     // forward: it gathers nothing.
-    if (micro > 0) EXPECT_EQ(dist::comm_stats().all_gather, gathers) << "micro-batch " << micro;
+    if (micro > 0) {
+      EXPECT_EQ(dist::comm_stats().all_gather, gathers) << "micro-batch " << micro;
+    }
     loss.backward();
     // Between micro-batches the parameter holds its shard, the copy aside.
     EXPECT_EQ(w.size(0), shard_rows) << "micro-batch " << micro;
