@@ -472,19 +472,18 @@ void FSDPModule::set_reshard_after_forward(const ReshardAfterForward& setting, b
   // Validated for every unit before any change (and before any group is
   // made, which is collective).
   const auto tree = units(recurse);
+  std::vector<int64_t> ranks;
   for (auto& u : tree) {
-    Unit::check_reshard_after_forward(ranks_after_forward(setting, u->mesh().shard_size),
-                                      u->mesh().shard_size, u->name());
+    ranks.push_back(ranks_after_forward(setting, u->mesh().shard_size));
+    Unit::check_reshard_after_forward(ranks.back(), u->mesh().shard_size, u->name());
     u->check_can_change_reshard_after_forward();
   }
   std::vector<dist::GroupPtr> groups;
-  for (auto& u : tree) {
-    const int64_t ranks = ranks_after_forward(setting, u->mesh().shard_size);
-    groups.push_back(Unit::regather_group_for(u->mesh(), ranks));
+  for (size_t i = 0; i < tree.size(); ++i) {
+    groups.push_back(Unit::regather_group_for(tree[i]->mesh(), ranks[i]));
   }
   for (size_t i = 0; i < tree.size(); ++i) {
-    tree[i]->set_reshard_after_forward(
-        setting, ranks_after_forward(setting, tree[i]->mesh().shard_size), groups[i]);
+    tree[i]->set_reshard_after_forward(setting, ranks[i], groups[i]);
   }
 }
 

@@ -69,35 +69,22 @@ void ParamGroup::release_flat_unsharded() {
 }
 
 bool ParamGroup::use_kept_copies() {
-  bool stale = false;
-  auto drop = [&stale](FSDPParam* p) {
-    stale = stale || !p->kept_copy_is_current();
-    p->release_kept();
-  };
-  if (options_.fused && flat_kept_) {
-    // The unit gathers as one: any changed shard means gathering them all.
-    const bool current = std::all_of(sharded_.begin(), sharded_.end(), [](FSDPParam* p) {
-      return !p->holds_kept_copy() || p->kept_copy_is_current();
-    });
-    for (FSDPParam* p : sharded_) {
-      if (!p->holds_kept_copy()) continue;
-      if (current) {
-        p->use_kept_copy();
-      } else {
-        drop(p);
-      }
-    }
-    flat_kept_ = false;  // used, or about to be refilled by the gather
-  }
+  const bool all_current = std::all_of(params_.begin(), params_.end(), [](FSDPParam* p) {
+    return !p->holds_kept_copy() || p->kept_copy_is_current();
+  });
   for (FSDPParam* p : params_) {
     if (!p->holds_kept_copy()) continue;
-    if (p->kept_copy_is_current()) {
+    // A fused unit gathers its sharded parameters as one: a single changed
+    // shard means gathering them all again.
+    const bool usable = p->kept_copy_is_current() && (all_current || !flat_kept_ || !p->sharded());
+    if (usable) {
       p->use_kept_copy();
     } else {
-      drop(p);
+      p->release_kept();
     }
   }
-  return stale;
+  flat_kept_ = false;  // used, or about to be refilled by the gather
+  return !all_current;
 }
 
 bool ParamGroup::begin_unshard(dist::Group* regather_group, bool snapshot) {

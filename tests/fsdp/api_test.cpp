@@ -519,22 +519,35 @@ void expect_grads_match_reference(nn::GPT& model, nn::GPT& reference) {
   test::expect_gradients_match(model, reference);
 }
 
+// set_requires_all_reduce(false) on meshes with replicas: nothing is
+// all-reduced (HSDP's shards are only reduce-scattered; with comm_fusion
+// the whole parameters' all-reduce, which would reach the replicas, is not
+// issued), no gradient is assigned yet, and the backward with all-reduce
+// reduces both micro-batches' gradients.
 TEST(FullyShardSetters, RequiresAllReduceFalseAccumulatesUntilTheLastMicroBatch) {
   for (const auto& mesh : test::mesh_configs()) {
     if (mesh.name == "fsdp") continue;  // no replicas: nothing to skip
-    SCOPED_TRACE(mesh.name);
-    auto reference = test::make_gpt();
-    auto model = test::make_gpt();
-    FullyShardOptions options;
-    options.mesh = test::make_mesh(mesh);
-    FSDPModule root = test::shard_gpt(model, options);
-    for (int micro = 0; micro < 2; ++micro) {
-      at::Tensor tokens = test::token_batch(micro);
-      test::reference_backward(reference, tokens, dist::get_world_size());
-      root.set_requires_all_reduce(micro == 1);
-      test::gpt_loss(model, tokens, test::my_first_row(), test::my_rows()).backward();
+    for (const auto& reduction : test::gpt_reductions()) {
+      SCOPED_TRACE(mesh.name + ", " + reduction.name);
+      auto reference = test::make_gpt();
+      auto model = test::make_gpt();
+      FullyShardOptions options;
+      options.mesh = test::make_mesh(mesh);
+      options.comm_fusion = reduction.comm_fusion;
+      FSDPModule root = test::shard_gpt(model, options, reduction.replicated);
+      for (int micro = 0; micro < 2; ++micro) {
+        at::Tensor tokens = test::token_batch(micro);
+        test::reference_backward(reference, tokens, dist::get_world_size());
+        root.set_requires_all_reduce(micro == 1);
+        dist::reset_comm_stats();
+        test::gpt_loss(model, tokens, test::my_first_row(), test::my_rows()).backward();
+        if (micro == 0 && dist::get_world_size() > 1) {  // one rank: no replicas
+          EXPECT_EQ(dist::comm_stats().all_reduce, 0);
+          EXPECT_FALSE(model->ln_f->weight.grad().defined());
+        }
+      }
+      expect_grads_match_reference(model, reference);
     }
-    expect_grads_match_reference(model, reference);
   }
 }
 

@@ -105,6 +105,23 @@ inline std::vector<MeshConfig> mesh_configs() {
   return out;
 }
 
+// The parameters the comm_fusion + replicate_params cases keep whole: some
+// in the root's unit, some in each block's (a weight, biases, a LayerNorm).
+inline const std::vector<std::string> kReplicatedGptParams = {
+    "wpe.weight", "ln_f.weight", "h.0.attn.c_attn.bias", "h.1.mlp.c_fc.weight", "h.1.ln_2.bias"};
+
+// How the GPT's units reduce: one collective per parameter, or comm_fusion
+// with kReplicatedGptParams kept whole (one all-reduce over the mesh per
+// unit beside the fused reduce-scatter). Tests that hold for both run both.
+struct GptReduction {
+  std::string name;
+  bool comm_fusion;
+  std::vector<std::string> replicated;  // shard_gpt's `replicated`
+};
+inline std::vector<GptReduction> gpt_reductions() {
+  return {{"per parameter", false, {}}, {"fused, replicate_params", true, kReplicatedGptParams}};
+}
+
 // Blocks first (inner units), then the root. output_dtype applies to the
 // root only: blocks hand their outputs to each other in the compute dtype.
 // The parameters named in `replicated` (as model->named_parameters() names

@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "hp/dist/comm_stats.h"
 #include "hp/fsdp/clip_grad.h"
 #include "tests/fsdp/fsdp_test_util.h"
 #include "tests/fsdp/gpt_fixture.h"
@@ -47,45 +48,60 @@ TEST(GPTFullyShard, ThreeAdamWStepsMatchPlainLibtorch) {
 
 TEST(GPTFullyShard, AccumulationWithoutSyncEqualsOneBigBatch) {
   for (const auto& mesh : test::mesh_configs()) {
-    SCOPED_TRACE(mesh.name);
-    auto reference = test::make_gpt();
-    auto ref_opt = test::make_adamw(*reference);
-    auto model = test::make_gpt();
-    FullyShardOptions options;
-    options.mesh = test::make_mesh(mesh);
-    FSDPModule root = test::shard_gpt(model, options);
-    auto opt = test::make_adamw(*model);
-    // The global batch of 4 * 12 rows in one go...
-    at::Tensor tokens = at::cat({test::token_batch(0), test::token_batch(1),
-                                 test::token_batch(2), test::token_batch(3)});
-    test::reference_backward(reference, tokens, 4 * dist::get_world_size());
-    // ... and as 4 micro-batches of 12, each rank its own slice of each;
-    // only the last backward synchronises.
-    for (int micro = 0; micro < 4; ++micro) {
-      root.set_requires_gradient_sync(micro == 3);
-      at::Tensor loss = test::gpt_loss(model, tokens, micro * kBatch + my_first_row(), my_rows());
-      (loss / 4).backward();
+    for (const auto& reduction : test::gpt_reductions()) {
+      SCOPED_TRACE(mesh.name + ", " + reduction.name);
+      auto reference = test::make_gpt();
+      auto ref_opt = test::make_adamw(*reference);
+      auto model = test::make_gpt();
+      FullyShardOptions options;
+      options.mesh = test::make_mesh(mesh);
+      options.comm_fusion = reduction.comm_fusion;
+      FSDPModule root = test::shard_gpt(model, options, reduction.replicated);
+      auto opt = test::make_adamw(*model);
+      // The global batch of 4 * 12 rows in one go...
+      at::Tensor tokens = at::cat({test::token_batch(0), test::token_batch(1),
+                                   test::token_batch(2), test::token_batch(3)});
+      test::reference_backward(reference, tokens, 4 * dist::get_world_size());
+      // ... and as 4 micro-batches of 12, each rank its own slice of each;
+      // only the last backward synchronises: the others reduce nothing.
+      for (int micro = 0; micro < 4; ++micro) {
+        root.set_requires_gradient_sync(micro == 3);
+        dist::reset_comm_stats();
+        at::Tensor loss =
+            test::gpt_loss(model, tokens, micro * kBatch + my_first_row(), my_rows());
+        (loss / 4).backward();
+        if (micro < 3) {
+          EXPECT_EQ(dist::comm_stats().reduce_scatter, 0) << "no-sync micro-batch " << micro;
+          EXPECT_EQ(dist::comm_stats().all_reduce, 0) << "no-sync micro-batch " << micro;
+        }
+      }
+      auto bounds = test::expect_gradients_match(model, reference);
+      test::AdamWBound adam(test::adamw_hyper());
+      test::step_and_expect_parameters_match(model, reference, opt, ref_opt, adam, bounds);
     }
-    auto bounds = test::expect_gradients_match(model, reference);
-    test::AdamWBound adam(test::adamw_hyper());
-    test::step_and_expect_parameters_match(model, reference, opt, ref_opt, adam, bounds);
   }
 }
 
+// "sum" is "avg" times the number of ranks: the reference's gradient times
+// that number, within its bound scaled alike (gradient_bounds' scale), for
+// the sharded parameters and for those kept whole.
 TEST(GPTFullyShard, SumIsAverageTimesDataParallelSize) {
   const double dp_size = dist::get_world_size();
   for (const auto& mesh : test::mesh_configs()) {
-    SCOPED_TRACE(mesh.name);
-    auto reference = test::make_gpt();
-    auto model = test::make_gpt();
-    FullyShardOptions options;
-    options.mesh = test::make_mesh(mesh);
-    FSDPModule root = test::shard_gpt(model, options);
-    root.set_reduce_op_type("sum");
-    at::Tensor tokens = test::token_batch(0, kBatch);
-    test::reference_backward(reference, tokens, dist::get_world_size());
-    test::gpt_loss(model, tokens, my_first_row(), my_rows()).backward();
-    test::expect_gradients_match(model, reference, dp_size);
+    for (const auto& reduction : test::gpt_reductions()) {
+      SCOPED_TRACE(mesh.name + ", " + reduction.name);
+      auto reference = test::make_gpt();
+      auto model = test::make_gpt();
+      FullyShardOptions options;
+      options.mesh = test::make_mesh(mesh);
+      options.comm_fusion = reduction.comm_fusion;
+      FSDPModule root = test::shard_gpt(model, options, reduction.replicated);
+      root.set_reduce_op_type("sum");
+      at::Tensor tokens = test::token_batch(0, kBatch);
+      test::reference_backward(reference, tokens, dist::get_world_size());
+      test::gpt_loss(model, tokens, my_first_row(), my_rows()).backward();
+      test::expect_gradients_match(model, reference, dp_size);
+    }
   }
 }
 

@@ -343,12 +343,6 @@ TEST(CommFusionErrors, ZeroCopyWithoutFusionNamesTheReasonAndTheAlternative) {
   EXPECT_NO_THROW(fully_shard(model.ptr(), options));
 }
 
-// The parameters the comm_fusion + replicate_params tests keep whole: some
-// in the root's unit, some in each block's (a weight, biases, a LayerNorm).
-const std::vector<std::string> kReplicated = {"wpe.weight", "ln_f.weight",
-                                              "h.0.attn.c_attn.bias", "h.1.mlp.c_fc.weight",
-                                              "h.1.ln_2.bias"};
-
 // Whole parameters beside fused shards: the shards' reduce-scatter and the
 // whole parameters' one all-reduce over the mesh reduce the same terms as
 // the reference, in another order, so the bounds of expect_training_matches
@@ -362,7 +356,7 @@ TEST(ReplicateParams, FusedTrainingMatchesPlainLibtorchInEveryMode) {
       options.mesh = test::make_mesh(mesh);
       options.comm_fusion = true;
       options.comm_fusion_zero_copy = zero_copy;
-      test::expect_training_matches(options, {}, kReplicated);
+      test::expect_training_matches(options, {}, test::kReplicatedGptParams);
     }
     // bf16 compute, fp32 reduction: the whole parameters' bucket is fp32.
     // The reference runs each slice on a bf16 copy and sums the fp32 casts
@@ -375,92 +369,7 @@ TEST(ReplicateParams, FusedTrainingMatchesPlainLibtorchInEveryMode) {
     options.mp_policy.param_dtype = at::kBFloat16;
     options.mp_policy.reduce_dtype = at::kFloat;
     options.mp_policy.output_dtype = at::kFloat;
-    test::expect_training_matches(options, at::kBFloat16, kReplicated);
-  }
-}
-
-// "sum" is "avg" times the number of ranks for the whole parameters too:
-// the reference's gradient times that number, within its bound scaled
-// alike (gradient_bounds' scale), as GPTFullyShard.SumIsAverageTimes-
-// DataParallelSize holds the sharded ones.
-TEST(ReplicateParams, FusedSumIsAverageTimesDataParallelSize) {
-  const double dp_size = dist::get_world_size();
-  for (const auto& mesh : test::mesh_configs()) {
-    SCOPED_TRACE(mesh.name);
-    auto reference = test::make_gpt();
-    auto model = test::make_gpt();
-    FullyShardOptions options;
-    options.mesh = test::make_mesh(mesh);
-    options.comm_fusion = true;
-    FSDPModule root = test::shard_gpt(model, options, kReplicated);
-    root.set_reduce_op_type("sum");
-    at::Tensor tokens = test::token_batch(0, kBatch);
-    test::reference_backward(reference, tokens, dist::get_world_size());
-    test::gpt_loss(model, tokens, my_first_row(), my_rows()).backward();
-    test::expect_gradients_match(model, reference, dp_size);
-  }
-}
-
-// No-sync micro-batches keep the whole parameters' gradients unreduced; the
-// synced one reduces their sum in its bucket: equal to one batch of 4 x 12
-// rows, within the bound of the reference's 4 x world terms (reordered sum).
-TEST(ReplicateParams, FusedAccumulationWithoutSyncEqualsOneBigBatch) {
-  for (const auto& mesh : test::mesh_configs()) {
-    SCOPED_TRACE(mesh.name);
-    auto reference = test::make_gpt();
-    auto ref_opt = test::make_adamw(*reference);
-    auto model = test::make_gpt();
-    FullyShardOptions options;
-    options.mesh = test::make_mesh(mesh);
-    options.comm_fusion = true;
-    FSDPModule root = test::shard_gpt(model, options, kReplicated);
-    auto opt = test::make_adamw(*model);
-    at::Tensor tokens = at::cat({test::token_batch(0), test::token_batch(1),
-                                 test::token_batch(2), test::token_batch(3)});
-    test::reference_backward(reference, tokens, 4 * dist::get_world_size());
-    for (int micro = 0; micro < 4; ++micro) {
-      root.set_requires_gradient_sync(micro == 3);
-      dist::reset_comm_stats();
-      at::Tensor loss = test::gpt_loss(model, tokens, micro * kBatch + my_first_row(), my_rows());
-      (loss / 4).backward();
-      if (micro < 3) {
-        EXPECT_EQ(dist::comm_stats().all_reduce, 0) << "no-sync micro-batch " << micro;
-      }
-    }
-    auto bounds = test::expect_gradients_match(model, reference);
-    test::AdamWBound adam(test::adamw_hyper());
-    test::step_and_expect_parameters_match(model, reference, opt, ref_opt, adam, bounds);
-  }
-}
-
-// set_requires_all_reduce(false) on meshes with replicas: the whole
-// parameters' all-reduce, which would reach the replicas, is not issued
-// (no all-reduce at all: HSDP's shards are only reduce-scattered), and the
-// backward with all-reduce reduces both micro-batches' gradients. Bounds:
-// the reference's 2 x world terms, reordered (expect_gradients_match).
-TEST(ReplicateParams, FusedRequiresAllReduceFalseDefersTheWholeBucket) {
-  for (const auto& mesh : test::mesh_configs()) {
-    if (mesh.name == "fsdp") continue;  // no replicas: nothing to skip
-    SCOPED_TRACE(mesh.name);
-    auto reference = test::make_gpt();
-    auto model = test::make_gpt();
-    FullyShardOptions options;
-    options.mesh = test::make_mesh(mesh);
-    options.comm_fusion = true;
-    FSDPModule root = test::shard_gpt(model, options, kReplicated);
-    for (int micro = 0; micro < 2; ++micro) {
-      at::Tensor tokens = test::token_batch(micro);
-      test::reference_backward(reference, tokens, dist::get_world_size());
-      root.set_requires_all_reduce(micro == 1);
-      dist::reset_comm_stats();
-      test::gpt_loss(model, tokens, my_first_row(), my_rows()).backward();
-      if (micro == 0 && dist::get_world_size() > 1) {
-        EXPECT_EQ(dist::comm_stats().all_reduce, 0);
-        // Not reduced yet: no gradient for the optimizer to step.
-        EXPECT_FALSE(model->ln_f->weight.grad().defined());
-      }
-    }
-    test::expect_gradients_match(model, reference);
+    test::expect_training_matches(options, at::kBFloat16, test::kReplicatedGptParams);
   }
 }
 
