@@ -82,7 +82,8 @@ class HookableSequence : public Module {
       auto impl = std::dynamic_pointer_cast<HookedImpl<Impl>>(ptr(index));
       if (!impl || !impl->wrapped()) {
         detail::throw_wrong_entry(container_, index, *ptr(index),
-                                  "hp::nn::Hooked<" + std::string(c10::demangle_type<Impl>()) + ">");
+                                  std::string("hp::nn::Hooked<") +
+                                      c10::demangle_type<Impl>() + ">");
       }
       return Hooked<Impl>(std::move(impl));
     }

@@ -44,7 +44,9 @@ struct TorchLMImpl : torch::nn::Module {
     blocks = register_module("blocks", nn::Sequential());
     for (int64_t i = 0; i < layers; ++i) {
       blocks->push_back(torch::nn::TransformerEncoderLayer(
-          torch::nn::TransformerEncoderLayerOptions(kDim, 2).dim_feedforward(2 * kDim).dropout(0.0)));
+          torch::nn::TransformerEncoderLayerOptions(kDim, 2)
+              .dim_feedforward(2 * kDim)
+              .dropout(0.0)));
     }
     head = register_module("head", torch::nn::Linear(kDim, kVocab));
   }
