@@ -13,6 +13,7 @@
 
 #include "hp/dist/world.h"
 #include "hp/fsdp/dtensor_param.h"
+#include "hp/fsdp/hook_check.h"
 #include "hp/fsdp/registry.h"
 #include "hp/fsdp/unit.h"
 #include "hp/tensor/dtensor_tensor.h"
@@ -341,6 +342,7 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<nn::Module>>& modules,
   }
   validate_options(options);
   auto roots = root_modules(modules);
+  fsdp::check_units_called_through_hooks(roots);
   const int64_t shard_size = options.mesh ? fsdp::MeshInfo::checked_shard_size(*options.mesh)
                                           : dist::get_world_size();
   // The mode the mesh selects, for messages (options.h).

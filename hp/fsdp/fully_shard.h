@@ -13,7 +13,11 @@
 // registered parameters keep their identity, so an optimizer built from
 // model->parameters() steps the local shards (F6). Arguments are validated
 // before anything is communicated; building units is collective: every rank
-// calls fully_shard on the same modules in the same order.
+// calls fully_shard on the same modules in the same order. A unit must be
+// called through its hooks (`block(x)`, hp::nn::Sequential; a torch::nn
+// module wrapped by hp::nn::hooked): one inside a torch::nn::Sequential, or
+// found in the first training forward's graph without its pre-hook having
+// run, raises ArgumentError naming it (hook_check.h).
 #pragma once
 
 #include <memory>

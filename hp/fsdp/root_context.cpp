@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "hp/fsdp/hook_check.h"
 #include "hp/fsdp/unit.h"
 
 namespace hp::fsdp {
@@ -26,6 +27,9 @@ std::shared_ptr<RootContext> RootContext::create(Unit& root) {
   auto context = std::make_shared<RootContext>();
   context->root_ = &root;
   context->units_.push_back(root.weak_from_this());
+  // Units its forward could never reach through their hooks, found before
+  // any gather (hook_check.h).
+  check_units_called_through_hooks(root.modules());
   std::vector<std::shared_ptr<Unit>> joining;
   for (auto& module : root.modules()) {
     for (auto& unit : units_in_tree(*module, /*include_self=*/false)) {
@@ -62,6 +66,21 @@ Unit* RootContext::neighbour(const Unit* unit, int offset) const {
   const auto index = (it - forward_order_.begin()) + offset;
   if (index < 0 || index >= static_cast<int64_t>(forward_order_.size())) return nullptr;
   return forward_order_[index];
+}
+
+void RootContext::check_hooks_ran(const nn::TensorList& outputs) {
+  if (hooks_checked_ || !at::GradMode::is_enabled() ||
+      std::none_of(outputs.begin(), outputs.end(),
+                   [](const at::Tensor& t) { return t.defined() && t.requires_grad(); })) {
+    return;
+  }
+  std::vector<std::shared_ptr<Unit>> units;
+  for (auto& weak : units_) {
+    if (auto unit = weak.lock()) units.push_back(std::move(unit));
+  }
+  check_units_ran(root_->modules(), units, ran_, outputs);
+  hooks_checked_ = true;
+  ran_.clear();
 }
 
 void RootContext::ensure_end_of_backward() {

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "hp/fsdp/reduction.h"
+#include "hp/nn/module.h"
 #include "hp/util/error.h"
 
 namespace hp::fsdp {
@@ -59,6 +60,18 @@ class RootContext : public std::enable_shared_from_this<RootContext> {
   bool forward_order_recorded() const { return forward_order_recorded_; }
   // The unit after (offset 1) or before (-1) `unit` in forward order.
   Unit* neighbour(const Unit* unit, int offset) const;
+
+  // --- the first training forward: did every unit it used run its hooks? ---
+  // (hook_check.h) The root's pre-forward starts a forward, every unit's
+  // notes that it ran; the root's post-forward checks, once, at the first
+  // forward that a backward follows, and raises ArgumentError naming a unit
+  // whose parameters are in `outputs`' graph but whose pre-forward did not
+  // run.
+  void begin_forward() { ran_.clear(); }
+  void note_pre_forward(const Unit* unit) {
+    if (!hooks_checked_) ran_.push_back(unit);
+  }
+  void check_hooks_ran(const nn::TensorList& outputs);
 
   // --- backward ---
   ReductionQueue& reductions() { return reductions_; }
@@ -104,6 +117,8 @@ class RootContext : public std::enable_shared_from_this<RootContext> {
   int64_t next_wave_ = 0;
   ReductionQueue reductions_;
   std::string unusable_reason_;
+  bool hooks_checked_ = false;
+  std::vector<const Unit*> ran_;
 };
 
 }  // namespace hp::fsdp

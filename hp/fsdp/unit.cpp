@@ -247,7 +247,11 @@ std::optional<nn::TensorList> Unit::pre_forward(nn::Module& module, const nn::Te
   if (forward_running_) return std::nullopt;  // a later module of a list unit
   try {
     // A new iteration: reductions left by set_is_last_backward(false) land now.
-    if (is_root()) context_->reductions().complete_all();
+    if (is_root()) {
+      context_->reductions().complete_all();
+      context_->begin_forward();
+    }
+    context_->note_pre_forward(this);
     context_->record_forward(this);
     const int64_t start = trace::enabled() ? trace::now_us() : 0;
     begin_unshard();
@@ -279,6 +283,8 @@ std::optional<nn::TensorList> Unit::post_forward(nn::Module& module,
   modules_to_run_.erase(std::remove(modules_to_run_.begin(), modules_to_run_.end(), &module),
                         modules_to_run_.end());
   if (!modules_to_run_.empty()) return std::nullopt;
+  // While still running: should it raise, the error hook resets the tree.
+  if (is_root()) context_->check_hooks_ran(outputs);
   forward_running_ = false;
   if (trace::enabled()) {
     trace::record("forward " + name_, "compute", "compute", compute_start_us_, trace::now_us());

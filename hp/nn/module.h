@@ -10,7 +10,9 @@
 //   outputs).
 // Calling `block->forward(x)` directly bypasses the hooks, as in PyTorch.
 // Plain torch::nn modules nest inside freely; only the modules whose calls
-// must be intercepted need to be hp::nn modules.
+// must be intercepted need to be hp::nn modules, and any torch::nn module
+// becomes one with hp::nn::hooked (hooked.h); hp::nn::Sequential and
+// ModuleList (sequential.h, module_list.h) call their entries through hooks.
 //
 // A call that raises (in a pre-hook, in forward or in a hook) runs the
 // module's error hooks before the exception propagates, innermost module

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "hp/nn/hooked.h"
 #include "hp/util/error.h"
 
 namespace hp::nn {
@@ -90,7 +91,7 @@ void replace_parameter(torch::nn::Module& root, const std::string& name, const a
   Registry& r = registry();
   {
     std::lock_guard<std::mutex> lock(r.mutex);
-    root.apply([&](const std::string& prefix, torch::nn::Module& module) {
+    auto visit = [&](const std::string& prefix, torch::nn::Module& module) {
       for (auto& item : RegistryAccess::of(module)) {
         if (item.value().unsafeGetTensorImpl() != target) continue;
         const std::string full = prefix.empty() ? item.key() : prefix + "." + item.key();
@@ -102,6 +103,23 @@ void replace_parameter(torch::nn::Module& root, const std::string& name, const a
                      "its fields with hp::nn::register_parameter_fields");
         slots.push_back({&module, item.key(), it->second});
       }
+    };
+    root.apply([&](const std::string& prefix, torch::nn::Module& module) {
+      if (auto* hooked = dynamic_cast<HookedBase*>(&module)) {
+        // The wrapper shares the wrapped module's registry entries (hooked.h)
+        // and has no fields of its own; the wrapped module's registry and
+        // fields change as if it were in the tree under the same name. Its
+        // submodules are the wrapper's, visited as such.
+        for (auto& item : RegistryAccess::of(module)) {
+          if (item.value().unsafeGetTensorImpl() == target) {
+            slots.push_back({&module, item.key(), [](torch::nn::Module&, const std::string&,
+                                                     const at::Tensor&) {}});
+          }
+        }
+        visit(prefix, hooked->wrapped_module());
+        return;
+      }
+      visit(prefix, module);
     });
   }
   for (Slot& slot : slots) {

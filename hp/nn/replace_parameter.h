@@ -7,7 +7,8 @@
 // same tensor (tied parameters stay tied), and in the public member fields
 // through which modules read their parameters in forward
 // (torch::nn::Linear's `weight` and `bias`, Embedding's `weight`,
-// LayerNorm's `weight` and `bias`). A module that owns the parameter and
+// LayerNorm's `weight` and `bias`; through an hp::nn::Hooked wrapper, the
+// wrapped module's, hooked.h). A module that owns the parameter and
 // whose type replace_parameter does not know may hold a copy in a field it
 // cannot see; rather than leave that copy stale, it raises ArgumentError
 // naming the module and the parameter, before changing anything.

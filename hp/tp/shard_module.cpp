@@ -1,6 +1,7 @@
 #include "hp/tp/shard_module.h"
 
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
 
 #include <map>
 #include <optional>
@@ -138,6 +139,19 @@ std::shared_ptr<nn::Module> hookable(
   HP_CHECK_ARG(module != nullptr, what, ": module '", name, "' is a ", (*found)->name(),
                ", which has no forward hooks; only hp::nn::Module submodules ",
                "(hp/nn/module.h) can have their inputs and outputs laid out");
+  // torch::nn::Sequential calls its modules' forward directly: the hooks
+  // would never run (N1).
+  if (!name.empty()) {
+    const auto dot = name.rfind('.');
+    const std::string parent = dot == std::string::npos ? "" : name.substr(0, dot);
+    const auto* container = modules.find(parent);
+    HP_CHECK_ARG(container == nullptr ||
+                     dynamic_cast<const torch::nn::SequentialImpl*>(container->get()) == nullptr,
+                 what, ": module '", name, "' is inside the torch::nn::Sequential '",
+                 parent.empty() ? "<root>" : parent, "', which calls its modules' forward "
+                 "directly, so the plan's hooks would never run; use hp::nn::Sequential "
+                 "(hp/nn/sequential.h), which calls them through their hooks");
+  }
   return module;
 }
 
