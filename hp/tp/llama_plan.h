@@ -14,9 +14,9 @@
 //  - MLP: gate_proj and up_proj colwise (Shard(0)), down_proj rowwise
 //    (Shard(1)), its output reduced the same way;
 //  - embed_tokens split by vocabulary rows (Shard(0)): the lookup gives a
-//    Partial sum, reduced as it enters the first decoder layer; lm_head split by vocabulary rows, so the logits come out
-//    sharded by vocabulary and the cross-entropy runs on them (loss
-//    parallel);
+//    Partial sum, reduced as it enters the first decoder layer; lm_head
+//    split by vocabulary rows, so the logits come out sharded by vocabulary
+//    and the cross-entropy runs on them (loss parallel);
 //  - the RMSNorm weights Replicate (as DTensors, so their optimizer state is
 //    one too).
 //

@@ -165,7 +165,9 @@ TEST(HpTrainLlama, CheckpointsResumeAndExportHuggingFaceNames) {
   for (const auto& [step, loss] : tail) EXPECT_EQ(loss, straight.at(step)) << "step " << step;
 
   std::set<std::string> names, expected;
-  for (const auto& entry : checkpoint::read_safetensors(exported).tensors) names.insert(entry.first);
+  for (const auto& entry : checkpoint::read_safetensors(exported).tensors) {
+    names.insert(entry.first);
+  }
   for (const auto& p : tiny_llama()->named_parameters()) expected.insert(p.key());
   EXPECT_EQ(names, expected);
   EXPECT_TRUE(names.count("model.layers.1.self_attn.k_proj.weight"));
@@ -187,12 +189,14 @@ TEST(HpTrainLlama, FlagsAreCheckedBeforeAnyCollective) {
               testing::ThrowsMessage<ArgumentError>(
                   HasSubstr("--kv-heads 2 applies to --model llama only")));
   EXPECT_THAT([&] { check({"--model", "llama", "--heads", "4", "--kv-heads", "3"}); },
-              testing::ThrowsMessage<ArgumentError>(HasSubstr("--kv-heads 3 must divide --heads 4")));
+              testing::ThrowsMessage<ArgumentError>(
+                  HasSubstr("--kv-heads 3 must divide --heads 4")));
   EXPECT_THAT([&] { check({"--model", "llama", "--d", "36", "--heads", "4"}); },
               testing::ThrowsMessage<ArgumentError>(HasSubstr("must be even for --model llama")));
   EXPECT_THAT(
       [&] {
-        check({"--model", "llama", "--heads", "4", "--kv-heads", "1", "--mode", "tp", "--mesh", "4"});
+        check({"--model", "llama", "--heads", "4", "--kv-heads", "1", "--mode", "tp", "--mesh",
+               "4"});
       },
       testing::ThrowsMessage<ArgumentError>(
           HasSubstr("--kv-heads 1 must be divisible by the tensor-parallel size 4")));

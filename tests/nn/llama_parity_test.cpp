@@ -113,7 +113,11 @@ TEST(LlamaParity, MatchesPyTorchForwardBackwardAndAdamWStep) {
       {"initializer_range", config.initializer_range},
       {"seed", seed},
       {"adamw",
-       {{"lr", lr}, {"beta1", beta1}, {"beta2", beta2}, {"eps", eps}, {"weight_decay", weight_decay}}}};
+       {{"lr", lr},
+        {"beta1", beta1},
+        {"beta2", beta2},
+        {"eps", eps},
+        {"weight_decay", weight_decay}}}};
   std::ofstream(dir.path + "/config.json") << json_config.dump();
 
   const std::string script = std::string(HP_SOURCE_DIR) + "/tests/nn/llama_reference.py";

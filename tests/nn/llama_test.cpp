@@ -135,7 +135,8 @@ TEST(Llama, IsCausal) {
 TEST(Rotary, ScoresDependOnRelativePositionOnly) {
   const int64_t hd = 8, T = 12;
   auto gen = at::detail::createCPUGenerator(3);
-  at::Tensor q = torch::randn({hd}, gen, torch::kDouble), k = torch::randn({hd}, gen, torch::kDouble);
+  at::Tensor q = torch::randn({hd}, gen, torch::kDouble);
+  at::Tensor k = torch::randn({hd}, gen, torch::kDouble);
   auto [cos, sin] = rotary_tables(T, hd, 10000.0, torch::TensorOptions().dtype(torch::kDouble));
   at::Tensor qs = apply_rotary(q.expand({T, hd}), cos, sin);
   at::Tensor ks = apply_rotary(k.expand({T, hd}), cos, sin);

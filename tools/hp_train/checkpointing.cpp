@@ -20,7 +20,8 @@ namespace hp::train {
 namespace {
 
 // The state of one run; `steps_done` is written back by a load.
-checkpoint::State run_state(TrainModel& model, torch::optim::AdamW& optimizer, int64_t& steps_done) {
+checkpoint::State run_state(TrainModel& model, torch::optim::AdamW& optimizer,
+                            int64_t& steps_done) {
   checkpoint::State state;
   checkpoint::add_model(state, model.module());
   checkpoint::add_adamw(state, optimizer, model.module());

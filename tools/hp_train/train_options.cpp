@@ -214,8 +214,8 @@ const char* mode_name(Mode mode) {
 }
 
 CommandLine parse_command_line(const std::vector<std::string>& args) {
-  CLI::App app{"Trains a GPT or a Llama with AdamW on a real corpus (Debian's fortunes by default), on one "
-               "process or on the ranks of hprun with FSDP, HSDP or DDP.",
+  CLI::App app{"Trains a GPT or a Llama with AdamW on a real corpus (Debian's fortunes by "
+               "default), on one process or on the ranks of hprun with FSDP, HSDP or DDP.",
                "hp-train"};
   app.footer(
       "Examples:\n"
