@@ -55,8 +55,8 @@ const Args kLlama = {"--model", "llama", "--layers", "2", "--d", "32", "--heads"
 constexpr int64_t kTokens = 4 * 16;
 constexpr uint64_t kDefaultSeed = 1337;
 
-// The model hp-train builds for kLlama from --seed.
-nn::Llama tiny_llama() {
+// The model hp-train builds for kLlama from --seed (or from `seed`).
+nn::Llama tiny_llama(uint64_t seed = kDefaultSeed) {
   nn::LlamaConfig config;
   config.vocab_size = 256;
   config.context = 16;
@@ -65,7 +65,7 @@ nn::Llama tiny_llama() {
   config.n_kv_head = 2;
   config.n_embd = 32;
   config.intermediate_size = nn::llama_intermediate_size(32);
-  torch::manual_seed(kDefaultSeed);
+  torch::manual_seed(seed);
   return nn::Llama(config);
 }
 
@@ -177,6 +177,35 @@ TEST(HpTrainLlama, CheckpointsResumeAndExportHuggingFaceNames) {
           "16", "--batch", "4", "--steps", "4", "--resume", ckpt});
   EXPECT_EQ(as_gpt.exit_code, 2) << describe(as_gpt);
   EXPECT_THAT(as_gpt.err, HasSubstr("holds another model than this run builds (--model gpt"));
+}
+
+// --init-from takes a consolidated file of Hugging Face's layout by name
+// (written here in reverse order): step 0 is the file's model on each
+// rank's slice, within the reordered-mean bound of the test above.
+TEST(HpTrainLlama, InitFromLoadsHuggingFacesLayoutByName) {
+  TempDir dir;
+  nn::Llama model = tiny_llama(99);
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& p : model->named_parameters()) tensors.emplace_back(p.key(), p.value());
+  std::reverse(tensors.begin(), tensors.end());
+  const std::string weights = dir.file("hf.safetensors");
+  checkpoint::write_safetensors(weights, tensors);
+  const std::vector<double> curve =
+      losses(2, concat(kLlama, {"--mode", "fsdp", "--steps", "1", "--init-from", weights}), dir,
+             "init");
+  ASSERT_EQ(curve.size(), 1u);
+  double expected = 0;
+  {
+    torch::NoGradGuard no_grad;
+    at::set_num_threads(1);
+    for (int64_t r = 0; r < 2; ++r) {
+      const Batch batch = batch_of(0, r, 2);
+      expected += nn::cross_entropy(model(batch.inputs), batch.targets).item<double>() / 2;
+    }
+  }
+  const double bound = test::reordered_sum_bound(expected, kTokens, at::kFloat) +
+                       test::reordered_sum_bound(expected, 2, at::kDouble);
+  EXPECT_TRUE(test::within_bound(curve[0], expected, bound));
 }
 
 TEST(HpTrainLlama, FlagsAreCheckedBeforeAnyCollective) {
