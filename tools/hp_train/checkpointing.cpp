@@ -20,10 +20,11 @@ namespace hp::train {
 namespace {
 
 // The state of one run; `steps_done` is written back by a load.
-checkpoint::State run_state(nn::GPT& model, torch::optim::AdamW& optimizer, int64_t& steps_done) {
+checkpoint::State run_state(TrainModel& model, torch::optim::AdamW& optimizer,
+                            int64_t& steps_done) {
   checkpoint::State state;
-  checkpoint::add_model(state, *model);
-  checkpoint::add_adamw(state, optimizer, *model);
+  checkpoint::add_model(state, model.module());
+  checkpoint::add_adamw(state, optimizer, model.module());
   checkpoint::add_int(state, "train.step", steps_done);
   checkpoint::add_cpu_rng(state, "train.rng");
   return state;
@@ -49,7 +50,7 @@ void prepare_save_dir(const TrainOptions& o) {
   HP_CHECK_ARG(!ec, "--save-dir '", o.save_dir, "' cannot be created: ", ec.message());
 }
 
-std::optional<ResumePoint> find_resume_point(const TrainOptions& o, nn::GPT& model) {
+std::optional<ResumePoint> find_resume_point(const TrainOptions& o, TrainModel& model) {
   if (o.resume.empty()) return std::nullopt;
   const std::optional<std::string> latest = checkpoint::latest_checkpoint(o.resume);
   HP_CHECK_ARG(latest.has_value(), "--resume '", o.resume,
@@ -69,7 +70,7 @@ std::optional<ResumePoint> find_resume_point(const TrainOptions& o, nn::GPT& mod
   // would fail the load after the process group is up; say it now, in
   // terms of the flags.
   std::vector<std::string> problems;
-  for (const auto& item : model->named_parameters(/*recurse=*/true)) {
+  for (const auto& item : model.module().named_parameters(/*recurse=*/true)) {
     const std::string key = "model." + item.key();
     const checkpoint::TensorRecord* saved = metadata.find(key);
     const std::vector<int64_t> shape = item.value().sizes().vec();
@@ -80,7 +81,7 @@ std::optional<ResumePoint> find_resume_point(const TrainOptions& o, nn::GPT& mod
                                      item.key(), to_string(saved->shape), to_string(shape)));
     }
   }
-  const auto parameters = model->named_parameters(/*recurse=*/true);
+  const auto parameters = model.module().named_parameters(/*recurse=*/true);
   for (const auto& [key, record] : metadata.tensors) {
     if (key.rfind("model.", 0) == 0 && parameters.find(key.substr(6)) == nullptr) {
       problems.push_back(fmt::format("the checkpoint has '{}', which this run's model lacks",
@@ -89,9 +90,9 @@ std::optional<ResumePoint> find_resume_point(const TrainOptions& o, nn::GPT& mod
   }
   if (!problems.empty()) {
     std::string message = fmt::format(
-        "--resume '{}' holds another model than this run builds (--layers {} --d {} --ctx {}, "
-        "vocab {}): {}",
-        *latest, o.layers, o.d, o.ctx, model->config().vocab_size,
+        "--resume '{}' holds another model than this run builds (--model {} --layers {} --d {} "
+        "--ctx {}, vocab {}): {}",
+        *latest, o.model, o.layers, o.d, o.ctx, model.vocab_size(),
         plural(static_cast<int64_t>(problems.size()), "difference"));
     for (size_t i = 0; i < std::min<size_t>(problems.size(), 5); ++i) message += "\n  " + problems[i];
     if (problems.size() > 5) message += fmt::format("\n  ... and {} more", problems.size() - 5);
@@ -100,7 +101,7 @@ std::optional<ResumePoint> find_resume_point(const TrainOptions& o, nn::GPT& mod
   return ResumePoint{*latest, metadata.step};
 }
 
-TrainCheckpoints::TrainCheckpoints(nn::GPT model, torch::optim::AdamW& optimizer,
+TrainCheckpoints::TrainCheckpoints(TrainModel model, torch::optim::AdamW& optimizer,
                                    const TrainOptions& options)
     : model_(std::move(model)), optimizer_(optimizer), options_(options) {}
 
@@ -130,7 +131,7 @@ std::string TrainCheckpoints::resume(const ResumePoint& point) {
 
 std::string TrainCheckpoints::export_weights() {
   checkpoint::State weights;
-  checkpoint::add_model(weights, *model_);
+  checkpoint::add_model(weights, model_.module());
   const auto start = std::chrono::steady_clock::now();
   const uint64_t bytes =
       checkpoint::export_consolidated(weights, options_.export_path, "model.");

@@ -1,7 +1,7 @@
 // hp-train's checkpoints (C1-C5 in docs/features.md): --save-dir with
 // --save-every, --resume, --export.
 //
-// A checkpoint holds the model ("model.<GPT-2 name>"), AdamW's state
+// A checkpoint holds the model ("model.<parameter name>"), AdamW's state
 // ("optim.<name>.exp_avg", ...), the number of steps done ("train.step")
 // and the CPU generator ("train.rng"). The data position is the step: the
 // batch of step s is a function of s alone (batches.h), so a resumed run
@@ -12,7 +12,7 @@
 #include <optional>
 #include <string>
 
-#include "hp/nn/gpt.h"
+#include "tools/hp_train/model.h"
 #include "tools/hp_train/train_options.h"
 
 namespace torch::optim {
@@ -43,12 +43,12 @@ struct ResumePoint {
 // has this run's parameter names and shapes. Otherwise hp::ArgumentError
 // naming --resume and what differs (e.g. the vocabulary or --d). nullopt
 // without --resume.
-std::optional<ResumePoint> find_resume_point(const TrainOptions& options, nn::GPT& model);
+std::optional<ResumePoint> find_resume_point(const TrainOptions& options, TrainModel& model);
 
 // Saves, resumes and exports one run's state. Every call is collective.
 class TrainCheckpoints {
  public:
-  TrainCheckpoints(nn::GPT model, torch::optim::AdamW& optimizer, const TrainOptions& options);
+  TrainCheckpoints(TrainModel model, torch::optim::AdamW& optimizer, const TrainOptions& options);
 
   // Whether a checkpoint is due after `steps_done` steps (every
   // --save-every, and at the end).
@@ -58,11 +58,11 @@ class TrainCheckpoints {
   std::string save(int64_t steps_done);
   // Loads `point` into the model and optimizer; returns the line to print.
   std::string resume(const ResumePoint& point);
-  // --export: the whole weights by GPT-2 name; returns the line to print.
+  // --export: the whole weights by parameter name; returns the line to print.
   std::string export_weights();
 
  private:
-  nn::GPT model_;
+  TrainModel model_;
   torch::optim::AdamW& optimizer_;
   TrainOptions options_;
 };

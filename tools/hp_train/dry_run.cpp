@@ -34,6 +34,10 @@ plan::ParallelMode plan_mode(Mode mode) {
 
 plan::PlanOptions plan_options(const TrainOptions& options, const Parallelism& parallelism,
                                int64_t vocab_size, int rank) {
+  // The plan replays a GPT step's tensors (hp/plan/memory_plan.h); a
+  // Llama's would be another replay, which the plan does not have.
+  HP_CHECK_ARG(options.model == "gpt", "--dry-run: the memory plan (P2) covers --model gpt "
+               "only, not --model ", options.model, "; leave out --dry-run to train it");
   plan::PlanOptions p;
   p.model.vocab_size = vocab_size;
   p.model.context = options.ctx;

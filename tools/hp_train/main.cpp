@@ -1,4 +1,4 @@
-// hp-train, the main job (A1): a GPT trained with AdamW on a real
+// hp-train, the main job (A1): a GPT or a Llama (--model) trained with AdamW on a real
 // corpus, in one process or on the ranks of a launcher with FSDP, HSDP or
 // DDP, with a progress display, per-step JSON metrics, per-rank peak memory
 // and a text sample from the trained model.
@@ -29,16 +29,15 @@
 #include "hp/dist/comm_stats.h"
 #include "hp/dist/launch_env.h"
 #include "hp/dist/world.h"
-#include "hp/nn/gpt.h"
 #include "hp/util/error.h"
 #include "hp/util/memory_stats.h"
-#include "hp/tensor/dtensor_tensor.h"
 #include "hp/util/trace.h"
 #include "tools/hp_train/checkpointing.h"
 #include "tools/hp_train/corpus.h"
 #include "tools/hp_train/dry_run.h"
 #include "tools/hp_train/gathered_for_inference.h"
 #include "tools/hp_train/init_weights.h"
+#include "tools/hp_train/model.h"
 #include "tools/hp_train/output_file.h"
 #include "tools/hp_train/parallelize.h"
 #include "tools/hp_train/progress.h"
@@ -63,23 +62,10 @@ World read_world() {
   return world;
 }
 
-int64_t parameter_count(hp::nn::GPT& model) {
+int64_t parameter_count(const TrainModel& model) {
   int64_t count = 0;
-  for (const auto& p : model->parameters()) count += p.numel();
+  for (const auto& p : model.module().parameters()) count += p.numel();
   return count;
-}
-
-// A plain model with the global values of `model`'s (tensor-parallel)
-// parameters; collective.
-hp::nn::GPT whole_copy(hp::nn::GPT& model) {
-  hp::nn::GPT copy(model->config());
-  torch::NoGradGuard no_grad;
-  auto from = model->named_parameters();
-  for (auto& p : copy->named_parameters()) {
-    const at::Tensor& value = from[p.key()];
-    p.value().copy_(hp::is_dtensor(value) ? hp::full_tensor(value) : value);
-  }
-  return copy;
 }
 
 // "out/trace.json" -> "out/trace.rank1.json": one file per rank.
@@ -140,16 +126,10 @@ int run(const TrainOptions& options) {
   // Each training step resets the peak (Trainer::step).
   hp::enable_memory_tracking();
 
-  hp::nn::GPTConfig config;
-  config.vocab_size = corpus.vocab_size;
-  config.context = options.ctx;
-  config.n_layer = options.layers;
-  config.n_head = options.heads;
-  config.n_embd = options.d;
   // The same seed on every rank: identical weights before sharding.
   torch::manual_seed(options.seed);
-  hp::nn::GPT model(config);
-  if (!options.init_from.empty()) load_initial_weights(*model, options.init_from);
+  TrainModel model = TrainModel::build(options, corpus.vocab_size);
+  if (!options.init_from.empty()) load_initial_weights(model.module(), options.init_from);
   const std::optional<ResumePoint> resume_point = find_resume_point(options, model);
   prepare_save_dir(options);
   const int64_t parameters = parameter_count(model);
@@ -240,11 +220,11 @@ int run(const TrainOptions& options) {
       if (fsdp && !tensor_parallel) {
         gathered.emplace(fully_shard_units(model, *fsdp));
       }
-      hp::nn::GPT sampler = tensor_parallel ? whole_copy(model) : model;
-      sampler->eval();
+      TrainModel sampler = tensor_parallel ? model.whole_copy() : model;
+      sampler.module().eval();
       at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
       at::Tensor prompt = corpus.tokens.narrow(0, 0, 1).view({1, 1});
-      sample = sampler->generate(prompt, options.sample_tokens, options.temperature,
+      sample = sampler.generate(prompt, options.sample_tokens, options.temperature,
                                  options.top_k, generator);
     }
     sample_seconds =

@@ -4,7 +4,6 @@
 
 #include "hp/mesh/device_mesh.h"
 #include "hp/nn/activation_checkpoint.h"
-#include "hp/tp/gpt_plan.h"
 #include "hp/tp/shard_module.h"
 
 namespace hp::train {
@@ -21,17 +20,17 @@ at::ScalarType dtype_of(const std::string& name) {
 
 }  // namespace
 
-std::optional<FSDPModule> parallelize(nn::GPT& model, const Parallelism& parallelism,
+std::optional<FSDPModule> parallelize(TrainModel& model, const Parallelism& parallelism,
                                       const TrainOptions& train) {
   // The checkpointed call runs inside the hooks fully_shard and the
   // tensor-parallel plan install, whichever comes first.
   if (train.activation_checkpointing == "blocks") {
-    for (const nn::Block& block : model->blocks()) nn::set_activation_checkpointing(*block.ptr());
+    for (const auto& block : model.blocks()) nn::set_activation_checkpointing(*block);
   }
   if (parallelism.mode == Mode::kNone) return std::nullopt;
   if (parallelism.mode == Mode::kTP && train.fully_shard_flags.empty()) {
     auto mesh = init_device_mesh("cpu", parallelism.mesh_shape, parallelism.mesh_names);
-    shard_module(model, mesh, gpt_tensor_parallel_plan(model->config(), *mesh, "tp"));
+    shard_module(model.root(), mesh, model.tensor_parallel_plan(*mesh, "tp"));
     return std::nullopt;
   }
   FullyShardOptions options;
@@ -43,7 +42,7 @@ std::optional<FSDPModule> parallelize(nn::GPT& model, const Parallelism& paralle
                                            : parallelism.mesh_shape;
     auto mesh = init_device_mesh("cpu", shape, {"dp", "tp"});
     auto tp = (*mesh)["tp"];
-    shard_module(model, tp, gpt_tensor_parallel_plan(model->config(), *tp, "tp"));
+    shard_module(model.root(), tp, model.tensor_parallel_plan(*tp, "tp"));
     options.mesh = (*mesh)["dp"];
   } else {
     options.mesh = init_device_mesh("cpu", parallelism.mesh_shape, parallelism.mesh_names);
@@ -57,21 +56,27 @@ std::optional<FSDPModule> parallelize(nn::GPT& model, const Parallelism& paralle
   const at::ScalarType param = dtype_of(train.param_dtype);
   if (param != at::kFloat) options.mp_policy.param_dtype = param;
   if (!train.reduce_dtype.empty()) options.mp_policy.reduce_dtype = dtype_of(train.reduce_dtype);
-  for (const nn::Block& block : model->blocks()) fully_shard(block.ptr(), options);
+  for (const auto& block : model.blocks()) fully_shard(block, options);
   // The loss is computed on the root's output: fp32 logits whatever the
   // compute dtype (blocks pass activations to each other in it).
   if (param != at::kFloat) options.mp_policy.output_dtype = at::kFloat;
   // --reshard-after-forward is for the blocks: the root keeps its
   // parameters (the default), as its backward follows its forward at once.
   options.reshard_after_forward = std::nullopt;
-  FSDPModule root = fully_shard(model.ptr(), options);
+  FSDPModule root = fully_shard(model.root(), options);
   root.set_implicit_prefetch(train.prefetch);
   return root;
 }
 
-std::vector<FSDPModule> fully_shard_units(nn::GPT& model, const FSDPModule& root) {
+std::optional<FSDPModule> parallelize(nn::GPT& model, const Parallelism& parallelism,
+                                      const TrainOptions& train) {
+  TrainModel shared(model);  // the same module
+  return parallelize(shared, parallelism, train);
+}
+
+std::vector<FSDPModule> fully_shard_units(TrainModel& model, const FSDPModule& root) {
   std::vector<FSDPModule> units{root};
-  for (const nn::Block& block : model->blocks()) units.emplace_back(block.ptr());
+  for (const auto& block : model.blocks()) units.emplace_back(block);
   return units;
 }
 

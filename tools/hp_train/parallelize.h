@@ -1,18 +1,19 @@
-// Applies hp-train's --mode to a freshly built GPT.
+// Applies hp-train's --mode to a freshly built model (tools/hp_train/model.h).
 #pragma once
 
 #include <optional>
 #include <vector>
 
 #include "hp/fsdp/fully_shard.h"
-#include "hp/nn/gpt.h"
+#include "tools/hp_train/model.h"
 #include "tools/hp_train/train_options.h"
 
 namespace hp::train {
 
 // Collective (needs the process group) except for Mode::kNone, which leaves
 // the model alone and returns nullopt. Mode::kTP shards every layer with
-// the GPT's tensor-parallel plan (hp/tp/gpt_plan.h) and returns nullopt;
+// the model's tensor-parallel plan (TrainModel::tensor_parallel_plan) and
+// returns nullopt;
 // with fully_shard flags given (mixed precision, fusion) it goes on as
 // Mode::kFSDPTP on a 1xT mesh. Mode::kFSDPTP builds the (dp, tp) mesh,
 // shards every layer over "tp" and then makes the units below over "dp".
@@ -25,10 +26,14 @@ namespace hp::train {
 // --reshard-after-forward, --param-dtype, --reduce-dtype) set every unit's
 // options; with a low-precision param dtype the root returns fp32 logits.
 // --activation-checkpointing blocks checkpoints every block, in every mode.
+std::optional<FSDPModule> parallelize(TrainModel& model, const Parallelism& parallelism,
+                                      const TrainOptions& options);
+
+// The same for a GPT (hp-bench and the memory plan's probes build one).
 std::optional<FSDPModule> parallelize(nn::GPT& model, const Parallelism& parallelism,
                                       const TrainOptions& options);
 
 // Every unit parallelize made: the root, then each block.
-std::vector<FSDPModule> fully_shard_units(nn::GPT& model, const FSDPModule& root);
+std::vector<FSDPModule> fully_shard_units(TrainModel& model, const FSDPModule& root);
 
 }  // namespace hp::train

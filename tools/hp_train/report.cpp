@@ -12,8 +12,12 @@ std::string header_text(const TrainOptions& o, const Parallelism& parallelism,
                         const Corpus& corpus, int64_t parameter_count) {
   const int64_t per_rank = o.batch / parallelism.dp_size;
   std::string text = fmt::format(
-      "hp-train: GPT {}, d {}, {}, ctx {}, vocab {}: {} parameters ({}), {}\n",
-      plural(o.layers, "layer"), o.d, plural(o.heads, "head"), o.ctx, corpus.vocab_size,
+      "hp-train: {} {}, d {}, {}, ctx {}, vocab {}: {} parameters ({}), {}\n",
+      o.model == "llama" ? "Llama" : "GPT", plural(o.layers, "layer"), o.d,
+      o.model == "llama" && o.kv_heads > 0 && o.kv_heads != o.heads
+          ? fmt::format("{} ({} key/value)", plural(o.heads, "head"), o.kv_heads)
+          : plural(o.heads, "head"),
+      o.ctx, corpus.vocab_size,
       human_count(static_cast<double>(parameter_count)), parameter_count,
       o.init_from.empty() ? fmt::format("seed {}", o.seed)
                           : fmt::format("weights from {}", o.init_from));

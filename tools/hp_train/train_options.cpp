@@ -214,8 +214,8 @@ const char* mode_name(Mode mode) {
 }
 
 CommandLine parse_command_line(const std::vector<std::string>& args) {
-  CLI::App app{"Trains a GPT with AdamW on a real corpus (Debian's fortunes by default), on one "
-               "process or on the ranks of hprun with FSDP, HSDP or DDP.",
+  CLI::App app{"Trains a GPT or a Llama with AdamW on a real corpus (Debian's fortunes by "
+               "default), on one process or on the ranks of hprun with FSDP, HSDP or DDP.",
                "hp-train"};
   app.footer(
       "Examples:\n"
@@ -237,6 +237,11 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
         ->check(validator)
         ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   };
+  option("--model", o.model, "gpt (GPT-2) | llama (Llama: RMSNorm, rotary positions, SwiGLU, "
+         "grouped-query attention; default gpt)", "M", one_of({"gpt", "llama"}));
+  option("--kv-heads", o.kv_heads,
+         "--model llama: key/value heads, dividing --heads (default: --heads)", "K",
+         positive_integer());
   option("--layers", o.layers, fmt::format("transformer blocks (default {})", defaults.layers),
          "L", positive_integer());
   option("--d", o.d, fmt::format("model width (default {})", defaults.d), "D",
@@ -304,7 +309,7 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
          "--steps stays the total",
          "DIR", kFileName);
   option("--export", o.export_path,
-         "write the trained weights, whole, by GPT-2 name, to FILE.safetensors at the end",
+         "write the trained weights, whole, by parameter name, to FILE.safetensors at the end",
          "FILE", kFileName);
   option("--threads", o.threads,
          fmt::format("torch intra-op threads per rank (default {})", defaults.threads), "N",
@@ -507,6 +512,18 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
 void validate_options(const TrainOptions& o, const Parallelism& parallelism) {
   HP_CHECK_ARG(o.d % o.heads == 0, "--heads ", o.heads, " must divide --d ", o.d,
                " (each head gets d / heads channels)");
+  if (o.model == "llama") {
+    // The rotary embedding turns pairs of a head's channels.
+    HP_CHECK_ARG((o.d / o.heads) % 2 == 0, "--d ", o.d, " / --heads ", o.heads, " = ",
+                 o.d / o.heads, " must be even for --model llama (rotary positions turn pairs "
+                 "of a head's channels)");
+    HP_CHECK_ARG(o.kv_heads == 0 || o.heads % o.kv_heads == 0, "--kv-heads ", o.kv_heads,
+                 " must divide --heads ", o.heads, " (each key/value head serves a group of "
+                 "query heads)");
+  } else {
+    HP_CHECK_ARG(o.kv_heads == 0, "--kv-heads ", o.kv_heads, " applies to --model llama only; "
+                 "--model ", o.model, " has one key/value head per query head");
+  }
   HP_CHECK_ARG(o.seq <= o.ctx, "--seq ", o.seq, " must be at most --ctx ", o.ctx,
                " (the model's context length)");
   HP_CHECK_ARG(o.batch % parallelism.dp_size == 0, "--batch ", o.batch,
@@ -526,6 +543,11 @@ void validate_options(const TrainOptions& o, const Parallelism& parallelism) {
                  "tensor-parallel size ", tp, " (--mode ", mode_name(parallelism.mode),
                  " --mesh ", fmt::format("{}", fmt::join(parallelism.mesh_shape, "x")),
                  "): each rank computes whole heads");
+    const int64_t kv_heads = o.kv_heads > 0 ? o.kv_heads : o.heads;
+    HP_CHECK_ARG(kv_heads % tp == 0, "--kv-heads ", kv_heads, " must be divisible by the "
+                 "tensor-parallel size ", tp, " (--mode ", mode_name(parallelism.mode),
+                 " --mesh ", fmt::format("{}", fmt::join(parallelism.mesh_shape, "x")),
+                 "): each rank holds whole key/value heads");
   }
   if (o.reshard_after_forward > 0 && parallelism.mode != Mode::kNone) {
     // The ranks fully_shard shards over: the mesh's last dim, the

@@ -27,11 +27,14 @@ const char* mode_name(Mode mode);
 // over bytes) to about 2.4 in 2-3 minutes. Above lr 1e-3 the first steps
 // spike (constant lr, no warm-up).
 struct TrainOptions {
-  // Model shape (GPT-2 style); the vocabulary comes from the corpus.
+  // The model: "gpt" (hp/nn/gpt.h) or "llama" (hp/nn/llama.h), and its
+  // shape; the vocabulary comes from the corpus.
+  std::string model = "gpt";
   int64_t layers = 4;
   int64_t d = 128;
   int64_t heads = 4;
   int64_t ctx = 64;
+  int64_t kv_heads = 0;  // --kv-heads, llama only: key/value heads; 0 = heads
 
   // Data: fortunes (bytes, vocab 256) unless data_file is set.
   std::string data_file;
@@ -133,9 +136,10 @@ struct Parallelism {
 // copy); fsdp_tp a 2-D mesh DxT, built as (dp, tp).
 Parallelism resolve_parallelism(const TrainOptions& options, const World& world);
 
-// Combinations of flags: heads dividing d, seq <= ctx, the global batch
+// Combinations of flags: heads dividing d (an even head dim for llama),
+// --kv-heads only with --model llama and dividing --heads, seq <= ctx, the global batch
 // divisible by the data-parallel size, --vocab only with --data-file (and
-// required by it), heads dividing by the tensor-parallel size.
+// required by it), heads (and kv heads) dividing by the tensor-parallel size.
 void validate_options(const TrainOptions& options, const Parallelism& parallelism);
 
 // The corpus holds at least seq + 2 tokens (one full window and a target);

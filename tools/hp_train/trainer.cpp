@@ -13,7 +13,7 @@
 
 namespace hp::train {
 
-Trainer::Trainer(nn::GPT model, std::optional<FSDPModule> root, dist::GroupPtr group,
+Trainer::Trainer(TrainModel model, std::optional<FSDPModule> root, dist::GroupPtr group,
                  int64_t dp_rank, int64_t dp_size, at::Tensor tokens, const TrainOptions& options)
     : model_(std::move(model)),
       root_(std::move(root)),
@@ -23,7 +23,7 @@ Trainer::Trainer(nn::GPT model, std::optional<FSDPModule> root, dist::GroupPtr g
       dp_rank_(dp_rank),
       dp_size_(dp_size) {
   optimizer_ = std::make_unique<torch::optim::AdamW>(
-      model_->parameters(), torch::optim::AdamWOptions(options_.lr)
+      model_.module().parameters(), torch::optim::AdamWOptions(options_.lr)
                                 .betas({0.9, 0.95})
                                 .eps(1e-8)
                                 .weight_decay(options_.weight_decay));
@@ -41,12 +41,12 @@ StepRecord Trainer::step(int64_t step) {
   if (root_) {
     root_->zero_grad();
   } else {
-    model_->zero_grad(/*set_to_none=*/true);
+    model_.module().zero_grad(/*set_to_none=*/true);
   }
   Batch batch = batch_for_step(tokens_, step, options_.batch, options_.seq, dp_rank_, dp_size_);
   at::Tensor loss = nn::cross_entropy(model_(batch.inputs), batch.targets);
   loss.backward();
-  if (options_.grad_clip > 0) clip_grad_norm_(model_->parameters(), options_.grad_clip);
+  if (options_.grad_clip > 0) clip_grad_norm_(model_.module().parameters(), options_.grad_clip);
   optimizer_->step();
 
   // One gather carries both metrics: every rank's local loss (equal local

@@ -12,7 +12,7 @@
 
 #include "hp/dist/group.h"
 #include "hp/fsdp/fully_shard.h"
-#include "hp/nn/gpt.h"
+#include "tools/hp_train/model.h"
 #include "tools/hp_train/train_options.h"
 
 namespace torch::optim {
@@ -40,7 +40,7 @@ class Trainer {
   // it steps the local shards: AdamW, constant options.lr, betas (0.9, 0.95),
   // eps 1e-8, options.weight_decay on every parameter. Needs
   // hp::enable_memory_tracking() to have been called.
-  Trainer(nn::GPT model, std::optional<FSDPModule> root, dist::GroupPtr group, int64_t dp_rank,
+  Trainer(TrainModel model, std::optional<FSDPModule> root, dist::GroupPtr group, int64_t dp_rank,
           int64_t dp_size, at::Tensor tokens, const TrainOptions& options);
   ~Trainer();
 
@@ -53,7 +53,7 @@ class Trainer {
   torch::optim::AdamW& optimizer() { return *optimizer_; }
 
  private:
-  nn::GPT model_;
+  TrainModel model_;
   std::optional<FSDPModule> root_;
   dist::GroupPtr group_;
   at::Tensor tokens_;

@@ -1,0 +1,28 @@
+// Autoregressive sampling for any language model given as a function from
+// ids to logits (N5 in docs/features.md; the same procedure as
+// hp::nn::GPT::generate).
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace hp::nn {
+
+// ids int64 [B, T] -> logits [B, T, vocab]
+using LogitsFunction = std::function<at::Tensor(const at::Tensor& ids)>;
+
+// Appends max_new_tokens sampled tokens to idx [B, T0] and returns
+// [B, T0 + max_new_tokens]. Each step feeds the last `context` tokens to
+// `logits_of`, divides the last position's logits by temperature (> 0),
+// keeps the top_k largest (0 = all) and samples with `generator` (an
+// undefined generator means torch's default one). Runs without autograd.
+// Bad arguments throw hp::ArgumentError whose message starts with `caller`.
+at::Tensor sample_tokens(const LogitsFunction& logits_of, int64_t context, at::Tensor idx,
+                         int64_t max_new_tokens, double temperature, int64_t top_k,
+                         at::Generator generator, const std::string& caller);
+
+}  // namespace hp::nn

@@ -1,0 +1,65 @@
+// hp-train's model (--model gpt|llama, A1 in docs/features.md) behind one
+// interface, so that the trainer, parallelize, the checkpoints and sampling
+// exist once for every model.
+//
+// A TrainModel is a handle: copies share the module (as torch holders do).
+// Not thread-safe beyond what the module itself is.
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "hp/mesh/device_mesh.h"
+#include "hp/nn/gpt.h"
+#include "hp/nn/llama.h"
+#include "hp/nn/module.h"
+#include "hp/tp/sharding_plan.h"
+#include "tools/hp_train/train_options.h"
+
+namespace hp::train {
+
+class TrainModel {
+ public:
+  // The model --model names, shaped by --layers, --d, --heads, --ctx (and
+  // --kv-heads for a Llama) with vocabulary `vocab_size`, initialised from
+  // the current torch seed. Throws hp::ArgumentError for an unknown model.
+  static TrainModel build(const TrainOptions& options, int64_t vocab_size);
+
+  // Implicit: a GPT or Llama holder is a TrainModel sharing its module.
+  TrainModel(nn::GPT gpt) : model_(std::move(gpt)) {}        // NOLINT(runtime/explicit)
+  TrainModel(nn::Llama llama) : model_(std::move(llama)) {}  // NOLINT(runtime/explicit)
+
+  // The root module: parameters, state dicts, the root fully_shard unit.
+  std::shared_ptr<nn::Module> root() const;
+  nn::Module& module() const { return *root(); }
+  // The transformer blocks (fully_shard units, activation checkpointing),
+  // in forward order.
+  std::vector<std::shared_ptr<nn::Module>> blocks() const;
+  int64_t vocab_size() const;
+  int64_t context() const;
+  // "GPT" or "Llama".
+  const char* name() const;
+
+  // ids int64 [B, T] -> logits [B, T, vocab], through the root's hooks.
+  at::Tensor operator()(const at::Tensor& idx) const;
+  // The model's generate() (hp/nn/gpt.h, hp/nn/llama.h).
+  at::Tensor generate(const at::Tensor& prompt, int64_t max_new_tokens, double temperature,
+                      int64_t top_k, at::Generator generator) const;
+  // The model's tensor-parallel plan (hp/tp/gpt_plan.h, hp/tp/llama_plan.h).
+  ShardingPlan tensor_parallel_plan(const DeviceMesh& mesh, const std::string& tp_dim) const;
+  // A plain model of the same config holding the global values of this
+  // one's parameters (DTensors gathered: collective under tensor
+  // parallelism).
+  TrainModel whole_copy() const;
+
+ private:
+  std::variant<nn::GPT, nn::Llama> model_;
+};
+
+}  // namespace hp::train
