@@ -109,6 +109,23 @@ class FSDPParam {
   // of a unit's flat buffer, and points the parameter at it if sharded now.
   void rebase_shard(const at::Tensor& view);
 
+  // --- deferred initialisation (materialize.h) ---
+  // Whether the shard is still on the meta device (fully_shard over a meta
+  // parameter allocates nothing).
+  bool on_meta() const { return padded_shard_.is_meta(); }
+  // Where the shard lives once materialised: the host when offloaded, else
+  // the compute device.
+  c10::Device shard_device() const {
+    return offloaded_ ? c10::Device(c10::DeviceType::CPU) : compute_device_;
+  }
+  // Gives a meta shard memory (uninitialised, the padding zeroed): `into`
+  // when defined (a zeroed view of a unit's flat shard buffer, of the padded
+  // shard's shape), else its own. A plain parameter's meta TensorImpl cannot
+  // point at real memory, so `new_param` replaces it (the caller
+  // re-registers the module's parameter); a DTensor parameter is re-pointed
+  // in place. Nothing happens when the shard is not on meta.
+  void materialize(const at::Tensor& into, const at::Tensor& new_param);
+
   // --- the unsharded buffer ---
   // Its shape: [shard_size * chunk, ...] (padded) for dim-0 shards, else the
   // full shape; compute dtype.
