@@ -14,6 +14,7 @@
 #include "hp/tensor/dispatch/dtensor_impl.h"
 #include "hp/tensor/dtensor.h"
 #include "hp/tensor/dtensor_tensor.h"
+#include "hp/tensor/shard_spec.h"
 #include "hp/util/error.h"
 
 namespace hp {
@@ -59,6 +60,24 @@ Target target_of(const at::Tensor& t) {
   return {t, Layout(), t.sizes().vec()};
 }
 
+// This rank's piece of `whole` under `layout`: a view (no copy) when every
+// placement is a plain Shard or Replicate, so a step's peak is the scratch
+// tensor alone; a strided shard's piece of several blocks is a copy
+// (distribute_tensor).
+at::Tensor piece_of(const at::Tensor& whole, const Layout& layout) {
+  const Layout norm = layout.normalized(whole.dim());
+  for (const Placement& p : norm.placements()) {
+    if (p.is_strided_shard() || p.is_partial()) return distribute_tensor(whole, norm).local();
+  }
+  const DeviceMesh& mesh = *norm.mesh();
+  at::Tensor piece = whole;
+  for (int64_t d = 0; d < whole.dim(); ++d) {
+    const Span s = shard_span(whole.size(d), norm.spec(), d, mesh.shape(), mesh.coordinate());
+    piece = piece.narrow(d, s.offset, s.size);
+  }
+  return piece;
+}
+
 }  // namespace
 
 std::vector<std::string> to_empty(nn::Module& model, std::optional<c10::Device> device) {
@@ -102,7 +121,8 @@ std::vector<std::string> to_empty(nn::Module& model, std::optional<c10::Device> 
     }
   }
   for (const auto& item : model.named_buffers(/*recurse=*/true)) {
-    if (item.value().is_meta()) nn::replace_buffer(model, item.key(), empty_like_on(item.value(), where));
+    if (!item.value().is_meta()) continue;
+    nn::replace_buffer(model, item.key(), empty_like_on(item.value(), where));
   }
   return names;
 }
@@ -145,8 +165,7 @@ void init_sharded(nn::Module& model, const nn::InitPlan& plan, std::optional<c10
     // the eager model's draws.
     at::Tensor scratch = at::empty(target.shape, target.local.options().device(at::kCPU));
     step.fill(scratch);
-    at::Tensor piece =
-        target.layout.defined() ? distribute_tensor(scratch, target.layout).local() : scratch;
+    at::Tensor piece = target.layout.defined() ? piece_of(scratch, target.layout) : scratch;
     target.local.copy_(piece);
   }
 }
