@@ -85,7 +85,8 @@ class FSDPParam {
   at::ScalarType orig_dtype() const { return orig_dtype_; }
   at::ScalarType compute_dtype() const { return compute_dtype_; }
   // The device the parameter computes and communicates on (where it was
-  // when fully_shard took it); the shard is there too unless offloaded.
+  // when fully_shard took it; the mesh's for a meta parameter); the shard is
+  // there too unless offloaded.
   c10::Device compute_device() const { return compute_device_; }
   bool offloaded() const { return offloaded_; }
   bool pinned() const { return pinned_; }

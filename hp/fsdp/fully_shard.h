@@ -13,7 +13,9 @@
 // registered parameters keep their identity, so an optimizer built from
 // model->parameters() steps the local shards (F6). Arguments are validated
 // before anything is communicated; building units is collective: every rank
-// calls fully_shard on the same modules in the same order.
+// calls fully_shard on the same modules in the same order. Over a model on
+// the meta device nothing is allocated: the shards stay meta until
+// init_sharded or load_into_shards materialises them (materialize.h, F17).
 #pragma once
 
 #include <memory>
