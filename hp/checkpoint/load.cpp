@@ -87,6 +87,51 @@ void check_file(const std::string& dir, const std::string& name, const FileRecor
   }
 }
 
+// Reads `part` of a chunk holding `box` row-major at `offset` into `out`
+// (contiguous, part's shape), as few contiguous runs as the geometry
+// allows: the dims inside the innermost one the part cuts are whole, so a
+// run spans them; a dim-0 piece is one run. Returns the bytes read.
+uint64_t read_part(int fd, at::Tensor& out, const Box& box, const Box& part, uint64_t offset,
+                   const std::string& path) {
+  const int64_t ndim = static_cast<int64_t>(box.sizes.size());
+  const auto element = static_cast<int64_t>(out.element_size());
+  if (part.numel() == 0) return 0;
+  int64_t cut = -1;  // the innermost dim the part does not cover whole
+  for (int64_t d = ndim - 1; d >= 0; --d) {
+    if (part.sizes[d] != box.sizes[d]) {
+      cut = d;
+      break;
+    }
+  }
+  std::vector<int64_t> strides(ndim, 1);  // the chunk's, in elements
+  for (int64_t d = ndim - 2; d >= 0; --d) strides[d] = strides[d + 1] * box.sizes[d + 1];
+  const int64_t run_dim = std::max<int64_t>(cut, 0);
+  const int64_t run = ndim == 0 ? 1 : part.sizes[run_dim] * strides[run_dim];
+  // The outer dims (before run_dim) are walked in row-major order; runs
+  // land one after another in `out`, which is part's row-major layout.
+  std::vector<int64_t> index(std::max<int64_t>(run_dim, 0), 0);
+  auto* dst = static_cast<char*>(out.data_ptr());
+  uint64_t bytes = 0;
+  while (true) {
+    int64_t start = 0;
+    for (int64_t d = 0; d < ndim; ++d) {
+      const int64_t at = d < run_dim ? index[d] : 0;
+      start += (part.offsets[d] - box.offsets[d] + at) * strides[d];
+    }
+    const auto n = static_cast<size_t>(run * element);
+    read_exact(fd, dst, n, offset + static_cast<uint64_t>(start * element), path);
+    dst += n;
+    bytes += n;
+    int64_t d = run_dim - 1;
+    for (; d >= 0; --d) {
+      if (++index[d] < part.sizes[d]) break;
+      index[d] = 0;
+    }
+    if (d < 0) break;
+  }
+  return bytes;
+}
+
 }  // namespace
 
 LoadResult load_from_metadata(State& state, const Metadata& metadata, const std::string& dir,
@@ -141,20 +186,29 @@ LoadResult load_from_metadata(State& state, const Metadata& metadata, const std:
       if (!fd) fd = std::make_unique<Fd>(open_for_reading(path));
       const at::ScalarType dtype = read.entry->local.scalar_type();
       // Bool bytes are read as bytes, as the safetensors reader does.
-      at::Tensor data =
-          at::empty(read.box.sizes, dtype == at::kBool ? at::kByte : dtype);
-      read_exact(fd->get(), data.data_ptr(), read.chunk->bytes, read.chunk->byte_offset, path);
-      result.bytes_read += read.chunk->bytes;
-      if (read.chunk->crc32c &&
-          crc32c(0, data.data_ptr(), read.chunk->bytes) != *read.chunk->crc32c) {
-        fail_file(path, cat("the data of key '", read.entry->key,
-                            "' does not match its checksum (corrupt); the tensors read before "
-                            "it were already filled: load an intact checkpoint again"));
-      }
-      if (dtype == at::kBool) data = data.to(at::kBool);
+      const at::ScalarType read_dtype = dtype == at::kBool ? at::kByte : dtype;
       const StateEntry& entry = *read.entry;
-      view_of(entry.local.detach(), local_box(entry), read.part)
-          .copy_(view_of(data, read.box, read.part));
+      at::Tensor part_data;
+      if (read.chunk->crc32c) {
+        // A checksum covers the whole chunk: read all of it.
+        at::Tensor data = at::empty(read.box.sizes, read_dtype);
+        read_exact(fd->get(), data.data_ptr(), read.chunk->bytes, read.chunk->byte_offset, path);
+        result.bytes_read += read.chunk->bytes;
+        if (crc32c(0, data.data_ptr(), read.chunk->bytes) != *read.chunk->crc32c) {
+          fail_file(path, cat("the data of key '", read.entry->key,
+                              "' does not match its checksum (corrupt); the tensors read "
+                              "before it were already filled: load an intact checkpoint "
+                              "again"));
+        }
+        part_data = view_of(data, read.box, read.part);
+      } else {
+        // No checksum (a consolidated file): only the overlap's bytes.
+        part_data = at::empty(read.part.sizes, read_dtype);
+        result.bytes_read += read_part(fd->get(), part_data, read.box, read.part,
+                                       read.chunk->byte_offset, path);
+      }
+      if (dtype == at::kBool) part_data = part_data.to(at::kBool);
+      view_of(entry.local.detach(), local_box(entry), read.part).copy_(part_data);
     }
   });
   state.run_on_loaded();

@@ -65,7 +65,9 @@ FSDPParam::FSDPParam(at::Tensor param, std::string fqn, const MeshInfo& mesh, in
   full_shape_ = data.sizes().vec();
   shard_layout_ = fsdp::shard_layout(mesh, is_dtensor() ? &compute_layout_ : nullptr, param_.dim(),
                                sharded_ ? std::optional<int64_t>(shard_dim_) : std::nullopt);
-  compute_device_ = data.device();
+  // A meta parameter (deferred initialisation, materialize.h) will live on
+  // the mesh's device; until materialize() its shard is meta too.
+  compute_device_ = data.is_meta() ? mesh.mesh->device() : data.device();
   // Any existing gradient is sharded the same way.
   at::Tensor grad = param_.grad().defined() ? local_grad(param_.grad(), false) : at::Tensor();
   if (!sharded_) {
@@ -95,9 +97,11 @@ FSDPParam::FSDPParam(at::Tensor param, std::string fqn, const MeshInfo& mesh, in
     padded_shard_ = data.narrow(shard_dim_, mine.offset, mine.size).clone(at::MemoryFormat::Contiguous);
     shard_view_ = padded_shard_;
   }
-  if (offload.kind == OffloadPolicy::Kind::kCPU && !data.is_cpu()) {
+  if (offload.kind == OffloadPolicy::Kind::kCPU && !compute_device_.is_cpu()) {
     offloaded_ = true;
     pinned_ = offload.pin_memory;
+  }
+  if (offloaded_ && !data.is_meta()) {
     at::Tensor host = at::empty(padded_shard_.sizes(),
                                 padded_shard_.options().device(at::kCPU).pinned_memory(pinned_));
     host.copy_(padded_shard_);
@@ -112,6 +116,29 @@ FSDPParam::FSDPParam(at::Tensor param, std::string fqn, const MeshInfo& mesh, in
   }
   point_at(shard_view_, /*shard=*/true);
   param_.mutable_grad() = grad_shard.defined() ? as_param_grad(grad_shard) : at::Tensor();
+}
+
+void FSDPParam::materialize(const at::Tensor& into, const at::Tensor& new_param) {
+  if (!on_meta()) return;
+  HP_CHECK_ARG(!into.defined() || (into.sizes() == padded_shard_.sizes() &&
+                                   into.scalar_type() == orig_dtype_ && !into.is_meta()),
+               "internal error: materialising ", fqn_, " into an incompatible buffer");
+  at::Tensor fresh = into;
+  if (!fresh.defined()) {
+    // Zeroed: the padding of an uneven dim-0 shard is gathered as it is.
+    fresh = at::empty(padded_shard_.sizes(), padded_shard_.options()
+                                                 .device(shard_device())
+                                                 .pinned_memory(pinned_));
+    fresh.zero_();
+  }
+  const bool padded = sharded_ && shard_dim_ == 0;
+  const int64_t mine = padded ? shard_view_.size(0) : 0;
+  padded_shard_ = fresh;
+  shard_view_ = padded ? fresh.narrow(0, 0, mine) : fresh;
+  if (!sharded_ && !owns_unsharded_) unsharded_ = fresh;  // a DTensor kept whole
+  if (new_param.defined()) param_ = new_param;
+  point_at(shard_view_, /*shard=*/true);
+  data_ = Data::kSharded;
 }
 
 void FSDPParam::point_at(const at::Tensor& local, bool shard) {

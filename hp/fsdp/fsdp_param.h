@@ -85,7 +85,8 @@ class FSDPParam {
   at::ScalarType orig_dtype() const { return orig_dtype_; }
   at::ScalarType compute_dtype() const { return compute_dtype_; }
   // The device the parameter computes and communicates on (where it was
-  // when fully_shard took it); the shard is there too unless offloaded.
+  // when fully_shard took it; the mesh's for a meta parameter); the shard is
+  // there too unless offloaded.
   c10::Device compute_device() const { return compute_device_; }
   bool offloaded() const { return offloaded_; }
   bool pinned() const { return pinned_; }
@@ -108,6 +109,23 @@ class FSDPParam {
   // Moves the padded shard into `view` (same shape and dtype), e.g. a slice
   // of a unit's flat buffer, and points the parameter at it if sharded now.
   void rebase_shard(const at::Tensor& view);
+
+  // --- deferred initialisation (materialize.h) ---
+  // Whether the shard is still on the meta device (fully_shard over a meta
+  // parameter allocates nothing).
+  bool on_meta() const { return padded_shard_.is_meta(); }
+  // Where the shard lives once materialised: the host when offloaded, else
+  // the compute device.
+  c10::Device shard_device() const {
+    return offloaded_ ? c10::Device(c10::DeviceType::CPU) : compute_device_;
+  }
+  // Gives a meta shard memory (uninitialised, the padding zeroed): `into`
+  // when defined (a zeroed view of a unit's flat shard buffer, of the padded
+  // shard's shape), else its own. A plain parameter's meta TensorImpl cannot
+  // point at real memory, so `new_param` replaces it (the caller
+  // re-registers the module's parameter); a DTensor parameter is re-pointed
+  // in place. Nothing happens when the shard is not on meta.
+  void materialize(const at::Tensor& into, const at::Tensor& new_param);
 
   // --- the unsharded buffer ---
   // Its shape: [shard_size * chunk, ...] (padded) for dim-0 shards, else the

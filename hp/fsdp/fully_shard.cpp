@@ -264,7 +264,9 @@ std::vector<ParamPlan> plan_params(const std::vector<std::shared_ptr<nn::Module>
 // rank with a misplaced module): a parameter on another GPU or on a GPU
 // under a 'cpu' mesh raises naming it; a CPU parameter under a 'cuda' mesh
 // is moved there later, with the unit's buffers, as FSDP2 does; a meta
-// parameter waits for materialisation (Unit::validate_for_training).
+// parameter's shard stays meta until to_empty gives it memory on this device
+// (materialize.h); lazy init refuses one left there
+// (Unit::validate_for_training).
 c10::Device unit_device(const std::vector<ParamPlan>& plans, const DeviceMeshPtr& mesh,
                         const char* mode) {
   auto device_of = [](const ParamPlan& plan) {

@@ -18,6 +18,9 @@
 // module wrapped by hp::nn::hooked): one inside a torch::nn::Sequential, or
 // found in the first training forward's graph without its pre-hook having
 // run, raises ArgumentError naming it (hook_check.h).
+// Over a model on the meta device nothing is allocated: the shards stay
+// meta until init_sharded or load_into_shards materialises them
+// (materialize.h, F17).
 #pragma once
 
 #include <memory>

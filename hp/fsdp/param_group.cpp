@@ -25,7 +25,9 @@ ParamGroup::ParamGroup(std::vector<FSDPParam*> params, const MeshInfo& mesh, Opt
     shard_offsets_.push_back(shard_total_);
     shard_total_ += p->reduce_numel();
   }
-  flat_unsharded_ = at::empty({unsharded_total_}, sharded_[0]->compute_options(compute));
+  // No memory until the first gather: a unit built over a meta model (F17)
+  // must not allocate its unsharded size at fully_shard.
+  flat_unsharded_ = empty_unallocated({unsharded_total_}, sharded_[0]->compute_options(compute));
   for (size_t i = 0; i < sharded_.size(); ++i) {
     sharded_[i]->set_external_unsharded(
         flat_unsharded_.narrow(0, unsharded_offsets_[i], sharded_[i]->unsharded_numel()));
@@ -45,6 +47,21 @@ ParamGroup::ParamGroup(std::vector<FSDPParam*> params, const MeshInfo& mesh, Opt
     if (compute != flat_shards_.scalar_type() || first.offloaded()) {
       flat_cast_ = at::empty({shard_total_}, first.compute_options(compute));
     }
+  }
+}
+
+void ParamGroup::materialize(const std::function<at::Tensor(FSDPParam&)>& new_param_for) {
+  if (!flat_shards_.defined() || !flat_shards_.is_meta()) return;
+  const FSDPParam& first = *sharded_[0];
+  flat_shards_ = at::empty({shard_total_}, flat_shards_.options()
+                                               .device(first.shard_device())
+                                               .pinned_memory(first.pinned()));
+  flat_shards_.zero_();  // the padding is gathered as it is
+  for (size_t i = 0; i < sharded_.size(); ++i) {
+    FSDPParam& p = *sharded_[i];
+    p.materialize(flat_shards_.narrow(0, shard_offsets_[i], p.reduce_numel())
+                      .view(p.padded_shard().sizes()),
+                  new_param_for(p));
   }
 }
 

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "hp/dist/work.h"
@@ -33,6 +34,13 @@ class ParamGroup {
   ~ParamGroup();
 
   bool empty() const { return params_.empty(); }
+
+  // Deferred initialisation: gives the zero-copy flat shard buffer, if it
+  // is still on meta, zeroed memory on the shards' device and materialises
+  // the sharded parameters into it (FSDPParam::materialize, `new_param_for`
+  // giving each one's replacement tensor). Parameters outside the flat
+  // buffer are left to the caller.
+  void materialize(const std::function<at::Tensor(FSDPParam&)>& new_param_for);
   bool fused() const { return options_.fused; }
 
   // Issues the gathers (from the shards, or from the regather pieces over

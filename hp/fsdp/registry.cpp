@@ -37,4 +37,9 @@ std::optional<ManagedParam> find_managed(const at::Tensor& param) {
   return ManagedParam{std::move(unit), it->second.param};
 }
 
+void unregister_param(const at::Tensor& param) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  entries().erase(param.unsafeGetTensorImpl());
+}
+
 }  // namespace hp::fsdp

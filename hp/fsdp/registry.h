@@ -22,5 +22,7 @@ struct ManagedParam {
 
 void register_param(const at::Tensor& param, const std::shared_ptr<Unit>& unit, FSDPParam* managed);
 std::optional<ManagedParam> find_managed(const at::Tensor& param);
+// Forgets `param` (a tensor replaced by another, materialize.h).
+void unregister_param(const at::Tensor& param);
 
 }  // namespace hp::fsdp

@@ -17,5 +17,9 @@ void free_storage(const at::Tensor& tensor);
 // Gives the storage `nbytes` of fresh (uninitialised) memory if it has none.
 void allocate_storage(const at::Tensor& tensor, size_t nbytes);
 bool storage_is_allocated(const at::Tensor& tensor);
+// A contiguous tensor of `sizes` whose storage has no memory yet: views of
+// it may be taken, then free_storage puts it in the freed state that
+// allocate_storage fills. Never read it before.
+at::Tensor empty_unallocated(at::IntArrayRef sizes, const at::TensorOptions& options);
 
 }  // namespace hp::fsdp

@@ -5,8 +5,10 @@
 #include <algorithm>
 
 #include "hp/dist/world.h"
+#include "hp/fsdp/registry.h"
 #include "hp/fsdp/storage.h"
 #include "hp/nn/activation_checkpoint.h"
+#include "hp/tensor/dtensor_tensor.h"
 #include "hp/util/error.h"
 #include "hp/util/trace.h"
 
@@ -164,17 +166,44 @@ void Unit::install_hooks() {
   }
 }
 
+std::vector<std::pair<at::Tensor, at::Tensor>> Unit::materialize() {
+  std::vector<std::pair<at::Tensor, at::Tensor>> replaced;
+  auto new_param_for = [&](FSDPParam& p) -> at::Tensor {
+    if (is_dtensor(p.param())) return at::Tensor();  // re-pointed in place
+    at::Tensor fresh = at::empty({0}, p.param().options().device(p.shard_device()));
+    if (p.param().requires_grad()) fresh.set_requires_grad(true);
+    replaced.emplace_back(p.param(), fresh);
+    register_param(fresh, shared_from_this(), &p);
+    return fresh;
+  };
+  group_.materialize(new_param_for);
+  for (auto& p : params_) {
+    if (p->on_meta()) p->materialize(at::Tensor(), new_param_for(*p));
+  }
+  return replaced;
+}
+
 void Unit::validate_for_training() const {
+  // Deferred initialisation left undone: name what is uninitialised and the
+  // call that initialises it (docs/features.md, F17).
   std::vector<std::string> on_meta;
   for (const auto& p : params_) {
-    if (p->param().device().is_meta()) on_meta.push_back(p->fqn());
+    if (p->on_meta() || p->param().device().is_meta()) on_meta.push_back(p->fqn());
+  }
+  for (const auto& module : modules()) {
+    for (const auto& item : module->named_buffers(/*recurse=*/true)) {
+      if (item.value().is_meta()) on_meta.push_back(cat(item.key(), " (buffer)"));
+    }
   }
   HP_CHECK_ARG(on_meta.empty(), mode_of(mesh_),
                " parameters should be materialized from meta device before training, but "
                "the following were still on meta device: ",
                to_string(on_meta),
                "\nFor example, initialize the module weights on a real device before running "
-               "training.");
+               "training.\nThey are uninitialised: after fully_shard over a meta model, call "
+               "hp::init_sharded(model, plan) (e.g. plan = model->init_plan(); "
+               "hp/fsdp/materialize.h) or hp::checkpoint::load_into_shards(model, path) "
+               "(hp/checkpoint/load_into_shards.h) before the first forward.");
   for (const auto& p : params_) {
     HP_CHECK_ARG(p->param().device() == p->padded_shard().device(), "An ", mode_of(mesh_),
                  "-managed module unexpectedly has parameters on ", p->param().device(),

@@ -110,6 +110,13 @@ class Unit : public std::enable_shared_from_this<Unit> {
   std::vector<std::shared_ptr<nn::Module>> modules() const;
   const std::vector<std::unique_ptr<FSDPParam>>& params() const { return params_; }
   const MeshInfo& mesh() const { return mesh_; }
+  // Deferred initialisation (materialize.h): gives every parameter still on
+  // meta its (uninitialised) shard on the unit's device. Returns the
+  // replaced parameter tensors as (old, new): a plain meta parameter's
+  // TensorImpl cannot hold real memory, so the caller re-registers the new
+  // one in the model (the registry already maps it to its FSDPParam).
+  // Nothing on meta: nothing happens. Local: no collectives.
+  std::vector<std::pair<at::Tensor, at::Tensor>> materialize();
   const UnitFlags& flags() const { return flags_; }
   UnitFlags& mutable_flags() { return flags_; }
   const std::shared_ptr<RootContext>& context() const { return context_; }

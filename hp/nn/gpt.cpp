@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "hp/nn/meta_device.h"
 #include "hp/util/error.h"
 
 namespace hp::nn {
@@ -18,40 +19,60 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 }  // namespace
 
-GPTImpl::GPTImpl(GPTConfig config) : Module("GPT"), config_(config) {
+GPTImpl::GPTImpl(GPTConfig config, c10::Device device) : Module("GPT"), config_(config) {
   config_.validate();
+  HP_CHECK_ARG(device.is_cpu() || device.is_meta(), "GPT: device ", device,
+               " must be cpu or meta; build on the CPU and move the model with ->to(", device,
+               ")");
+  const bool meta = device.is_meta();
+  // On meta each submodule leaves the CPU before the next is built.
+  auto place = [meta](torch::nn::Module& m) {
+    if (meta) move_to_meta(m);
+  };
   const int64_t d = config_.n_embd;
   wte = register_module("wte", torch::nn::Embedding(config_.vocab_size, d));
+  place(*wte);
   wpe = register_module("wpe", torch::nn::Embedding(config_.context, d));
+  place(*wpe);
   h = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < config_.n_layer; ++i) {
     blocks_.emplace_back(config_);
+    place(*blocks_.back());
     h->push_back(blocks_.back().ptr());
   }
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d}).eps(1e-5)));
+  place(*ln_f);
   lm_head = register_module(
       "lm_head", torch::nn::Linear(torch::nn::LinearOptions(d, config_.vocab_size).bias(false)));
-  init_weights();
+  place(*lm_head);
+  if (!meta) apply_init_plan(*this, init_plan());
 }
 
 // nanoGPT's _init_weights applied over modules() in pre-order, then its
 // c_proj re-draw over named_parameters(): the same draws in the same order,
-// so a seed means the same weights here and in PyTorch.
-void GPTImpl::init_weights() {
-  torch::NoGradGuard no_grad;
-  for (const auto& m : modules(/*include_self=*/false)) {
+// so a seed means the same weights here and in PyTorch. LayerNorm keeps its
+// constructor's 1 and 0 in nanoGPT; the steps say so for a meta model.
+InitPlan GPTImpl::init_plan() const {
+  InitPlan plan;
+  for (const auto& item : named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
+    const std::string& name = item.key();
+    const auto& m = item.value();
     if (auto* linear = m->as<torch::nn::Linear>()) {
-      linear->weight.normal_(0.0, 0.02);
-      if (linear->bias.defined()) linear->bias.zero_();
-    } else if (auto* embedding = m->as<torch::nn::Embedding>()) {
-      embedding->weight.normal_(0.0, 0.02);
+      plan.push_back(normal_step(name + ".weight", 0.0, 0.02));
+      if (linear->bias.defined()) plan.push_back(fill_step(name + ".bias", 0.0));
+    } else if (m->as<torch::nn::Embedding>()) {
+      plan.push_back(normal_step(name + ".weight", 0.0, 0.02));
+    } else if (m->as<torch::nn::LayerNorm>()) {
+      plan.push_back(fill_step(name + ".weight", 1.0));
+      plan.push_back(fill_step(name + ".bias", 0.0));
     }
   }
   // Residual projections: their outputs add up over 2 * n_layer sub-layers.
   const double proj_std = 0.02 / std::sqrt(2.0 * double(config_.n_layer));
-  for (auto& p : named_parameters()) {
-    if (ends_with(p.key(), "c_proj.weight")) p.value().normal_(0.0, proj_std);
+  for (const auto& p : named_parameters()) {
+    if (ends_with(p.key(), "c_proj.weight")) plan.push_back(normal_step(p.key(), 0.0, proj_std));
   }
+  return plan;
 }
 
 at::Tensor GPTImpl::forward(const at::Tensor& idx) {

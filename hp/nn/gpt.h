@@ -11,7 +11,15 @@
 // Linear and Embedding weights ~ N(0, 0.02), biases 0, LayerNorm 1 and 0,
 // then every c_proj.weight redrawn ~ N(0, 0.02 / sqrt(2 n_layer)). The draws
 // happen in the order nanoGPT makes them, so the same seed gives the same
-// weights as tests/nn/gpt_reference.py.
+// weights as tests/nn/gpt_reference.py. init_plan() is that initialisation
+// as per-tensor steps (init_plan.h): the eager constructor runs them, and
+// deferred initialisation runs the same steps into the shards.
+//
+// Built with device at::kMeta, the model holds meta tensors (meta_device.h):
+// each submodule is constructed (its constructor's draws as in the eager
+// model) and moved to meta before the next, so the peak is one submodule,
+// and the init steps are not run; hp::init_sharded(model, model->init_plan())
+// after fully_shard then gives each rank the eager model's shards.
 //
 // Blocks are called through their holders (and generate() calls forward
 // through this module's own hooks), so hooks registered by fully_shard on the
@@ -30,14 +38,16 @@
 
 #include "hp/nn/block.h"
 #include "hp/nn/gpt_config.h"
+#include "hp/nn/init_plan.h"
 #include "hp/nn/module.h"
 
 namespace hp::nn {
 
 class GPTImpl : public Module {
  public:
-  // Throws hp::ArgumentError when config.validate() does.
-  explicit GPTImpl(GPTConfig config);
+  // Throws hp::ArgumentError when config.validate() does, or for a device
+  // other than the CPU or meta (move a CPU-built model with ->to(device)).
+  explicit GPTImpl(GPTConfig config, c10::Device device = c10::Device(c10::DeviceType::CPU));
 
   // idx: int64 [B, T], 1 <= T <= config.context, ids in [0, vocab_size)
   // -> logits [B, T, vocab_size]. Ids out of range raise ArgumentError on
@@ -55,6 +65,8 @@ class GPTImpl : public Module {
                       at::Generator generator);
 
   const GPTConfig& config() const { return config_; }
+  // The initialisation as ordered per-tensor steps (see above).
+  InitPlan init_plan() const;
   // The blocks h.0, h.1, ... in forward order.
   const std::vector<Block>& blocks() const { return blocks_; }
 
@@ -65,8 +77,6 @@ class GPTImpl : public Module {
   torch::nn::Linear lm_head{nullptr};
 
  private:
-  void init_weights();
-
   GPTConfig config_;
   std::vector<Block> blocks_;
 };

@@ -5,21 +5,30 @@
 
 #include <mutex>
 
+#include "hp/nn/meta_device.h"
 #include "hp/nn/sample_tokens.h"
 #include "hp/util/error.h"
 
 namespace hp::nn {
 
-LlamaModelImpl::LlamaModelImpl(const LlamaConfig& config) : Module("LlamaModel") {
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& config, c10::Device device)
+    : Module("LlamaModel") {
   config.validate();
+  // On meta each submodule leaves the CPU before the next is built.
+  auto place = [meta = device.is_meta()](torch::nn::Module& m) {
+    if (meta) move_to_meta(m);
+  };
   embed_tokens =
       register_module("embed_tokens", torch::nn::Embedding(config.vocab_size, config.n_embd));
+  place(*embed_tokens);
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.n_layer; ++i) {
     layer_list_.emplace_back(config);
+    place(*layer_list_.back());
     layers->push_back(layer_list_.back().ptr());
   }
   norm = register_module("norm", RMSNorm(config.n_embd, config.rms_norm_eps));
+  place(*norm);
 }
 
 at::Tensor LlamaModelImpl::forward(const at::Tensor& idx) {
@@ -40,18 +49,24 @@ void init_llama_parameter(const LlamaConfig& config, const std::string& name,
   }
 }
 
-LlamaImpl::LlamaImpl(LlamaConfig config) : Module("Llama"), config_(config) {
+LlamaImpl::LlamaImpl(LlamaConfig config, c10::Device device)
+    : Module("Llama"), config_(config) {
   config_.validate();
+  HP_CHECK_ARG(device.is_cpu() || device.is_meta(), "Llama: device ", device,
+               " must be cpu or meta; build on the CPU and move the model with ->to(", device,
+               ")");
+  const bool meta = device.is_meta();
   at::Generator generator = at::detail::getDefaultCPUGenerator();
   at::Tensor before;
   {
     std::lock_guard<std::mutex> lock(generator.mutex());
     before = generator.get_state();
   }
-  model = register_module("model", LlamaModel(config_));
+  model = register_module("model", LlamaModel(config_, device));
   lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(
                                            config_.n_embd, config_.vocab_size)
                                            .bias(false)));
+  if (meta) move_to_meta(*lm_head);
   {
     // The modules' own default initialisation is overwritten below; putting
     // the generator back makes the weights depend on the seed and the
@@ -59,7 +74,17 @@ LlamaImpl::LlamaImpl(LlamaConfig config) : Module("Llama"), config_(config) {
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(before);
   }
-  for (auto& p : named_parameters()) init_llama_parameter(config_, p.key(), p.value());
+  if (!meta) apply_init_plan(*this, init_plan());
+}
+
+InitPlan LlamaImpl::init_plan() const {
+  InitPlan plan;
+  for (const auto& p : named_parameters()) {
+    plan.push_back({p.key(), [config = config_, name = p.key()](at::Tensor& value) {
+                      init_llama_parameter(config, name, value);
+                    }});
+  }
+  return plan;
 }
 
 at::Tensor LlamaImpl::forward(const at::Tensor& idx) {

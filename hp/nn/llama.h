@@ -19,7 +19,14 @@
 // 2-D ones (Linear and Embedding weights) ~ N(0, initializer_range), 1-D
 // ones (RMSNorm weights) 1. So replaying init_llama_parameter over the names
 // in that order, from the same seed, gives the same weights, and so does
-// tests/nn/llama_reference.py.
+// tests/nn/llama_reference.py. init_plan() is that initialisation as
+// per-tensor steps (init_plan.h).
+//
+// Built with device at::kMeta, the model holds meta tensors (meta_device.h):
+// each submodule is built on the CPU and moved to meta before the next, so
+// the peak is one submodule, and the init steps are not run;
+// hp::init_sharded(model, model->init_plan()) gives every rank its shards of
+// the eager model's values (hp/fsdp/materialize.h).
 //
 // Decoder layers are called through their holders, so hooks registered by
 // fully_shard on them (layers()) and on the root run.
@@ -37,6 +44,7 @@
 
 #include "hp/nn/llama_config.h"
 #include "hp/nn/llama_layer.h"
+#include "hp/nn/init_plan.h"
 #include "hp/nn/module.h"
 #include "hp/nn/rms_norm.h"
 
@@ -47,7 +55,9 @@ namespace hp::nn {
 // Llama checks its input).
 class LlamaModelImpl : public Module {
  public:
-  explicit LlamaModelImpl(const LlamaConfig& config);
+  // On at::kMeta each submodule is moved to meta once built.
+  explicit LlamaModelImpl(const LlamaConfig& config,
+                          c10::Device device = c10::Device(c10::DeviceType::CPU));
   at::Tensor forward(const at::Tensor& idx);
 
   const std::vector<LlamaDecoderLayer>& layer_list() const { return layer_list_; }
@@ -63,8 +73,9 @@ HP_MODULE(LlamaModel);
 
 class LlamaImpl : public Module {
  public:
-  // Throws hp::ArgumentError when config.validate() does.
-  explicit LlamaImpl(LlamaConfig config);
+  // Throws hp::ArgumentError when config.validate() does, or for a device
+  // other than the CPU or meta (move a CPU-built model with ->to(device)).
+  explicit LlamaImpl(LlamaConfig config, c10::Device device = c10::Device(c10::DeviceType::CPU));
 
   // idx: int64 [B, T], 1 <= T <= config.context, ids in [0, vocab_size)
   // -> logits [B, T, vocab_size]. Ids out of range raise ArgumentError on
@@ -78,6 +89,9 @@ class LlamaImpl : public Module {
                       at::Generator generator);
 
   const LlamaConfig& config() const { return config_; }
+  // The initialisation as steps, one per parameter in named_parameters()
+  // order (init_llama_parameter's values).
+  InitPlan init_plan() const;
   // The decoder layers model.layers.0, 1, ... in forward order.
   const std::vector<LlamaDecoderLayer>& layers() const { return model->layer_list(); }
 

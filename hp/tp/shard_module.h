@@ -11,7 +11,10 @@
 //
 // Parameters named in plan.plan become tensor-form DTensors of their layout
 // (hp/tensor/dtensor_tensor.h): every rank splits its own full value, with no
-// communication, so the model must hold the same values on every rank.
+// communication, so the model must hold the same values on every rank. A
+// parameter on the meta device becomes a DTensor with a meta local shard,
+// which hp::init_sharded or hp::checkpoint::load_into_shards materialises
+// (hp/fsdp/materialize.h, F17).
 // They replace the registered parameters (hp/nn/replace_parameter.h; tied
 // parameters stay tied), so model->parameters() and the modules' fields see
 // them, and ordinary libtorch code runs on them through the DTensor op

@@ -504,7 +504,11 @@ TEST(FullyShardErrors, LazyInitRefusesMetaParameters) {
               ThrowsMessage<ArgumentError>(StrEq(
                   "FSDP parameters should be materialized from meta device before training, but "
                   "the following were still on meta device: ['w']\nFor example, initialize the "
-                  "module weights on a real device before running training.")));
+                  "module weights on a real device before running training.\nThey are "
+                  "uninitialised: after fully_shard over a meta model, call "
+                  "hp::init_sharded(model, plan) (e.g. plan = model->init_plan(); "
+                  "hp/fsdp/materialize.h) or hp::checkpoint::load_into_shards(model, path) "
+                  "(hp/checkpoint/load_into_shards.h) before the first forward.")));
 }
 
 }  // namespace

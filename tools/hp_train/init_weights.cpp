@@ -17,16 +17,23 @@
 namespace hp::train {
 namespace {
 
+// A tensor of the file, as its header describes it.
+struct FileTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  at::ScalarType dtype;
+};
+
 // What GPT the tensors look like, from GPT-2's names: wte.weight [vocab, d],
 // wpe.weight [ctx, d], blocks h.0. to h.<L-1>.
-std::string file_shape(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+std::string file_shape(const std::vector<FileTensor>& tensors) {
   int64_t layers = 0, d = -1, ctx = -1, vocab = -1;
-  for (const auto& [name, value] : tensors) {
-    if (name == "wte.weight" && value.dim() == 2) {
-      vocab = value.size(0);
-      d = value.size(1);
-    } else if (name == "wpe.weight" && value.dim() == 2) {
-      ctx = value.size(0);
+  for (const auto& [name, shape, dtype] : tensors) {
+    if (name == "wte.weight" && shape.size() == 2) {
+      vocab = shape[0];
+      d = shape[1];
+    } else if (name == "wpe.weight" && shape.size() == 2) {
+      ctx = shape[0];
     } else if (name.rfind("h.", 0) == 0) {
       const size_t dot = name.find('.', 2);
       int64_t index = 0;
@@ -45,6 +52,56 @@ std::string file_shape(const std::vector<std::pair<std::string, at::Tensor>>& te
                      plural(layers, "layer"), d, ctx, vocab, layers, d, ctx);
 }
 
+// Every way the file's tensors fail to match `model`'s parameters, as an
+// ArgumentError (nothing when they match).
+void check_against(const torch::nn::Module& model, const std::string& path,
+                   const std::vector<FileTensor>& tensors) {
+  std::map<std::string, const FileTensor*> loaded;
+  for (const FileTensor& t : tensors) loaded[t.name] = &t;
+  std::vector<std::string> problems;
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    const at::Tensor& param = item.value();
+    auto it = loaded.find(item.key());
+    if (it == loaded.end()) {
+      problems.push_back(fmt::format("missing tensor '{}' (expected shape {})", item.key(),
+                                     to_string(param.sizes().vec())));
+      continue;
+    }
+    const FileTensor& value = *it->second;
+    if (value.shape != param.sizes().vec()) {
+      problems.push_back(fmt::format("tensor '{}' has shape {}, expected {}", item.key(),
+                                     to_string(value.shape), to_string(param.sizes().vec())));
+    } else if (!at::isFloatingType(value.dtype)) {
+      problems.push_back(fmt::format("tensor '{}' has dtype {}, expected a floating dtype ({})",
+                                     item.key(), c10::toString(value.dtype),
+                                     c10::toString(param.scalar_type())));
+    }
+    loaded.erase(it);
+  }
+  for (const auto& [name, value] : loaded) {
+    problems.push_back(fmt::format("unexpected tensor '{}' of shape {} (not a parameter of the "
+                                   "model)",
+                                   name, to_string(value->shape)));
+  }
+  if (problems.empty()) return;
+  // A file of another model mismatches in nearly every tensor: list a few,
+  // count the rest, and say which shape the file holds.
+  constexpr size_t kListed = 5;
+  std::string message = fmt::format(
+      "--init-from '{}' does not match the model: {}{}", path,
+      plural(static_cast<int64_t>(problems.size()), "problem"),
+      problems.size() > kListed ? fmt::format(", the first {}", kListed) : "");
+  for (size_t i = 0; i < std::min(problems.size(), kListed); ++i) {
+    message += "\n  " + problems[i];
+  }
+  if (problems.size() > kListed) {
+    message += fmt::format("\n  ... and {} more", problems.size() - kListed);
+  }
+  message += "\n" + file_shape(tensors) +
+             "; --layers/--d/--heads/--ctx (and the corpus's vocabulary) set the model";
+  throw_argument_error(message);
+}
+
 }  // namespace
 
 void load_initial_weights(torch::nn::Module& model, const std::string& path) {
@@ -54,57 +111,37 @@ void load_initial_weights(torch::nn::Module& model, const std::string& path) {
   } catch (const checkpoint::SafetensorsError& e) {
     throw_argument_error(fmt::format("--init-from: {}", e.what()));
   }
+  std::vector<FileTensor> described;
+  for (const auto& [name, value] : file.tensors) {
+    described.push_back({name, value.sizes().vec(), value.scalar_type()});
+  }
+  check_against(model, path, described);
   std::map<std::string, at::Tensor> loaded(file.tensors.begin(), file.tensors.end());
-
-  std::vector<std::string> problems;
-  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (parameter, value)
-  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-    const at::Tensor& param = item.value();
-    auto it = loaded.find(item.key());
-    if (it == loaded.end()) {
-      problems.push_back(fmt::format("missing tensor '{}' (expected shape {})", item.key(),
-                                     to_string(param.sizes().vec())));
-      continue;
-    }
-    const at::Tensor& value = it->second;
-    if (value.sizes() != param.sizes()) {
-      problems.push_back(fmt::format("tensor '{}' has shape {}, expected {}", item.key(),
-                                     to_string(value.sizes().vec()),
-                                     to_string(param.sizes().vec())));
-    } else if (!at::isFloatingType(value.scalar_type())) {
-      problems.push_back(fmt::format("tensor '{}' has dtype {}, expected a floating dtype ({})",
-                                     item.key(), c10::toString(value.scalar_type()),
-                                     c10::toString(param.scalar_type())));
-    } else {
-      copies.emplace_back(param, value);
-    }
-    loaded.erase(it);
-  }
-  for (const auto& [name, value] : loaded) {
-    problems.push_back(fmt::format("unexpected tensor '{}' of shape {} (not a parameter of the "
-                                   "model)",
-                                   name, to_string(value.sizes().vec())));
-  }
-  if (!problems.empty()) {
-    // A file of another model mismatches in nearly every tensor: list a
-    // few, count the rest, and say which shape the file holds.
-    constexpr size_t kListed = 5;
-    std::string message = fmt::format(
-        "--init-from '{}' does not match the model: {}{}", path,
-        plural(static_cast<int64_t>(problems.size()), "problem"),
-        problems.size() > kListed ? fmt::format(", the first {}", kListed) : "");
-    for (size_t i = 0; i < std::min(problems.size(), kListed); ++i) {
-      message += "\n  " + problems[i];
-    }
-    if (problems.size() > kListed) {
-      message += fmt::format("\n  ... and {} more", problems.size() - kListed);
-    }
-    message += "\n" + file_shape(file.tensors) +
-               "; --layers/--d/--heads/--ctx (and the corpus's vocabulary) set the model";
-    throw_argument_error(message);
-  }
   torch::NoGradGuard no_grad;
-  for (auto& [param, value] : copies) param.copy_(value);
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    at::Tensor param = item.value();
+    param.copy_(loaded.at(item.key()));
+  }
+}
+
+void check_initial_weights(const torch::nn::Module& model, const std::string& path) {
+  checkpoint::SafetensorsIndex index;
+  try {
+    index = checkpoint::read_safetensors_index(path);
+  } catch (const checkpoint::SafetensorsError& e) {
+    throw_argument_error(fmt::format("--init-from: {}", e.what()));
+  }
+  std::vector<FileTensor> described;
+  for (const auto& e : index.entries) described.push_back({e.name, e.shape, e.dtype});
+  check_against(model, path, described);
+  for (const auto& e : index.entries) {
+    const at::Tensor* param = model.named_parameters(/*recurse=*/true).find(e.name);
+    HP_CHECK_ARG(param && param->scalar_type() == e.dtype, "--init-from '", path,
+                 "': tensor '", e.name, "' has dtype ", c10::toString(e.dtype),
+                 "; reading straight into the shards (--init meta) needs the parameters' dtype ",
+                 param ? c10::toString(param->scalar_type()) : "",
+                 " (--init eager converts)");
+  }
 }
 
 }  // namespace hp::train

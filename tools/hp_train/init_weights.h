@@ -1,9 +1,12 @@
 // --init-from: start training from given weights instead of the random initialisation.
 //
 // The file holds the whole model, as one process would save it (e.g. a
-// PyTorch GPT-2 state dict written with safetensors). It is loaded into the
-// model before fully_shard, so each rank then keeps only its shard of it,
-// and every problem surfaces before any collective.
+// PyTorch GPT-2 state dict written with safetensors). Under --init eager it
+// is loaded into the model before fully_shard, so each rank then keeps only
+// its shard of it; under --init meta (F17) only its header is checked here
+// and each rank reads its shards' bytes after sharding
+// (hp::checkpoint::load_into_shards). Either way every problem of the file
+// surfaces before any collective.
 #pragma once
 
 #include <string>
@@ -23,5 +26,10 @@ namespace hp::train {
 // raises hp::ArgumentError with the reader's message (which names the file).
 // Nothing is copied unless everything matches.
 void load_initial_weights(torch::nn::Module& model, const std::string& path);
+
+// The same checks from the file's header alone (nothing is read or copied),
+// for a model on the meta device; the dtypes must also be the parameters'
+// own (a load into shards does not convert).
+void check_initial_weights(const torch::nn::Module& model, const std::string& path);
 
 }  // namespace hp::train

@@ -41,6 +41,7 @@
 #include "tools/hp_train/output_file.h"
 #include "tools/hp_train/parallelize.h"
 #include "tools/hp_train/progress.h"
+#include "tools/hp_train/startup.h"
 #include "tools/hp_train/report.h"
 #include "tools/hp_train/step_log.h"
 #include "tools/hp_train/train_options.h"
@@ -126,10 +127,11 @@ int run(const TrainOptions& options) {
   // Each training step resets the peak (Trainer::step).
   hp::enable_memory_tracking();
 
-  // The same seed on every rank: identical weights before sharding.
+  // The same seed on every rank: identical weights before sharding (or, on
+  // meta, identical draws into each rank's shards).
   torch::manual_seed(options.seed);
-  TrainModel model = TrainModel::build(options, corpus.vocab_size);
-  if (!options.init_from.empty()) load_initial_weights(model.module(), options.init_from);
+  const bool meta_init = uses_meta_init(options, parallelism);
+  TrainModel model = build_model(options, corpus.vocab_size, meta_init);
   const std::optional<ResumePoint> resume_point = find_resume_point(options, model);
   prepare_save_dir(options);
   const int64_t parameters = parameter_count(model);
@@ -146,6 +148,10 @@ int run(const TrainOptions& options) {
   const bool distributed = parallelism.mode != Mode::kNone;
   if (distributed) hp::dist::init_process_group();
   std::optional<hp::FSDPModule> fsdp = parallelize(model, parallelism, options);
+  const std::string init_line = materialize_model(model, options, meta_init);
+  const StartupMemory startup =
+      gather_startup_memory(distributed ? hp::dist::world_group().get() : nullptr);
+  if (step_log) step_log->set_startup(startup.peak_bytes, startup.vmhwm_bytes, meta_init);
   if (!options.trace.empty()) {
     // Each rank's clock starts with its own process; one origin for all,
     // rank 0's wall clock now, lines the ranks' timelines up.
@@ -161,6 +167,8 @@ int run(const TrainOptions& options) {
                   parallelism.dp_size, corpus.tokens, options);
 
   say(root, header_text(options, parallelism, corpus, parameters));
+  if (!init_line.empty()) say(root, init_line);
+  say(root, startup_memory_table(startup, meta_init, parameters));
   ProgressMeter meter(options.steps, options.batch * options.seq);
   TrainCheckpoints checkpoints(model, trainer.optimizer(), options);
   const int64_t first_step = resume_point ? resume_point->step : 0;

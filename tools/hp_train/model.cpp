@@ -31,7 +31,7 @@ Holder copied(Holder source) {
 
 }  // namespace
 
-TrainModel TrainModel::build(const TrainOptions& o, int64_t vocab_size) {
+TrainModel TrainModel::build(const TrainOptions& o, int64_t vocab_size, c10::Device device) {
   if (o.model == "gpt") {
     nn::GPTConfig config;
     config.vocab_size = vocab_size;
@@ -39,7 +39,7 @@ TrainModel TrainModel::build(const TrainOptions& o, int64_t vocab_size) {
     config.n_layer = o.layers;
     config.n_head = o.heads;
     config.n_embd = o.d;
-    return TrainModel(nn::GPT(config));
+    return TrainModel(nn::GPT(config, device));
   }
   HP_CHECK_ARG(o.model == "llama", "--model '", o.model, "' is not a model; expected gpt or llama");
   nn::LlamaConfig config;
@@ -50,7 +50,11 @@ TrainModel TrainModel::build(const TrainOptions& o, int64_t vocab_size) {
   config.n_kv_head = o.kv_heads > 0 ? o.kv_heads : o.heads;
   config.n_embd = o.d;
   config.intermediate_size = nn::llama_intermediate_size(o.d);
-  return TrainModel(nn::Llama(config));
+  return TrainModel(nn::Llama(config, device));
+}
+
+nn::InitPlan TrainModel::init_plan() const {
+  return visit(model_, [](auto m) { return m->init_plan(); });
 }
 
 std::shared_ptr<nn::Module> TrainModel::root() const {

@@ -17,6 +17,7 @@
 
 #include "hp/mesh/device_mesh.h"
 #include "hp/nn/gpt.h"
+#include "hp/nn/init_plan.h"
 #include "hp/nn/llama.h"
 #include "hp/nn/module.h"
 #include "hp/tp/sharding_plan.h"
@@ -28,8 +29,10 @@ class TrainModel {
  public:
   // The model --model names, shaped by --layers, --d, --heads, --ctx (and
   // --kv-heads for a Llama) with vocabulary `vocab_size`, initialised from
-  // the current torch seed. Throws hp::ArgumentError for an unknown model.
-  static TrainModel build(const TrainOptions& options, int64_t vocab_size);
+  // the current torch seed, on the CPU or on the meta device (`device`,
+  // hp/nn/meta_device.h). Throws hp::ArgumentError for an unknown model.
+  static TrainModel build(const TrainOptions& options, int64_t vocab_size,
+                          c10::Device device = c10::Device(c10::DeviceType::CPU));
 
   // Implicit: a GPT or Llama holder is a TrainModel sharing its module.
   TrainModel(nn::GPT gpt) : model_(std::move(gpt)) {}        // NOLINT(runtime/explicit)
@@ -43,6 +46,8 @@ class TrainModel {
   std::vector<std::shared_ptr<nn::Module>> blocks() const;
   int64_t vocab_size() const;
   int64_t context() const;
+  // The model's initialisation as per-tensor steps (hp/nn/init_plan.h).
+  nn::InitPlan init_plan() const;
   // "GPT" or "Llama".
   const char* name() const;
 

@@ -9,6 +9,7 @@
 
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "tools/hp_train/trainer.h"
 
@@ -23,8 +24,15 @@ class StepLog {
   // Appends the record's line and flushes it, so a run that dies keeps the
   // steps it finished.
   void write(const StepRecord& record);
+  // The first line written after this carries the start-up memory too:
+  // "init" ("eager" or "meta"), "startup_peak_bytes" and
+  // "startup_vmhwm_bytes" (per rank; startup.h).
+  void set_startup(std::vector<int64_t> peak_bytes, std::vector<int64_t> vmhwm_bytes, bool meta);
 
  private:
+  std::vector<int64_t> startup_peak_bytes_, startup_vmhwm_bytes_;
+  bool meta_ = false;
+  bool startup_pending_ = false;
   std::string path_;
   std::ofstream out_;
 };

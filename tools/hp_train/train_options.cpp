@@ -292,8 +292,16 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
          "--mode hsdp, or DxT for --mode fsdp_tp; its product is the world size (default: the "
          "world size)",
          "N|RxS|DxT", kMesh);
-  option("--init-from", o.init_from, "initial weights (.safetensors) by parameter name", "FILE",
-         kFileName);
+  option("--init", o.init,
+         "meta: build the model on the meta device and give each rank only its shards, "
+         "initialised as the eager model would be (or read from --init-from); eager: every "
+         "rank builds the whole model first (default: meta in the sharded modes fsdp, hsdp, "
+         "tp, fsdp_tp; eager for none and ddp)",
+         "eager|meta", one_of({"eager", "meta"}));
+  option("--init-from", o.init_from,
+         "initial weights (.safetensors) by parameter name; under --init meta also a "
+         "checkpoint directory (--save-dir's)",
+         "FILE|DIR", kFileName);
   option("--log-json", o.log_json,
          "rank 0 writes one JSON object per step, one per line: step (0-based), loss, "
          "step_time_s, tokens_per_s, peak_bytes; FILE's folder is created if missing",
@@ -570,6 +578,12 @@ void validate_options(const TrainOptions& o, const Parallelism& parallelism) {
     HP_CHECK_ARG(o.vocab != 0, "--data-file ", o.data_file,
                  " needs --vocab V (every token id must be below V)");
   }
+}
+
+bool uses_meta_init(const TrainOptions& o, const Parallelism& parallelism) {
+  if (!o.init.empty()) return o.init == "meta";
+  // Whole copies everywhere (one process, DDP): meta saves nothing.
+  return parallelism.mode != Mode::kNone && parallelism.mode != Mode::kDDP;
 }
 
 void validate_corpus(const TrainOptions& o, const Corpus& corpus) {

@@ -55,7 +55,13 @@ struct TrainOptions {
   Mode mode = Mode::kFSDP;
   std::string mesh;  // "N" or "RxS"
 
-  std::string init_from;  // a .safetensors file of the full initial weights
+  // --init eager|meta (F17); empty: meta where it saves memory, i.e. in the
+  // sharded modes (fsdp, hsdp, tp, fsdp_tp), eager otherwise (see
+  // uses_meta_init).
+  std::string init;
+  // a .safetensors file of the full initial weights; under --init meta also
+  // a checkpoint directory (--save-dir's, any world size)
+  std::string init_from;
   std::string log_json;   // rank 0 appends one JSON object per step
   bool dry_run = false;   // --dry-run: print the memory plan (P2), train nothing
 
@@ -141,6 +147,10 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
 // divisible by the data-parallel size, --vocab only with --data-file (and
 // required by it), heads (and kv heads) dividing by the tensor-parallel size.
 void validate_options(const TrainOptions& options, const Parallelism& parallelism);
+
+// Whether the model is built on the meta device and only the local shards
+// are materialised (--init, default as above).
+bool uses_meta_init(const TrainOptions& options, const Parallelism& parallelism);
 
 // The corpus holds at least seq + 2 tokens (one full window and a target);
 // token ids below --vocab are checked by load_token_file itself.

@@ -1,0 +1,41 @@
+// hp-train's start-up (F17 in docs/features.md): the model built eagerly (the
+// whole model on every rank) or on the meta device (each rank materialises
+// only its shards after parallelize), and the start-up memory every rank
+// reports.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hp/dist/group.h"
+#include "tools/hp_train/model.h"
+#include "tools/hp_train/train_options.h"
+
+namespace hp::train {
+
+// The model --model names (vocabulary `vocab_size`), from the seed already
+// set: whole under eager (with
+// --init-from loaded into it), on meta otherwise (--init-from checked from
+// its header, or as a checkpoint directory). Raises ArgumentError for a
+// file or directory that does not fit; communicates nothing.
+TrainModel build_model(const TrainOptions& options, int64_t vocab_size, bool meta);
+
+// Under meta, after parallelize: this rank's shards materialised and filled
+// from the model's init steps (the eager model's values) or read from
+// --init-from (its own byte ranges only). Returns a line for the log, empty
+// under eager. Collective when reading --init-from.
+std::string materialize_model(const TrainModel& model, const TrainOptions& options, bool meta);
+
+struct StartupMemory {
+  std::vector<int64_t> peak_bytes;   // per rank: libtorch's CPU peak so far (memory_stats)
+  std::vector<int64_t> vmhwm_bytes;  // per rank: the process's resident peak (VmHWM)
+};
+
+// Every rank's figures, gathered over `group` (null: this process alone).
+StartupMemory gather_startup_memory(dist::Group* group);
+
+// One line per rank, next to the model's fp32 bytes divided by the ranks.
+std::string startup_memory_table(const StartupMemory& memory, bool meta, int64_t parameter_count);
+
+}  // namespace hp::train
