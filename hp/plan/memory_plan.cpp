@@ -740,14 +740,14 @@ class StepSimulator {
     for (Id* id : {&cos64, &sin64, &both, &angles, &inv_freq}) t_.free(*id);
   }
 
-  BlockActs llama_block_forward(Id input) {
+  // A decoder layer's forward from its input (the previous output); under
+  // bf16 nothing it saves is that input (the norm keeps an fp32 copy), so
+  // llama_forward frees it unless checkpointing keeps it.
+  BlockActs llama_block_forward() {
     Term A = Term::kActivations;
     const bool gqa = s_.kv_heads != s_.heads;
     BlockActs a;
     a.a1 = rms_forward(a.n1);
-    // Under bf16 nothing keeps the input but checkpointing (its fp32 copy is
-    // what the norm saves); the caller decides.
-    (void)input;
     Id q = t_.alloc(A, nq());
     Id k = t_.alloc(A, nkv());
     Id v = t_.alloc(A, nkv());
@@ -810,7 +810,7 @@ class StepSimulator {
     const bool keeps_input = !low_precision() || s_.o.checkpointing == Checkpointing::kBlocks;
     for (size_t i = 1; i < units_.size(); ++i) {
       pre_forward(i);
-      BlockActs a = llama_block_forward(outputs_.back());
+      BlockActs a = llama_block_forward();
       if (!keeps_input) t_.free(outputs_.back());
       outputs_.push_back(a.out);
       a.out = Timeline::kNone;
@@ -830,7 +830,7 @@ class StepSimulator {
     Id recomputed = Timeline::kNone;
     if (s_.o.checkpointing == Checkpointing::kBlocks) {
       t_.at(fmt::format("backward of {} (recomputing its forward)", u.name));
-      a = llama_block_forward(outputs_[index - 1]);
+      a = llama_block_forward();
       recomputed = a.out;
       a.out = Timeline::kNone;
       t_.at(fmt::format("backward of {}", u.name));
