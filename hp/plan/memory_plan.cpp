@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
+#include <variant>
 
 #include <fmt/format.h>
 
@@ -161,6 +162,29 @@ enum BlockParam { kLn1W, kLn1B, kAttnW, kAttnB, kAProjW, kAProjB, kLn2W, kLn2B, 
                   kMProjW, kMProjB };
 enum RootParam { kWte, kWpe, kLnfW, kLnfB, kHead };
 
+// The Llama's (hp/nn/llama.h): no biases, RMSNorm weights only.
+std::vector<ParamShape> llama_root_params(const nn::LlamaConfig& c) {
+  return {{"model.embed_tokens.weight", c.vocab_size, c.n_embd},
+          {"model.norm.weight", c.n_embd, 1},
+          {"lm_head.weight", c.vocab_size, c.n_embd}};
+}
+
+std::vector<ParamShape> llama_block_params(const nn::LlamaConfig& c) {
+  const int64_t d = c.n_embd, hd = c.head_dim(), m = c.intermediate_size;
+  return {{"self_attn.q_proj.weight", c.n_head * hd, d},
+          {"self_attn.k_proj.weight", c.n_kv_head * hd, d},
+          {"self_attn.v_proj.weight", c.n_kv_head * hd, d},
+          {"self_attn.o_proj.weight", d, c.n_head * hd},
+          {"mlp.gate_proj.weight", m, d},
+          {"mlp.up_proj.weight", m, d},
+          {"mlp.down_proj.weight", d, m},
+          {"input_layernorm.weight", d, 1},
+          {"post_attention_layernorm.weight", d, 1}};
+}
+
+enum LlamaBlockParam { kQ, kK, kV, kO, kGate, kUp, kDown, kInNorm, kPostNorm };
+enum LlamaRootParam { kEmbed, kNorm, kLmHead };
+
 // Everything fixed for a run: sizes, dtypes and the layout of the units.
 struct Setup {
   PlanOptions o;
@@ -175,6 +199,10 @@ struct Setup {
   int64_t N = 1;         // tokens this rank's forward takes
   int64_t keep_over = 0; // ranks the parameters stay spread over after forward
   bool fsdp = false;     // fully_shard manages the parameters
+  // The model's sizes, whichever config PlanOptions holds.
+  bool llama = false;
+  int64_t d = 1, heads = 1, kv_heads = 1, vocab = 1, context = 1, layers = 0;
+  int64_t intermediate = 1;  // the Llama's MLP width
 };
 
 // One fully_shard unit (or, without fully_shard, the plain parameters of
@@ -212,16 +240,24 @@ struct Reduction {
 class StepSimulator {
  public:
   StepSimulator(const Setup& s, bool first_step) : s_(s), first_(first_step) {
-    const nn::GPTConfig& c = s.o.model;
     Unit root;
     root.name = "root";
-    root.params = root_params(c);
     root.is_root = true;
+    if (s.llama) {
+      root.params = llama_root_params(std::get<nn::LlamaConfig>(s.o.model));
+    } else {
+      root.params = root_params(std::get<nn::GPTConfig>(s.o.model));
+    }
     units_.push_back(root);
-    for (int64_t i = 0; i < c.n_layer; ++i) {
+    for (int64_t i = 0; i < s.layers; ++i) {
       Unit block;
-      block.name = fmt::format("h.{}", i);
-      block.params = block_params(c);
+      if (s.llama) {
+        block.name = fmt::format("layers.{}", i);
+        block.params = llama_block_params(std::get<nn::LlamaConfig>(s.o.model));
+      } else {
+        block.name = fmt::format("h.{}", i);
+        block.params = block_params(std::get<nn::GPTConfig>(s.o.model));
+      }
       units_.push_back(block);
     }
     // Tensor parallelism first: fully_shard (if any) splits the local tensors.
@@ -277,6 +313,7 @@ class StepSimulator {
   // tensors' dim 0 as it does whole ones.
   void assign_tp_layout() {
     const int64_t T = s_.tp;
+    if (s_.llama) return assign_llama_tp_layout();
     for (Unit& u : units_) {
       for (size_t i = 0; i < u.params.size(); ++i) {
         ParamShape& p = u.params[i];
@@ -289,6 +326,30 @@ class StepSimulator {
           p.dim0 /= T;
         } else if (i == kAProjW || i == kMProjW) {
           p.rest /= T;
+        }
+      }
+    }
+  }
+
+  // This tp rank's torch.chunk piece of `n` rows or columns.
+  int64_t tp_piece(int64_t n) const {
+    const int64_t c = (n + s_.tp - 1) / s_.tp;
+    return std::min(c, std::max<int64_t>(0, n - s_.tp_rank * c));
+  }
+
+  // The Llama's plan (hp/tp/llama_plan.h): embedding and head by vocabulary
+  // rows, q/k/v/gate/up by output rows, o/down by input columns; the norms
+  // replicated. Heads and key/value heads divide evenly (make_setup checks).
+  void assign_llama_tp_layout() {
+    for (Unit& u : units_) {
+      for (size_t i = 0; i < u.params.size(); ++i) {
+        ParamShape& p = u.params[i];
+        if (u.is_root) {
+          if (i == kEmbed || i == kLmHead) p.dim0 = tp_piece(p.dim0);
+        } else if (i == kQ || i == kK || i == kV || i == kGate || i == kUp) {
+          p.dim0 = tp_piece(p.dim0);
+        } else if (i == kO || i == kDown) {
+          p.rest = tp_piece(p.rest);
         }
       }
     }
@@ -432,16 +493,24 @@ class StepSimulator {
   // --- forward ---
   // What a block's forward keeps for backward (docs/design.md, "Memory
   // plan"), beside its input (the previous block's output).
+  // An RMSNorm's saved tensors (hp/nn/rms_norm.cpp): 1/rms per token, the
+  // normalised input; computing in bf16 it also keeps its input's fp32 copy.
+  struct NormActs {
+    Id input32 = -1, rstd = -1, normed = -1;
+  };
   struct BlockActs {
     Id mean1 = -1, a1 = -1, q = -1, k = -1, v = -1, p = -1, mask = -1, y = -1, h = -1, mean2 = -1,
        a2 = -1, f = -1, g = -1;
+    // The Llama's besides: its norms, the rotary tables, the SwiGLU's
+    // gate, silu(gate), up and their product, and the block's output.
+    NormActs n1, n2;
+    Id cos = -1, sin = -1, gate = -1, silu = -1, up = -1, out = -1;
   };
 
   int64_t att_bytes() const {
-    const nn::GPTConfig& c = s_.o.model;
-    return s_.o.batch_per_rank * (c.n_head / s_.tp) * s_.o.seq * s_.o.seq * s_.ec;
+    return s_.o.batch_per_rank * (s_.heads / s_.tp) * s_.o.seq * s_.o.seq * s_.ec;
   }
-  int64_t nd() const { return s_.N * s_.o.model.n_embd * s_.ec; }
+  int64_t nd() const { return s_.N * s_.d * s_.ec; }
   // Column-parallel widths are split over the tp ranks.
   int64_t nd_split() const { return nd() / s_.tp; }
 
@@ -488,15 +557,27 @@ class StepSimulator {
 
   void free_block(BlockActs& a) {
     for (Id* id : {&a.mean1, &a.a1, &a.q, &a.k, &a.v, &a.p, &a.mask, &a.y, &a.h, &a.mean2, &a.a2,
-                   &a.f, &a.g}) {
+                   &a.f, &a.g, &a.n1.input32, &a.n1.rstd, &a.n1.normed, &a.n2.input32,
+                   &a.n2.rstd, &a.n2.normed, &a.cos, &a.sin, &a.gate, &a.silu, &a.up}) {
       t_.free(*id);
     }
   }
 
+  // The head's rows on this rank: its vocabulary shard.
+  int head_index() const { return s_.llama ? static_cast<int>(kLmHead) : static_cast<int>(kHead); }
+  int64_t local_vocab() const { return units_[0].params[head_index()].dim0; }
+
   void forward_and_loss() {
-    const nn::GPTConfig& c = s_.o.model;
-    const int64_t d = c.n_embd, T = s_.o.seq;
-    const int64_t Vl = units_[0].params[kHead].dim0;  // this rank's vocabulary rows
+    if (s_.llama) {
+      llama_forward();
+    } else {
+      gpt_forward();
+    }
+    loss_forward();
+  }
+
+  void gpt_forward() {
+    const int64_t d = s_.d, T = s_.o.seq;
     Term A = Term::kActivations;
     t_.at("forward of root");
     batch_ = t_.alloc(A, 2 * s_.N * kInt64);
@@ -514,25 +595,370 @@ class StepSimulator {
       pre_forward(i);
       BlockActs a = block_forward();
       outputs_.push_back(t_.alloc(A, nd()));
-      if (s_.o.checkpointing == Checkpointing::kBlocks) {
-        // Computed without autograd: nothing inside the block stays but the
-        // generator's state for the recomputation; its input (the previous
-        // output) is alive anyway.
-        free_block(a);
-        rng_states_.push_back(t_.alloc(A, kCpuGeneratorState));
-      }
-      acts_.push_back(a);
-      post_forward(i);
+      after_block_forward(i, a);
     }
     t_.at("forward of root");
     lnf_mean_ = t_.alloc(A, 2 * s_.N * s_.ec);
     lnf_out_ = t_.alloc(A, nd());
+    root_head_forward();
+  }
+
+  // A block's forward is done: checkpointing keeps only its input.
+  void after_block_forward(size_t i, BlockActs& a) {
+    if (s_.o.checkpointing == Checkpointing::kBlocks) {
+      // Computed without autograd: nothing inside the block stays but the
+      // generator's state for the recomputation; its input (the previous
+      // output) is alive anyway.
+      free_block(a);
+      rng_states_.push_back(t_.alloc(Term::kActivations, kCpuGeneratorState));
+    }
+    acts_.push_back(a);
+    post_forward(i);
+  }
+
+  // --- the Llama (hp/nn/llama*.cpp, rms_norm.cpp, rotary.cpp) ---
+  bool low_precision() const { return s_.ec != kFp32; }
+  // Widths on this tp rank: query heads, key/value heads, the MLP.
+  int64_t nq() const { return s_.N * (s_.heads / s_.tp) * (s_.d / s_.heads) * s_.ec; }
+  int64_t nkv() const { return s_.N * (s_.kv_heads / s_.tp) * (s_.d / s_.heads) * s_.ec; }
+  int64_t nm() const { return s_.N * tp_piece(s_.intermediate) * s_.ec; }
+
+  // RMSNorm's forward of a [N, d] input; it computes in fp32 (a bf16 input
+  // is copied up first and the result cast back). Returns its output.
+  Id rms_forward(NormActs& n) {
+    Term A = Term::kActivations;
+    const int64_t n32 = s_.N * s_.d * kFp32, rows = s_.N * kFp32;
+    if (low_precision()) n.input32 = t_.alloc(A, n32);  // saved by pow and the product
+    Id squares = t_.alloc(A, n32);
+    Id variance = t_.alloc(A, rows);
+    t_.free(squares);
+    Id shifted = t_.alloc(A, rows);
+    n.rstd = t_.alloc(A, rows);
+    Id normed = t_.alloc(A, n32);
+    t_.free(shifted);
+    if (low_precision()) {
+      n.normed = t_.alloc(A, nd());
+      t_.free(normed);
+    } else {
+      n.normed = normed;
+    }
+    Id out = t_.alloc(A, nd());
+    t_.free(variance);
+    return out;
+  }
+
+  // RMSNorm's backward from `dout` (freed): its weight's gradient, and the
+  // gradient of its input (returned).
+  Id rms_backward(NormActs& n, Id& dout, Unit& u, int weight) {
+    Term A = Term::kActivations;
+    const int64_t n32 = s_.N * s_.d * kFp32, rows = s_.N * kFp32;
+    t_.spike(A, nd());  // dout * normed, summed over tokens
+    param_grad(u, weight);
+    Id dnormed = t_.alloc(A, nd());
+    t_.free(dout);
+    t_.free(n.normed);
+    if (low_precision()) {
+      Id up = t_.alloc(A, n32);
+      t_.free(dnormed);
+      dnormed = up;
+    }
+    Id dh1 = t_.alloc(A, n32);
+    t_.spike(A, n32);  // dnormed * input, summed over the row
+    Id drstd = t_.alloc(A, rows);
+    t_.free(dnormed);
+    Id dshifted = t_.alloc(A, rows);
+    t_.free(drstd);
+    t_.free(n.rstd);
+    Id dsquares = t_.alloc(A, n32);
+    t_.free(dshifted);
+    Id twice = t_.alloc(A, n32);
+    Id dh2 = t_.alloc(A, n32);
+    t_.free(twice);
+    t_.free(dsquares);
+    t_.free(n.input32);
+    Id dh = t_.alloc(A, n32);
+    t_.free(dh1);
+    t_.free(dh2);
+    if (low_precision()) {
+      Id down = t_.alloc(A, nd());
+      t_.free(dh);
+      dh = down;
+    }
+    return dh;
+  }
+
+  // apply_rotary(x, cos, sin) = x * cos + rotate_half(x) * sin; x replaced.
+  void rotary_forward(Id& x, int64_t bytes) {
+    Term A = Term::kActivations;
+    Id neg = t_.alloc(A, bytes / 2);
+    Id rotated = t_.alloc(A, bytes);
+    t_.free(neg);
+    Id xc = t_.alloc(A, bytes);
+    Id rs = t_.alloc(A, bytes);
+    Id out = t_.alloc(A, bytes);
+    t_.free(xc);
+    t_.free(rs);
+    t_.free(rotated);
+    t_.free(x);
+    x = out;
+  }
+
+  void rotary_backward(Id& g, int64_t bytes) {
+    Term A = Term::kActivations;
+    Id dcos = t_.alloc(A, bytes);
+    Id dsin = t_.alloc(A, bytes);
+    t_.free(g);
+    Id neg = t_.alloc(A, bytes / 2);
+    Id half1 = t_.alloc(A, bytes);
+    t_.free(neg);
+    Id half2 = t_.alloc(A, bytes);
+    t_.free(dsin);
+    Id sum = t_.alloc(A, bytes);
+    t_.free(dcos);
+    t_.free(half1);
+    t_.free(half2);
+    g = sum;
+  }
+
+  // The rotary tables, computed per call in fp64 and cast to the compute
+  // dtype; the products keep cos and sin for backward.
+  void rotary_tables(BlockActs& a) {
+    Term A = Term::kActivations;
+    const int64_t T = s_.o.seq, hd = s_.d / s_.heads;
+    std::vector<Id> temps;
+    for (int i = 0; i < 3; ++i) temps.push_back(t_.alloc(A, hd / 2 * kFp64));
+    Id inv_freq = t_.alloc(A, hd / 2 * kFp64);
+    t_.free_all(temps);
+    Id positions = t_.alloc(A, T * kFp64);
+    Id angles = t_.alloc(A, T * hd / 2 * kFp64);
+    t_.free(positions);
+    Id both = t_.alloc(A, T * hd * kFp64);
+    Id cos64 = t_.alloc(A, T * hd * kFp64);
+    a.cos = t_.alloc(A, T * hd * s_.ec);
+    Id sin64 = t_.alloc(A, T * hd * kFp64);
+    a.sin = t_.alloc(A, T * hd * s_.ec);
+    for (Id* id : {&cos64, &sin64, &both, &angles, &inv_freq}) t_.free(*id);
+  }
+
+  // A decoder layer's forward from its input (the previous output); under
+  // bf16 nothing it saves is that input (the norm keeps an fp32 copy), so
+  // llama_forward frees it unless checkpointing keeps it.
+  BlockActs llama_block_forward() {
+    Term A = Term::kActivations;
+    const bool gqa = s_.kv_heads != s_.heads;
+    BlockActs a;
+    a.a1 = rms_forward(a.n1);
+    Id q = t_.alloc(A, nq());
+    Id k = t_.alloc(A, nkv());
+    Id v = t_.alloc(A, nkv());
+    rotary_tables(a);
+    rotary_forward(q, nq());
+    rotary_forward(k, nkv());
+    if (gqa) {  // each kv head repeated for its group: contiguous copies
+      Id kr = t_.alloc(A, nq());
+      t_.free(k);
+      a.k = kr;
+      Id vr = t_.alloc(A, nq());
+      t_.free(v);
+      a.v = vr;
+    }
+    // matmul's contiguous [B * heads, T, hd] copies of its operands.
+    a.q = t_.alloc(A, nq());
+    if (!gqa) a.k = t_.alloc(A, nq());
+    Id scores = t_.alloc(A, att_bytes());
+    Id scaled = t_.alloc(A, att_bytes());
+    t_.free(scores);
+    Id ones = t_.alloc(A, s_.o.seq * s_.o.seq);
+    a.mask = t_.alloc(A, s_.o.seq * s_.o.seq);
+    t_.free(ones);
+    Id masked = t_.alloc(A, att_bytes());
+    a.p = t_.alloc(A, att_bytes());
+    t_.free(masked);
+    t_.free(scaled);
+    if (!gqa) a.v = t_.alloc(A, nq());
+    Id o = t_.alloc(A, nq());
+    a.y = t_.alloc(A, nq());
+    t_.free(o);
+    Id z = t_.alloc(A, nd());
+    tp_all_reduce(nd());
+    t_.free(q);
+    t_.free(k);
+    t_.free(v);
+    a.h = t_.alloc(A, nd());
+    t_.free(z);
+    a.a2 = rms_forward(a.n2);
+    if (low_precision()) t_.free(a.h);  // the norm keeps its fp32 copy
+    a.gate = t_.alloc(A, nm());
+    a.silu = t_.alloc(A, nm());
+    a.up = t_.alloc(A, nm());
+    a.g = t_.alloc(A, nm());
+    Id mlp = t_.alloc(A, nd());
+    tp_all_reduce(nd());
+    a.out = t_.alloc(A, nd());
+    t_.free(mlp);
+    return a;
+  }
+
+  void llama_forward() {
+    Term A = Term::kActivations;
+    t_.at("forward of root");
+    batch_ = t_.alloc(A, 2 * s_.N * kInt64);
+    pre_forward(0);
+    Id x = t_.alloc(A, nd());  // the embedding's rows
+    tp_all_reduce(nd());
+    outputs_.push_back(x);
+    const bool keeps_input = !low_precision() || s_.o.checkpointing == Checkpointing::kBlocks;
+    for (size_t i = 1; i < units_.size(); ++i) {
+      pre_forward(i);
+      BlockActs a = llama_block_forward();
+      if (!keeps_input) t_.free(outputs_.back());
+      outputs_.push_back(a.out);
+      a.out = Timeline::kNone;
+      after_block_forward(i, a);
+    }
+    t_.at("forward of root");
+    lnf_out_ = rms_forward(lnf_);
+    if (low_precision()) t_.free(outputs_.back());
+    root_head_forward();
+  }
+
+  void llama_block_backward(size_t index, BlockActs& a, Id& grad_out) {
+    Unit& u = units_[index];
+    Term A = Term::kActivations;
+    const bool gqa = s_.kv_heads != s_.heads;
+    pre_backward(index);
+    Id recomputed = Timeline::kNone;
+    if (s_.o.checkpointing == Checkpointing::kBlocks) {
+      t_.at(fmt::format("backward of {} (recomputing its forward)", u.name));
+      a = llama_block_forward();
+      recomputed = a.out;
+      a.out = Timeline::kNone;
+      t_.at(fmt::format("backward of {}", u.name));
+    }
+    // mlp.down_proj, then silu(gate) * up
+    Id dg = t_.alloc(A, nm());
+    param_grad(u, kDown);
+    t_.free(a.g);
+    Id dsilu = t_.alloc(A, nm());
+    Id dup = t_.alloc(A, nm());
+    t_.free(dg);
+    t_.free(a.silu);
+    t_.free(a.up);
+    Id dx_up = t_.alloc(A, nd());
+    param_grad(u, kUp);
+    t_.free(dup);
+    Id dgate = t_.alloc(A, nm());
+    t_.free(dsilu);
+    t_.free(a.gate);
+    Id dx_gate = t_.alloc(A, nd());
+    param_grad(u, kGate);
+    t_.free(dgate);
+    t_.free(a.a2);
+    Id da2 = t_.alloc(A, nd());
+    t_.free(dx_up);
+    t_.free(dx_gate);
+    tp_all_reduce(nd());
+    // post_attention_layernorm, then the residual's two gradients added
+    Id dh_norm = rms_backward(a.n2, da2, u, kPostNorm);
+    t_.free(a.h);
+    Id dh = t_.alloc(A, nd());
+    t_.free(dh_norm);
+    t_.free(grad_out);
+    // o_proj, heads back to [B, heads, T, hd]
+    Id dy = t_.alloc(A, nq());
+    param_grad(u, kO);
+    t_.free(a.y);
+    Id dout = t_.alloc(A, nq());
+    t_.free(dy);
+    // att @ v
+    Id dp = t_.alloc(A, att_bytes());
+    Id dv_heads = t_.alloc(A, nq());
+    t_.free(a.v);
+    t_.free(dout);
+    if (gqa) {  // the repeat's gradient: summed over each group
+      Id summed = t_.alloc(A, nkv());
+      t_.free(dv_heads);
+      dv_heads = summed;
+    }
+    Id dv = t_.alloc(A, nkv());
+    t_.free(dv_heads);
+    // softmax, mask, scale
+    Id ds = t_.alloc(A, att_bytes());
+    t_.free(a.p);
+    t_.free(dp);
+    Id dm = t_.alloc(A, att_bytes());
+    t_.free(ds);
+    t_.free(a.mask);
+    Id dsc = t_.alloc(A, att_bytes());
+    t_.free(dm);
+    // q @ k^T
+    Id dq_heads = t_.alloc(A, nq());
+    Id dk_heads = t_.alloc(A, nq());
+    t_.free(a.q);
+    t_.free(a.k);
+    t_.free(dsc);
+    Id dq = t_.alloc(A, nq());
+    t_.free(dq_heads);
+    if (gqa) {
+      Id summed = t_.alloc(A, nkv());
+      t_.free(dk_heads);
+      dk_heads = summed;
+    }
+    Id dk = t_.alloc(A, nkv());
+    t_.free(dk_heads);
+    rotary_backward(dk, nkv());
+    rotary_backward(dq, nq());
+    t_.free(a.cos);
+    t_.free(a.sin);
+    // v, k, q projections; their input gradients added
+    Id dx_v = t_.alloc(A, nd());
+    param_grad(u, kV);
+    t_.free(dv);
+    Id dx_k = t_.alloc(A, nd());
+    param_grad(u, kK);
+    t_.free(dk);
+    Id dx_vk = t_.alloc(A, nd());
+    t_.free(dx_v);
+    t_.free(dx_k);
+    Id dx_q = t_.alloc(A, nd());
+    param_grad(u, kQ);
+    t_.free(dq);
+    t_.free(a.a1);
+    Id da1 = t_.alloc(A, nd());
+    t_.free(dx_vk);
+    t_.free(dx_q);
+    tp_all_reduce(nd());
+    // input_layernorm, then the residual
+    Id dx_norm = rms_backward(a.n1, da1, u, kInNorm);
+    t_.free(outputs_[index - 1]);  // this block's input
+    Id dx = t_.alloc(A, nd());
+    t_.free(dx_norm);
+    t_.free(dh);
+    grad_out = dx;
+    t_.free(recomputed);
+    if (!rng_states_.empty()) t_.free(rng_states_[index - 1]);
+    finish_unit(u);
+  }
+
+  // The head's logits (fp32 under the root's output_dtype) into logits_.
+  void root_head_forward() {
+    const int64_t Vl = local_vocab();
+    Term A = Term::kActivations;
     Id logits = t_.alloc(A, s_.N * Vl * s_.ec);
     if (s_.ec != kFp32 && s_.fsdp) {  // the root's output_dtype: fp32 logits
       Id cast = t_.alloc(A, s_.N * Vl * kFp32);
       t_.free(logits);
       logits = cast;
     }
+    logits_ = logits;
+  }
+
+  // The root's output (logits_) to the loss: cross-entropy's log_softmax.
+  void loss_forward() {
+    const int64_t Vl = local_vocab();
+    Term A = Term::kActivations;
+    Id logits = logits_;
+    logits_ = Timeline::kNone;
     t_.at("loss (log_softmax)");
     logprobs_ = t_.alloc(A, s_.N * Vl * kFp32);
     // Over vocabulary shards the rule computes the shifted logits and their
@@ -828,9 +1254,8 @@ class StepSimulator {
   }
 
   void backward() {
-    const nn::GPTConfig& c = s_.o.model;
-    const int64_t d = c.n_embd;
-    const int64_t Vl = units_[0].params[kHead].dim0;  // this rank's vocabulary rows
+    const int64_t d = s_.d;
+    const int64_t Vl = local_vocab();
     Term A = Term::kActivations;
     Unit& root = units_[0];
     t_.at("loss backward (log_softmax)");
@@ -848,25 +1273,39 @@ class StepSimulator {
       dlogits = cast;
     }
     Id dlnf = t_.alloc(A, nd());
-    param_grad(root, kHead);
+    param_grad(root, head_index());
     t_.free(lnf_out_);
     t_.free(dlogits);
-    Id dx = t_.alloc(A, nd());
-    tp_all_reduce(nd());
-    param_grad(root, kLnfW);
-    param_grad(root, kLnfB);
-    t_.free(dlnf);
-    t_.free(lnf_mean_);
+    Id dx = Timeline::kNone;
+    if (s_.llama) {
+      tp_all_reduce(nd());
+      dx = rms_backward(lnf_, dlnf, root, kNorm);
+    } else {
+      dx = t_.alloc(A, nd());
+      tp_all_reduce(nd());
+      param_grad(root, kLnfW);
+      param_grad(root, kLnfB);
+      t_.free(dlnf);
+      t_.free(lnf_mean_);
+    }
     t_.free(outputs_.back());
     for (size_t i = units_.size() - 1; i >= 1; --i) {
-      block_backward(i, acts_[i - 1], dx);
+      if (s_.llama) {
+        llama_block_backward(i, acts_[i - 1], dx);
+      } else {
+        block_backward(i, acts_[i - 1], dx);
+      }
     }
     t_.at("backward of root (embeddings)");
-    Id dpos = t_.alloc(A, s_.o.seq * d * s_.ec);
-    param_grad(root, kWpe);
-    t_.free(dpos);
-    t_.free(arange_);
-    param_grad(root, kWte);
+    if (s_.llama) {
+      param_grad(root, kEmbed);
+    } else {
+      Id dpos = t_.alloc(A, s_.o.seq * d * s_.ec);
+      param_grad(root, kWpe);
+      t_.free(dpos);
+      t_.free(arange_);
+      param_grad(root, kWte);
+    }
     t_.free(dx);
     t_.at("end of backward");
     if (s_.fsdp) {
@@ -898,12 +1337,15 @@ class StepSimulator {
     // created on the first step; sqrt(exp_avg_sq) and its scaled copy are
     // the step's temporaries.
     std::vector<const ParamShape*> order;
-    order.push_back(&units_[0].params[kWte]);
-    order.push_back(&units_[0].params[kWpe]);
+    const std::vector<int> before = s_.llama ? std::vector<int>{kEmbed}
+                                             : std::vector<int>{kWte, kWpe};
+    const std::vector<int> after = s_.llama ? std::vector<int>{kNorm, kLmHead}
+                                            : std::vector<int>{kLnfW, kLnfB, kHead};
+    for (int i : before) order.push_back(&units_[0].params[i]);
     for (size_t i = 1; i < units_.size(); ++i) {
       for (const auto& p : units_[i].params) order.push_back(&p);
     }
-    for (int i : {kLnfW, kLnfB, kHead}) order.push_back(&units_[0].params[i]);
+    for (int i : after) order.push_back(&units_[0].params[i]);
     for (const ParamShape* p : order) {
       const int64_t bytes = local_numel(*p) * s_.ep;
       if (first_) adam_.push_back(t_.alloc(Term::kOptimizer, 2 * bytes));
@@ -922,19 +1364,44 @@ class StepSimulator {
   std::vector<BlockActs> acts_;
   std::vector<Id> rng_states_;  // checkpointed blocks: the CPU generator's state each
   Id batch_ = -1, arange_ = -1, lnf_mean_ = -1, lnf_out_ = -1, logprobs_ = -1, loss_ = -1;
+  Id logits_ = -1;
+  NormActs lnf_;  // the Llama's final RMSNorm
 };
 
+// The sizes the timeline reads, from whichever config the options hold.
+void read_model(Setup& s) {
+  if (const auto* gpt = std::get_if<nn::GPTConfig>(&s.o.model)) {
+    gpt->validate();
+    s.d = gpt->n_embd;
+    s.heads = s.kv_heads = gpt->n_head;
+    s.vocab = gpt->vocab_size;
+    s.context = gpt->context;
+    s.layers = gpt->n_layer;
+    return;
+  }
+  const auto& llama = std::get<nn::LlamaConfig>(s.o.model);
+  llama.validate();
+  s.llama = true;
+  s.d = llama.n_embd;
+  s.heads = llama.n_head;
+  s.kv_heads = llama.n_kv_head;
+  s.vocab = llama.vocab_size;
+  s.context = llama.context;
+  s.layers = llama.n_layer;
+  s.intermediate = llama.intermediate_size;
+}
+
 Setup make_setup(const PlanOptions& o) {
-  o.model.validate();
+  Setup s;
+  s.o = o;
+  read_model(s);
   HP_CHECK_ARG(o.batch_per_rank >= 1, "plan_memory: batch_per_rank ", o.batch_per_rank,
                " must be at least 1");
-  HP_CHECK_ARG(o.seq >= 1 && o.seq <= o.model.context, "plan_memory: seq ", o.seq,
-               " must be in [1, context ", o.model.context, "]");
+  HP_CHECK_ARG(o.seq >= 1 && o.seq <= s.context, "plan_memory: seq ", o.seq,
+               " must be in [1, context ", s.context, "]");
   for (int64_t m : o.mesh) {
     HP_CHECK_ARG(m >= 1, "plan_memory: mesh ", to_string(o.mesh), " has a size below 1");
   }
-  Setup s;
-  s.o = o;
   s.N = o.batch_per_rank * o.seq;
   s.ec = element_size(o.param_dtype);
   s.er = element_size(o.reduce_dtype);
@@ -982,7 +1449,9 @@ Setup make_setup(const PlanOptions& o) {
       s.tp = o.mesh[1];
       break;
   }
-  HP_CHECK_ARG(o.model.n_head % s.tp == 0, "plan_memory: n_head ", o.model.n_head,
+  HP_CHECK_ARG(s.heads % s.tp == 0, "plan_memory: n_head ", s.heads,
+               " is not divisible by the tensor-parallel size ", s.tp);
+  HP_CHECK_ARG(s.kv_heads % s.tp == 0, "plan_memory: n_kv_head ", s.kv_heads,
                " is not divisible by the tensor-parallel size ", s.tp);
   for (int64_t m : o.mesh) world *= m;
   HP_CHECK_ARG(o.rank >= 0 && o.rank < world, "plan_memory: rank ", o.rank,

@@ -1,7 +1,7 @@
 // A per-rank memory plan (P2 in docs/features.md): the peak of libtorch
-// CPU memory that one training step of the GPT will reach on each rank, as
-// hp::memory_stats() counts it, predicted before training and split into
-// terms.
+// CPU memory that one training step of a GPT or a Llama will reach on each
+// rank, as hp::memory_stats() counts it, predicted before training and
+// split into terms.
 //
 // Nothing is allocated and nothing is communicated: the plan replays one
 // step of hp-train's recipe (each block a fully_shard unit, then the root;
@@ -21,16 +21,19 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "hp/nn/gpt_config.h"
+#include "hp/nn/llama_config.h"
 
 namespace hp::plan {
 
 // The modes of hp-train's --mode. A mode is how its mesh splits the work:
 // the tensor-parallel size (each parameter becomes its local tensor under
-// the GPT's plan), fully_shard's shard and replicate sizes (applied to
-// whatever tensor the parameter is then) and the data-parallel batch. A new
+// the model's plan, hp/tp/gpt_plan.h or hp/tp/llama_plan.h), fully_shard's
+// shard and replicate sizes (applied to whatever tensor the parameter is
+// then) and the data-parallel batch. A new
 // mode is a new enumerator plus its case in memory_plan.cpp's make_setup;
 // FSDP over the dp dim of tensor-parallel parameters on a (dp, tp) mesh
 // sets all three.
@@ -44,7 +47,9 @@ int64_t element_size(Dtype dtype);
 enum class Checkpointing { kNone, kBlocks };
 
 struct PlanOptions {
-  nn::GPTConfig model;
+  // The model hp-train builds: the step's blocks, root and tensor-parallel
+  // layout follow from which config this holds.
+  std::variant<nn::GPTConfig, nn::LlamaConfig> model;
   ParallelMode mode = ParallelMode::kNone;
   // The mesh as hp-train builds it: fsdp {S}; hsdp {R, S}; ddp {N} (built
   // as [N, 1]); tp {T}; fsdp_tp {D, T} (dp, tp); none {}.
@@ -107,8 +112,8 @@ struct MemoryPlan {
 };
 
 // Throws hp::ArgumentError naming the option when the options do not
-// describe a run (a mesh that does not fit the mode, heads not divisible by
-// the tp size, a non-positive batch, ...).
+// describe a run (a mesh that does not fit the mode, heads or key/value
+// heads not divisible by the tp size, a non-positive batch, ...).
 MemoryPlan plan_memory(const PlanOptions& options);
 
 // A readable table: one row per term (MiB) for the steady step and the

@@ -75,6 +75,33 @@ TEST(DryRun, EveryRankPrintsItsPlanAndRankZeroWritesOneObjectPerRank) {
   }
 }
 
+// A Llama (with grouped-query attention) is planned as the Llama it is: the
+// plan of its own config, not the GPT's of the same flags.
+TEST(DryRun, PlansTheLlamaItWouldTrain) {
+  TempDir dir;
+  const std::string log = dir.file("plans.jsonl");
+  const Args llama = concat(kTiny, {"--model", "llama", "--kv-heads", "1"});
+  ProcessResult r = hp_train(2, concat(llama, {"--dry-run", "--log-json", log}));
+  ASSERT_TRUE(r.exited && r.exit_code == 0) << describe(r);
+  EXPECT_THAT(r.out, HasSubstr("[rank 1] memory plan of rank 1 (MiB)")) << describe(r);
+  EXPECT_THAT(r.out, Not(HasSubstr("step 1/"))) << "no step runs";
+
+  World world{true, 0, 2};
+  const CommandLine as_llama = parse_command_line(concat(llama, {"--mode", "fsdp"}));
+  const CommandLine as_gpt = parse_command_line(concat(kTiny, {"--mode", "fsdp"}));
+  const Parallelism parallelism = resolve_parallelism(as_llama.options, world);
+  const std::vector<nlohmann::json> lines = read_lines(log);
+  ASSERT_EQ(lines.size(), 2u) << describe(r);
+  for (int rank = 0; rank < 2; ++rank) {
+    const plan::MemoryPlan expected =
+        plan::plan_memory(plan_options(as_llama.options, parallelism, 256, rank));
+    const plan::MemoryPlan gpt =
+        plan::plan_memory(plan_options(as_gpt.options, parallelism, 256, rank));
+    EXPECT_EQ(lines[rank]["predicted_peak_bytes"].get<int64_t>(), expected.peak_bytes());
+    EXPECT_NE(expected.peak_bytes(), gpt.peak_bytes()) << "a Llama's plan, not a GPT's";
+  }
+}
+
 TEST(DryRun, JoinsNoProcessGroup) {
   // A rank of a world of two whose rendezvous address has nobody behind it:
   // joining would wait for the store until it timed out.

@@ -40,6 +40,7 @@
 #include "hp/util/error.h"
 #include "hp/util/memory_stats.h"
 #include "tools/hp_train/dry_run.h"
+#include "tools/hp_train/model.h"
 #include "tools/hp_train/parallelize.h"
 #include "tools/hp_train/train_options.h"
 #include "tools/hp_train/trainer.h"
@@ -95,14 +96,8 @@ Measured run_steps(const TrainOptions& options, const Parallelism& parallelism,
   const int64_t base = memory_stats().current_bytes;
   Measured measured;
   {
-    nn::GPTConfig config;
-    config.vocab_size = kVocab;
-    config.context = options.ctx;
-    config.n_layer = options.layers;
-    config.n_head = options.heads;
-    config.n_embd = options.d;
     torch::manual_seed(options.seed);
-    nn::GPT model(config);
+    TrainModel model = TrainModel::build(options, kVocab);
     std::optional<FSDPModule> fsdp = parallelize(model, parallelism, options);
     const bool distributed = parallelism.mode != Mode::kNone;
     const int64_t dp_rank = parallelism.dp_rank(world.rank);
@@ -223,6 +218,59 @@ TEST_F(MemoryPlanTest, TensorParallel) {
     check_case(mesh + " " + kActivationHeavy);
     check_case(fmt::format("--mode fsdp_tp --mesh 2x{} --batch 4 {}", n / 2, kParameterHeavy));
     check_case(mesh + " --param-dtype bf16 " + kActivationHeavy);
+  }
+}
+
+// The Llama (hp/nn/llama.h) under the same bound, in the modes the GPT's
+// cases cover: its own block timeline (RMSNorm, rotary tables, SwiGLU) with
+// and without grouped-query attention (--kv-heads 2 of 4 heads).
+const char* kLlama = "--model llama";
+const char* kLlamaGQA = "--model llama --kv-heads 2";
+
+TEST_F(MemoryPlanTest, LlamaOneProcess) {
+  if (world_size() != 1) GTEST_SKIP() << "one process";
+  for (const char* model : {kLlama, kLlamaGQA}) {
+    check_case(fmt::format("{} --mode none --batch 8 {}", model, kActivationHeavy));
+    check_case(fmt::format("{} --mode none --batch 2 {}", model, kParameterHeavy));
+  }
+  check_case(fmt::format("{} --mode none --batch 8 --activation-checkpointing blocks {}",
+                         kLlamaGQA, kActivationHeavy));
+}
+
+TEST_F(MemoryPlanTest, LlamaFullyShardModes) {
+  const int n = world_size();
+  if (n == 1) GTEST_SKIP() << "needs a process group";
+  const std::string act = fmt::format("--batch {} {}", 8 * n, kActivationHeavy);
+  const std::string par = fmt::format("--batch {} {}", 2 * n, kParameterHeavy);
+  for (const char* model : {kLlama, kLlamaGQA}) {
+    const std::string m = std::string(model) + " ";
+    check_case(m + "--mode fsdp " + act);
+    check_case(m + "--mode fsdp " + par);
+  }
+  const std::string m = std::string(kLlamaGQA) + " ";
+  check_case(m + "--mode fsdp --no-comm-fusion " + par);
+  check_case(m + "--mode fsdp --param-dtype bf16 " + act);
+  check_case(m + "--mode fsdp --param-dtype bf16 " + par);
+  check_case(m + "--mode ddp " + act);
+  check_case(m + "--mode fsdp --activation-checkpointing blocks " + act);
+  check_case(m + "--mode fsdp --param-dtype bf16 --activation-checkpointing blocks " + act);
+  if (n % 2 == 0 && n > 2) {
+    check_case(fmt::format("{}--mode hsdp --mesh 2x{} {}", m, n / 2, par));
+  }
+}
+
+TEST_F(MemoryPlanTest, LlamaTensorParallel) {
+  const int n = world_size();
+  if (n == 1) GTEST_SKIP() << "needs a process group";
+  // --kv-heads 2 divides over 2 tp ranks only; 4 ranks take 4 kv heads.
+  const std::string model = n == 2 ? kLlamaGQA : kLlama;
+  check_case(fmt::format("{} --mode tp --batch 8 {}", model, kActivationHeavy));
+  check_case(fmt::format("{} --mode tp --batch 2 {}", model, kParameterHeavy));
+  check_case(fmt::format("{} --mode tp --batch 8 --param-dtype bf16 {}", model,
+                         kActivationHeavy));
+  if (n % 2 == 0 && n > 2) {
+    check_case(fmt::format("{} --mode fsdp_tp --mesh 2x{} --batch 16 {}", kLlamaGQA, n / 2,
+                           kActivationHeavy));
   }
 }
 

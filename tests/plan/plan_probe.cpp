@@ -21,11 +21,11 @@
 #include "hp/dist/launch_env.h"
 #include "hp/dist/world.h"
 #include "hp/fsdp/clip_grad.h"
-#include "hp/nn/gpt.h"
 #include "hp/nn/loss.h"
 #include "hp/util/memory_stats.h"
 #include "tools/hp_train/batches.h"
 #include "tools/hp_train/dry_run.h"
+#include "tools/hp_train/model.h"
 #include "tools/hp_train/parallelize.h"
 #include "tools/hp_train/train_options.h"
 
@@ -56,19 +56,13 @@ int main(int argc, char** argv) {
       hp::plan::plan_memory(plan_options(o, parallelism, kVocab, world.rank));
   if (world.rank == 0) std::cout << hp::plan::format_plan(plan) << std::endl;
 
-  hp::nn::GPTConfig config;
-  config.vocab_size = kVocab;
-  config.context = o.ctx;
-  config.n_layer = o.layers;
-  config.n_head = o.heads;
-  config.n_embd = o.d;
   torch::manual_seed(o.seed);
-  hp::nn::GPT model(config);
+  TrainModel model = TrainModel::build(o, kVocab);
   const bool distributed = parallelism.mode != Mode::kNone;
   if (distributed) hp::dist::init_process_group();
   std::optional<hp::FSDPModule> fsdp = parallelize(model, parallelism, o);
   torch::optim::AdamW optimizer(
-      model->parameters(),
+      model.module().parameters(),
       torch::optim::AdamWOptions(o.lr).betas({0.9, 0.95}).eps(1e-8).weight_decay(o.weight_decay));
   const int64_t dp_rank = parallelism.dp_rank(world.rank);
   for (int64_t s = 0; s < o.steps; ++s) {
@@ -77,7 +71,7 @@ int main(int argc, char** argv) {
     if (fsdp) {
       fsdp->zero_grad();
     } else {
-      model->zero_grad(/*set_to_none=*/true);
+      model.module().zero_grad(/*set_to_none=*/true);
     }
     const int64_t zeroed = current();
     Batch batch = batch_for_step(tokens, s, o.batch, o.seq, dp_rank, parallelism.dp_size);
@@ -88,7 +82,7 @@ int main(int argc, char** argv) {
     const int64_t loss_peak = peak();
     loss.backward();
     const int64_t backward = peak();
-    if (o.grad_clip > 0) hp::clip_grad_norm_(model->parameters(), o.grad_clip);
+    if (o.grad_clip > 0) hp::clip_grad_norm_(model.module().parameters(), o.grad_clip);
     const int64_t clip = peak();
     optimizer.step();
     std::cout << fmt::format(

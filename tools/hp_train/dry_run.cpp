@@ -34,16 +34,29 @@ plan::ParallelMode plan_mode(Mode mode) {
 
 plan::PlanOptions plan_options(const TrainOptions& options, const Parallelism& parallelism,
                                int64_t vocab_size, int rank) {
-  // The plan replays a GPT step's tensors (hp/plan/memory_plan.h); a
-  // Llama's would be another replay, which the plan does not have.
-  HP_CHECK_ARG(options.model == "gpt", "--dry-run: the memory plan (P2) covers --model gpt "
-               "only, not --model ", options.model, "; leave out --dry-run to train it");
   plan::PlanOptions p;
-  p.model.vocab_size = vocab_size;
-  p.model.context = options.ctx;
-  p.model.n_layer = options.layers;
-  p.model.n_head = options.heads;
-  p.model.n_embd = options.d;
+  // The config TrainModel::build (tools/hp_train/model.cpp) gives the model.
+  if (options.model == "llama") {
+    nn::LlamaConfig config;
+    config.vocab_size = vocab_size;
+    config.context = options.ctx;
+    config.n_layer = options.layers;
+    config.n_head = options.heads;
+    config.n_kv_head = options.kv_heads > 0 ? options.kv_heads : options.heads;
+    config.n_embd = options.d;
+    config.intermediate_size = nn::llama_intermediate_size(options.d);
+    p.model = config;
+  } else {
+    HP_CHECK_ARG(options.model == "gpt", "--dry-run: --model '", options.model,
+                 "' is not a model; expected gpt or llama");
+    nn::GPTConfig config;
+    config.vocab_size = vocab_size;
+    config.context = options.ctx;
+    config.n_layer = options.layers;
+    config.n_head = options.heads;
+    config.n_embd = options.d;
+    p.model = config;
+  }
   p.mode = plan_mode(parallelism.mode);
   p.mesh = parallelism.mesh_shape;
   if (parallelism.mode == Mode::kDDP) p.mesh = {parallelism.mesh_shape.at(0)};  // built as [N, 1]
