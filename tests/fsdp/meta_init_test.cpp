@@ -1,5 +1,5 @@
-// Deferred initialisation (F17, C6 in docs/features.md): a GPT built on the
-// meta device, sharded, then materialised and initialised in its shards,
+// Deferred initialisation (F17, C6 in docs/features.md): a GPT (and a
+// Llama) built on the meta device, sharded, then materialised and initialised in its shards,
 // compared with the eager model sharded the same way. CTest runs it on 2, 3
 // and 4 ranks (3 gives uneven, padded dim-0 shards).
 //
@@ -18,6 +18,7 @@
 #include "hp/checkpoint/safetensors.h"
 #include "hp/checkpoint/training_state.h"
 #include "hp/fsdp/materialize.h"
+#include "hp/nn/llama.h"
 #include "hp/nn/meta_device.h"
 #include "hp/tensor/dtensor_tensor.h"
 #include "hp/tp/gpt_plan.h"
@@ -140,6 +141,30 @@ TEST(MetaInit, ShardsEqualTheEagerModelsBitForBit) {
     init_sharded(*model, model->init_plan());
     expect_same_shards(*model, *eager);
   }
+}
+
+// The Llama (N5) through the same calls: its layers and the root as units.
+TEST(MetaInit, LlamaShardsEqualTheEagerModelsBitForBit) {
+  nn::LlamaConfig llama;
+  llama.vocab_size = 50;
+  llama.context = 16;
+  llama.n_layer = 2;
+  llama.n_head = 4;
+  llama.n_kv_head = 2;
+  llama.n_embd = 32;
+  llama.intermediate_size = 88;
+  auto build = [&](c10::Device device) {
+    torch::manual_seed(kSeed);
+    nn::Llama model(llama, device);
+    for (const auto& layer : model->layers()) fully_shard(layer.ptr());
+    fully_shard(model.ptr());
+    return model;
+  };
+  nn::Llama eager = build(at::kCPU);
+  nn::Llama model = build(at::kMeta);
+  for (const auto& p : model->parameters()) EXPECT_TRUE(p.is_meta());
+  init_sharded(*model, model->init_plan());
+  expect_same_shards(*model, *eager);
 }
 
 TEST(MetaInit, TrainingAfterMetaInitEqualsTrainingAfterEagerInit) {
