@@ -3,9 +3,9 @@
 #include <torch/torch.h>
 
 #include <cmath>
-#include <limits>
 
 #include "hp/nn/meta_device.h"
+#include "hp/nn/sample_tokens.h"
 #include "hp/util/error.h"
 
 namespace hp::nn {
@@ -102,31 +102,10 @@ at::Tensor GPTImpl::forward(const at::Tensor& idx) {
 
 at::Tensor GPTImpl::generate(at::Tensor idx, int64_t max_new_tokens, double temperature,
                              int64_t top_k, at::Generator generator) {
-  HP_CHECK_ARG(idx.scalar_type() == at::kLong && idx.dim() == 2 && idx.size(1) >= 1,
-               "GPT.generate: idx must be an int64 [B, T0] tensor with T0 >= 1 but got ",
-               idx.scalar_type(), " of shape ", idx.sizes());
-  HP_CHECK_ARG(max_new_tokens >= 0, "GPT.generate: max_new_tokens ", max_new_tokens,
-               " must be non-negative");
-  HP_CHECK_ARG(temperature > 0 && std::isfinite(temperature), "GPT.generate: temperature ",
-               temperature, " must be positive and finite");
-  HP_CHECK_ARG(top_k >= 0, "GPT.generate: top_k ", top_k, " must be non-negative (0 = off)");
-
-  torch::NoGradGuard no_grad;
-  const int64_t context = config_.context;
-  for (int64_t step = 0; step < max_new_tokens; ++step) {
-    at::Tensor window =
-        idx.size(1) <= context ? idx : idx.narrow(1, idx.size(1) - context, context);
-    // Through the hooks: a sharded root gathers its parameters here as in training.
-    at::Tensor logits = call(*this, window).select(1, -1) / temperature;  // [B, vocab]
-    if (top_k > 0 && top_k < logits.size(-1)) {
-      at::Tensor kth = std::get<0>(logits.topk(top_k, /*dim=*/-1)).narrow(-1, top_k - 1, 1);
-      logits = logits.masked_fill(logits < kth, -std::numeric_limits<double>::infinity());
-    }
-    at::Tensor next = torch::multinomial(logits.softmax(-1), /*num_samples=*/1,
-                                         /*replacement=*/false, generator);
-    idx = torch::cat({idx, next}, /*dim=*/1);
-  }
-  return idx;
+  // Through the hooks: a sharded root gathers its parameters here as in training.
+  return sample_tokens([this](const at::Tensor& ids) { return call(*this, ids); },
+                       config_.context, std::move(idx), max_new_tokens, temperature, top_k,
+                       std::move(generator), "GPT.generate");
 }
 
 }  // namespace hp::nn

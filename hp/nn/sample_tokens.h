@@ -1,6 +1,6 @@
 // Autoregressive sampling for any language model given as a function from
-// ids to logits (N5 in docs/features.md; the same procedure as
-// hp::nn::GPT::generate).
+// ids to logits (N2, N5 in docs/features.md): GPT::generate and
+// Llama::generate are this over their forward.
 #pragma once
 
 #include <ATen/core/Generator.h>

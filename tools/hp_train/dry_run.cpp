@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hp/util/error.h"
+#include "tools/hp_train/model.h"
 
 namespace hp::train {
 
@@ -35,27 +36,13 @@ plan::ParallelMode plan_mode(Mode mode) {
 plan::PlanOptions plan_options(const TrainOptions& options, const Parallelism& parallelism,
                                int64_t vocab_size, int rank) {
   plan::PlanOptions p;
-  // The config TrainModel::build (tools/hp_train/model.cpp) gives the model.
+  // The model TrainModel::build gives.
   if (options.model == "llama") {
-    nn::LlamaConfig config;
-    config.vocab_size = vocab_size;
-    config.context = options.ctx;
-    config.n_layer = options.layers;
-    config.n_head = options.heads;
-    config.n_kv_head = options.kv_heads > 0 ? options.kv_heads : options.heads;
-    config.n_embd = options.d;
-    config.intermediate_size = nn::llama_intermediate_size(options.d);
-    p.model = config;
+    p.model = llama_config(options, vocab_size);
   } else {
     HP_CHECK_ARG(options.model == "gpt", "--dry-run: --model '", options.model,
                  "' is not a model; expected gpt or llama");
-    nn::GPTConfig config;
-    config.vocab_size = vocab_size;
-    config.context = options.ctx;
-    config.n_layer = options.layers;
-    config.n_head = options.heads;
-    config.n_embd = options.d;
-    p.model = config;
+    p.model = gpt_config(options, vocab_size);
   }
   p.mode = plan_mode(parallelism.mode);
   p.mesh = parallelism.mesh_shape;

@@ -31,17 +31,17 @@ Holder copied(Holder source) {
 
 }  // namespace
 
-TrainModel TrainModel::build(const TrainOptions& o, int64_t vocab_size, c10::Device device) {
-  if (o.model == "gpt") {
-    nn::GPTConfig config;
-    config.vocab_size = vocab_size;
-    config.context = o.ctx;
-    config.n_layer = o.layers;
-    config.n_head = o.heads;
-    config.n_embd = o.d;
-    return TrainModel(nn::GPT(config, device));
-  }
-  HP_CHECK_ARG(o.model == "llama", "--model '", o.model, "' is not a model; expected gpt or llama");
+nn::GPTConfig gpt_config(const TrainOptions& o, int64_t vocab_size) {
+  nn::GPTConfig config;
+  config.vocab_size = vocab_size;
+  config.context = o.ctx;
+  config.n_layer = o.layers;
+  config.n_head = o.heads;
+  config.n_embd = o.d;
+  return config;
+}
+
+nn::LlamaConfig llama_config(const TrainOptions& o, int64_t vocab_size) {
   nn::LlamaConfig config;
   config.vocab_size = vocab_size;
   config.context = o.ctx;
@@ -50,7 +50,13 @@ TrainModel TrainModel::build(const TrainOptions& o, int64_t vocab_size, c10::Dev
   config.n_kv_head = o.kv_heads > 0 ? o.kv_heads : o.heads;
   config.n_embd = o.d;
   config.intermediate_size = nn::llama_intermediate_size(o.d);
-  return TrainModel(nn::Llama(config, device));
+  return config;
+}
+
+TrainModel TrainModel::build(const TrainOptions& o, int64_t vocab_size, c10::Device device) {
+  if (o.model == "gpt") return TrainModel(nn::GPT(gpt_config(o, vocab_size), device));
+  HP_CHECK_ARG(o.model == "llama", "--model '", o.model, "' is not a model; expected gpt or llama");
+  return TrainModel(nn::Llama(llama_config(o, vocab_size), device));
 }
 
 nn::InitPlan TrainModel::init_plan() const {

@@ -25,6 +25,12 @@
 
 namespace hp::train {
 
+// The configs --model's flags give (--layers, --d, --heads, --ctx, and
+// --kv-heads for a Llama) with vocabulary `vocab_size`; the memory plan
+// (dry_run.cpp) plans the same model.
+nn::GPTConfig gpt_config(const TrainOptions& options, int64_t vocab_size);
+nn::LlamaConfig llama_config(const TrainOptions& options, int64_t vocab_size);
+
 class TrainModel {
  public:
   // The model --model names, shaped by --layers, --d, --heads, --ctx (and
