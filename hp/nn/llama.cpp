@@ -69,8 +69,8 @@ LlamaImpl::LlamaImpl(LlamaConfig config, c10::Device device)
   if (meta) move_to_meta(*lm_head);
   {
     // The modules' own default initialisation is overwritten below; putting
-    // the generator back makes the weights depend on the seed and the
-    // parameter order alone (see the header).
+    // the generator back makes the weights depend only on the generator's
+    // state before construction and the parameter order (see the header).
     std::lock_guard<std::mutex> lock(generator.mutex());
     generator.set_state(before);
   }

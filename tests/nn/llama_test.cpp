@@ -69,9 +69,9 @@ TEST(Llama, NamedParametersAreHuggingFacesInOrder) {
             model->model->layers->ptr(1).get());  // layers() lists model.layers in order
 }
 
-// A function of the seed alone, replayable one parameter at a time: the
-// weights are init_llama_parameter over named_parameters() in order from the
-// seed, whatever the construction drew.
+// A function of the generator's starting state alone, replayable one
+// parameter at a time: the weights are init_llama_parameter over
+// named_parameters() in order from that state, whatever the construction drew.
 TEST(Llama, InitialisationIsThePerParameterSequenceFromTheSeed) {
   const LlamaConfig c = small_config();
   torch::manual_seed(7);

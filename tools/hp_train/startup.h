@@ -14,8 +14,8 @@
 
 namespace hp::train {
 
-// The model --model names (vocabulary `vocab_size`), from the seed already
-// set: whole under eager (with
+// The model --model names (vocabulary `vocab_size`), drawn from the
+// generator state torch::manual_seed already set: whole under eager (with
 // --init-from loaded into it), on meta otherwise (--init-from checked from
 // its header, or as a checkpoint directory). Raises ArgumentError for a
 // file or directory that does not fit; communicates nothing.
