@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tools/hprun/attempt.h"
 #include "tools/hprun/exit_status.h"
 #include "tools/hprun/free_port.h"
 #include "tools/hprun/line_prefixer.h"
@@ -238,6 +239,14 @@ TEST(FreePort, IsBindableOnLoopback) {
   addr.sin_port = htons(static_cast<uint16_t>(port));
   EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << "port " << port;
   ::close(fd);
+}
+
+TEST(ClockText, MinutesAndSecondsThenHours) {
+  EXPECT_EQ(clock_text(0), "00:00");
+  EXPECT_EQ(clock_text(41.9), "00:41");
+  EXPECT_EQ(clock_text(3599), "59:59");
+  EXPECT_EQ(clock_text(3600), "1:00:00");
+  EXPECT_EQ(clock_text(36000 + 62), "10:01:02");
 }
 
 }  // namespace

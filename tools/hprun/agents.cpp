@@ -174,9 +174,10 @@ void Coordinator::poll_round() {
   for (auto& pending : unjoined_) {
     pending.first->on_poll(fds[at++].revents);
     std::string line;
+    const bool silent = now > after(pending.first->last_heard(), job_.config.peer_silence_s);
     if (pending.first->next_line(&line)) {
       on_join(std::move(pending.first), pending.second, line);
-    } else if (!pending.first->closed()) {
+    } else if (!pending.first->closed() && !silent) {
       still_unjoined.push_back(std::move(pending));
     }
   }
@@ -286,10 +287,13 @@ void Coordinator::on_interrupt(int signo) {
 
 void Coordinator::on_failure(const std::string& what, int code, bool restartable,
                              Clock::time_point when) {
-  if (phase_ != Phase::kRunning) return;  // the attempt is already over
+  if (phase_ == Phase::kEnding) return;
+  // A failure reported after the attempt was stopped is its teardown's echo;
+  // only a node that cannot go on (interrupted, past --timeout) still counts.
+  if (phase_ == Phase::kJoining && restartable) return;
   const int max = job_.options.max_restarts;
   std::string line = what + " at " + job_.at(when);
-  if (restartable && !interrupted_ && restart_count_ < max) {
+  if (phase_ == Phase::kRunning && restartable && !interrupted_ && restart_count_ < max) {
     ++restart_count_;
     tell("restart " + std::to_string(restart_count_) + "/" + std::to_string(max) + ": " + line);
     broadcast("STOP");
