@@ -239,6 +239,27 @@ TEST(Hprun, MultiNodeFlagsOffsetGlobalRanks) {
   }
 }
 
+// Node 0 turns away a node whose world differs from its own, and gives up
+// on the missing node after --rdzv-timeout.
+TEST(Hprun, NodeWithOtherFlagsIsTurnedAway) {
+  const std::string agents_port = std::to_string(pick_free_port());
+  Args common = {"--nnodes", "2", "--master-port", agents_port, "--rdzv-timeout", "2"};
+  auto node = [&](int rank, int n) {
+    Args options = common;
+    options.insert(options.end(), {"--node-rank", std::to_string(rank)});
+    return hprun_sh(n, "true", options);
+  };
+  RunningProcess node0(node(0, 2));
+  ProcessResult r1 = run_process(node(1, 3));
+  ProcessResult r0 = node0.wait(30);
+  EXPECT_TRUE(r1.exited && r1.exit_code == 2) << describe(r1);
+  EXPECT_THAT(r1.err, HasSubstr("node 1 (127.0.0.1) was started with --nnodes 2 -n 3 "
+                                "--max-restarts 0, node 0 with --nnodes 2 -n 2 --max-restarts 0"))
+      << describe(r1);
+  EXPECT_TRUE(r0.exited && r0.exit_code == 1) << describe(r0);
+  EXPECT_THAT(r0.err, HasSubstr("hprun: node 1 did not join the job within 2 s")) << describe(r0);
+}
+
 TEST(Hprun, LinesStayWholeAndNothingIsLost) {
   constexpr int kRanks = 3, kOutLines = 3000, kErrLines = 1000, kLongLine = 200000;
   std::string script =

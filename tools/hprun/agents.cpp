@@ -210,18 +210,23 @@ void Coordinator::poll_round() {
 
 void Coordinator::on_join(std::unique_ptr<LineChannel> channel, const std::string& address,
                           const std::string& line) {
-  std::vector<std::string> f = fields(line, 4);
-  int node = -1, nnodes = -1, nproc = -1;
+  std::vector<std::string> f = fields(line, 5);
+  int node = -1, nnodes = -1, nproc = -1, max_restarts = -1;
   std::string problem;
+  const LaunchOptions& o = job_.options;
   if (f[0] != "JOIN" || !parse_int(f[1], &node) || !parse_int(f[2], &nnodes) ||
-      !parse_int(f[3], &nproc)) {
+      !parse_int(f[3], &nproc) || !parse_int(f[4], &max_restarts)) {
     problem = "a connection from " + address + " is not an hprun agent (it sent '" +
               line.substr(0, 80) + "')";
-  } else if (nnodes != job_.options.nnodes || nproc != job_.options.nproc_per_node) {
-    problem = node_name(node) + " (" + address + ") was started with --nnodes " +
-              std::to_string(nnodes) + " -n " + std::to_string(nproc) + ", node 0 with --nnodes " +
-              std::to_string(job_.options.nnodes) + " -n " +
-              std::to_string(job_.options.nproc_per_node);
+  } else if (nnodes != o.nnodes || nproc != o.nproc_per_node || max_restarts != o.max_restarts) {
+    // The ranks' world (and TORCHELASTIC_MAX_RESTARTS) must be the same on every node.
+    auto flags = [](int k, int n, int r) {
+      return "--nnodes " + std::to_string(k) + " -n " + std::to_string(n) + " --max-restarts " +
+             std::to_string(r);
+    };
+    problem = node_name(node) + " (" + address + ") was started with " +
+              flags(nnodes, nproc, max_restarts) + ", node 0 with " +
+              flags(o.nnodes, o.nproc_per_node, o.max_restarts);
   } else if (node < 1 || node >= job_.options.nnodes) {
     problem = "an agent at " + address + " claims to be " + node_name(node);
   } else if (peers_[node].channel) {
@@ -494,7 +499,8 @@ bool Follower::connect() {
         if (err == 0) {
           channel_ = std::make_unique<LineChannel>(fd);
           channel_->send("JOIN " + std::to_string(o.node_rank) + " " + std::to_string(o.nnodes) +
-                         " " + std::to_string(o.nproc_per_node));
+                         " " + std::to_string(o.nproc_per_node) + " " +
+                         std::to_string(o.max_restarts));
           return true;
         }
         last_error = std::strerror(err);

@@ -3,7 +3,7 @@
 // (every interface); the others connect, retrying until --rdzv-timeout.
 //
 // The protocol, one line per message, words separated by one space:
-//   node -> node 0   JOIN <node> <nnodes> <nproc>   first line; ready for an attempt
+//   node -> node 0   JOIN <node> <nnodes> <nproc> <max restarts>   first line; ready
 //                    READY                          its ranks are gone after a STOP
 //                    DONE                           all its ranks exited 0
 //                    FAILED <code> <restartable 0|1> <what happened>
@@ -13,6 +13,7 @@
 //                    STOP                           tear the attempt down, then READY
 //                    END <code>                     tear down and exit with <code>
 //                    HB
+// Node 0 turns away a JOIN whose flags differ from its own (exit 2 there).
 // Per attempt, node 0 waits until every node has joined (or is READY), picks
 // a free port on its host for the ranks' rendezvous and sends START. The
 // first failure anywhere (a rank, or a node gone: connection closed, or no

@@ -37,7 +37,7 @@ class SingleNodeJob {
  private:
   // Runs one attempt to its end; returns its exit code.
   int run_attempt(Attempt& attempt);
-  void on_signals(Attempt* attempt, int timeout_ms);
+  void poll_once(Attempt* attempt, int timeout_ms);
 
   JobContext& job_;
   bool interrupted_ = false;
@@ -62,7 +62,7 @@ int SingleNodeJob::run() {
     Attempt attempt(job_.options, job_.config, job_.out, job_.err, port, restart);
     int code = run_attempt(attempt);
     // A signal that came while the attempt was being reaped still counts.
-    on_signals(nullptr, 0);
+    poll_once(nullptr, 0);
     if (!attempt.failed() || interrupted_ || timed_out_) return code;
     const int max = job_.options.max_restarts;
     if (restart == max) {
@@ -82,7 +82,7 @@ int SingleNodeJob::run_attempt(Attempt& attempt) {
   while (!attempt.done()) {
     std::optional<Clock::time_point> next = attempt.next_deadline();
     if (!timed_out_ && job_.deadline && (!next || *job_.deadline < *next)) next = job_.deadline;
-    on_signals(&attempt, timeout_ms(Clock::now(), next));
+    poll_once(&attempt, timeout_ms(Clock::now(), next));
     Clock::time_point now = Clock::now();
     attempt.check(now);
     if (!timed_out_ && job_.deadline && now >= *job_.deadline && !attempt.done()) {
@@ -96,8 +96,8 @@ int SingleNodeJob::run_attempt(Attempt& attempt) {
   return attempt.exit_code(kExitTimeout);
 }
 
-// Polls the signal pipe and the attempt's pipes once.
-void SingleNodeJob::on_signals(Attempt* attempt, int wait_ms) {
+// Polls the signal pipe and the attempt's pipes (if any) once.
+void SingleNodeJob::poll_once(Attempt* attempt, int wait_ms) {
   std::vector<pollfd> fds{{job_.signals.fd(), POLLIN, 0}};
   if (attempt) attempt->append_fds(&fds);
   int ready = ::poll(fds.data(), fds.size(), wait_ms);
