@@ -103,7 +103,8 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
       ->check(kSeconds);
   app.add_flag("--no-prefix", no_prefix, "do not prefix output lines with [rank r]");
   app.add_option("--timeout", o.timeout_s,
-                 "terminate the job (SIGTERM, then SIGKILL after 3 s) after this many seconds "
+                 "terminate the job (SIGTERM, then SIGKILL after 3 s) after this many seconds, "
+                 "counted across all attempts, "
                  "and exit with status 124, as timeout(1) does (default: no limit)")
       ->type_name("SECONDS")
       ->check(kSeconds);
