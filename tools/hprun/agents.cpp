@@ -183,9 +183,10 @@ void Coordinator::poll_round() {
   }
   unjoined_ = std::move(still_unjoined);
   for (int n : polled_peers) {
+    const short revents = fds[at++].revents;
     LineChannel* channel = peers_[n].channel.get();
     if (!channel) continue;  // gone while handling an earlier node
-    channel->on_poll(fds[at++].revents);
+    channel->on_poll(revents);
     std::string line;
     while (peers_[n].channel && channel->next_line(&line)) on_message(n, line);
     if (peers_[n].channel && channel->closed()) on_gone(n, channel->why_closed());

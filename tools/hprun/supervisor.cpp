@@ -87,12 +87,16 @@ int SingleNodeJob::run_attempt(Attempt& attempt) {
     attempt.check(now);
     if (!timed_out_ && job_.deadline && now >= *job_.deadline && !attempt.done()) {
       timed_out_ = true;
-      attempt.stop(job_.timeout_message() + "; terminating the ranks");
+      // Said also when a failure's teardown is under way: it is why no
+      // restart follows.
+      job_.say(job_.timeout_message() + "; terminating the ranks");
+      attempt.stop("");
     }
   }
   attempt.finish();
-  if (attempt.failed() || attempt.setup_failed()) return attempt.exit_code(kExitTimeout);
-  if (timed_out_) return kExitTimeout;
+  // A failure that came first keeps its code; --timeout comes before an
+  // interruption, as in timeout(1).
+  if (timed_out_ && !attempt.failed() && !attempt.setup_failed()) return kExitTimeout;
   return attempt.exit_code(kExitTimeout);
 }
 
