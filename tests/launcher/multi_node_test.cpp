@@ -217,6 +217,34 @@ TEST(HprunTwoHosts, NodeOneKilledEndsTheJobOnNodeZeroWithinTheRendezvousTimeout)
   node1.wait(5);
 }
 
+// A stopped hprun keeps its connection open (the kernel still answers), so
+// only the missing heartbeats tell node 0 that node 1 is gone.
+TEST(HprunTwoHosts, SilentNodeIsGoneAfterTheSilenceLimit) {
+  TwoHosts hosts;
+  SKIP_WITHOUT_HOSTS(hosts);
+  TempDir dir;
+  std::string script = "touch " + dir.path() + "/started.$RANK; exec sleep 60";
+  RunningProcess node0(hosts.hprun(0, script, {}));
+  RunningProcess node1(hosts.hprun(1, script, {}));
+  for (int rank = 0; rank < 4; ++rank) {
+    ASSERT_TRUE(wait_for_file(dir.file("started." + std::to_string(rank)), 20))
+        << "rank " << rank << " did not start";
+  }
+  double stopped_at = now_seconds();
+  ::kill(node1.pid(), SIGSTOP);
+  ProcessResult r = node0.wait(40);
+  ::kill(node1.pid(), SIGCONT);
+  ASSERT_FALSE(r.timed_out) << describe(r);
+  // SupervisorConfig's 10 s silence limit, the 3 s SIGTERM grace, 2 s slack.
+  EXPECT_LT(now_seconds() - stopped_at, 10 + 3 + 2) << describe(r);
+  EXPECT_TRUE(r.exited && r.exit_code == 1) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("hprun: node 1 (10.213.1.2) is gone: no message for 10 s"))
+      << describe(r);
+  // Resumed, node 1 finds the job ended and ends too.
+  ProcessResult r1 = node1.wait(20);
+  EXPECT_TRUE(r1.exited && r1.exit_code != 0) << describe(r1);
+}
+
 TEST(HprunTwoHosts, NodeZeroKilledEndsTheJobOnNodeOne) {
   TwoHosts hosts;
   SKIP_WITHOUT_HOSTS(hosts);
