@@ -611,7 +611,7 @@ void print_table(const json& report) {
 // targets: save and load at least 0.5x the plain write and read, and peak
 // extra memory during save at most one file buffer per rank, taken as the
 // largest piece a rank holds (no gather of the model); with checkpoints in a
-// training loop (C6), an asynchronous save's stall at most 0.1x a
+// training loop (C7), an asynchronous save's stall at most 0.1x a
 // synchronous one's and the steps overlapping its write at most 1.15x the
 // steps without a save (medians).
 json summarize_checkpoint(json result) {

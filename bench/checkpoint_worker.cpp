@@ -18,7 +18,7 @@
 // Then the same model trains (FSDP, AdamW, kTrainBatch x kTrainSeq random
 // tokens per rank per step) with checkpoints in the loop, side by side:
 // steps without a save; synchronous saves, whose stall is the whole save;
-// AsyncCheckpointer saves (C6), whose stall is save()'s snapshot, each
+// AsyncCheckpointer saves (C7), whose stall is save()'s snapshot, each
 // followed by kStepsAfterAsync steps. A step overlaps a background write
 // when it started before the write's commit on some rank. Every time is the
 // slowest rank's.

@@ -1,4 +1,4 @@
-// Asynchronous sharded checkpoints (C6 in docs/features.md): the same
+// Asynchronous sharded checkpoints (C7 in docs/features.md): the same
 // checkpoint as checkpoint.h's save(), written while training goes on.
 //
 //   hp::checkpoint::AsyncCheckpointer checkpointer;   // every rank, same point
@@ -71,8 +71,9 @@ class AsyncCheckpointer {
             const SaveOptions& options = {});
 
   // Waits for the save in flight and returns the last save's result: its
-  // stall_seconds is what its save() call blocked, `seconds` the time from
-  // its snapshot to its commit. Raises the failure of a save no call has
+  // stall_seconds is what its save() call blocked (the wait for the save
+  // before it included), `seconds` the time from its checks (after that
+  // wait) to its commit. Raises the failure of a save no call has
   // raised yet. An empty result (path "") before the first save.
   SaveResult wait();
 

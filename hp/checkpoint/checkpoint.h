@@ -20,7 +20,7 @@
 // (loads never look at .tmp- directories; the next save of that step
 // removes it).
 //
-// Asynchronous saves (C6): AsyncCheckpointer (async_save.h) snapshots the
+// Asynchronous saves (C7): AsyncCheckpointer (async_save.h) snapshots the
 // pieces into host memory and writes the same checkpoint on a background
 // thread, so training stalls only for the copy.
 //

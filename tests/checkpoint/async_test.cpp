@@ -1,4 +1,4 @@
-// Asynchronous checkpoints (C6): AsyncCheckpointer writes what save()
+// Asynchronous checkpoints (C7): AsyncCheckpointer writes what save()
 // writes, from a snapshot taken before save() returns. The live tensors are
 // changed while the background write is held back (a test hook), so a
 // snapshot that aliased them would put the changed values in the

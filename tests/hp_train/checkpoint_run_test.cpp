@@ -158,7 +158,7 @@ TEST(HpTrainCheckpoints, ResumeEqualsAnUninterruptedRunAndMovesToOtherMeshes) {
   }
 }
 
-// --save-async (C6): the checkpoints are the synchronous ones byte for byte,
+// --save-async (C7): the checkpoints are the synchronous ones byte for byte,
 // a run resumed from them equals the uninterrupted run bit for bit, and a
 // save's line comes once it completed: at the next save, or after the last
 // step.

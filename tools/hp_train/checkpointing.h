@@ -1,4 +1,4 @@
-// hp-train's checkpoints (C1-C6 in docs/features.md): --save-dir with
+// hp-train's checkpoints (C1-C5, C7 in docs/features.md): --save-dir with
 // --save-every and --save-async, --resume, --export.
 //
 // A checkpoint holds the model ("model.<parameter name>"), AdamW's state

@@ -68,7 +68,7 @@ struct TrainOptions {
   // Checkpoints (tools/hp_train/checkpointing.h).
   std::string save_dir;    // --save-dir: sharded checkpoints go here
   int64_t save_every = 0;  // --save-every N (0: only at the end)
-  bool save_async = false; // --save-async: write while training goes on (C6)
+  bool save_async = false; // --save-async: write while training goes on (C7)
   std::string resume;      // --resume DIR: continue from its newest checkpoint
   std::string export_path; // --export FILE.safetensors: whole weights at the end
 
