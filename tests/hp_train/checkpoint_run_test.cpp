@@ -249,6 +249,42 @@ TEST(HpTrainCheckpoints, TensorParallelResumesAndMovesToOneProcess) {
                       "tp's checkpoint in one process");
 }
 
+// --resume auto, as a job that restarts itself runs it: the first attempt
+// starts from scratch; an attempt interrupted after logging steps past its
+// last checkpoint is continued from that checkpoint, and the log ends with
+// one line per step, equal to an uninterrupted run's bit for bit.
+TEST(HpTrainCheckpoints, ResumeAutoStartsFromScratchThenContinuesTheRunAndItsLog) {
+  TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  ProcessResult straight = hp_train(2, concat(kTiny, {"--steps", "6", "--log-json",
+                                                    dir.file("straight.jsonl"), "--export",
+                                                    dir.file("straight.safetensors")}));
+  ASSERT_EQ(straight.exit_code, 0) << describe(straight);
+  const Args automatic = concat(kTiny, {"--save-dir", ckpt, "--save-every", "2", "--resume",
+                                        "auto", "--log-json", dir.file("auto.jsonl")});
+  ProcessResult first = hp_train(2, concat(automatic, {"--steps", "3"}));
+  ASSERT_EQ(first.exit_code, 0) << describe(first);
+  EXPECT_THAT(first.out, HasSubstr("--resume auto: no complete checkpoint in " + ckpt +
+                                   " yet; starting from step 0"));
+  // As if the job had died after logging step 2 but before saving step 3.
+  std::filesystem::remove_all(ckpt + "/step-00000003");
+  ProcessResult resumed = hp_train(2, concat(automatic, {"--steps", "6", "--export",
+                                                       dir.file("resumed.safetensors")}));
+  ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+  EXPECT_THAT(resumed.out, HasSubstr("resumed from " + ckpt + "/step-00000002 after 2 steps"));
+  const auto all = read_losses(dir.file("straight.jsonl"));
+  std::vector<int64_t> steps;
+  std::ifstream log(dir.file("auto.jsonl"));
+  for (std::string line; std::getline(log, line);) {
+    const auto j = nlohmann::json::parse(line);
+    steps.push_back(j.at("step").get<int64_t>());
+    EXPECT_EQ(j.at("loss").get<double>(), all.at(steps.back())) << "step " << steps.back();
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
+  expect_same_weights(dir.file("resumed.safetensors"), dir.file("straight.safetensors"),
+                      "6 steps under --resume auto, resumed after 2");
+}
+
 TEST(HpTrainCheckpoints, ResumeOfAnotherModelFailsBeforeTraining) {
   TempDir dir;
   ProcessResult saved = hp_train(0, concat(kTiny, {"--steps", "1", "--save-dir", dir.file("c")}));

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -19,10 +20,12 @@
 #include "tests/launcher/process_runner.h"
 #include "tests/support/tensor_checks.h"
 #include "hp/util/trace.h"
+#include "tools/hp_train/checkpointing.h"
 #include "tools/hp_train/init_weights.h"
 #include "tools/hp_train/output_file.h"
 #include "tools/hp_train/progress.h"
 #include "tools/hp_train/report.h"
+#include "tools/hp_train/step_log.h"
 #include "tools/hp_train/train_options.h"
 
 namespace hp::train {
@@ -41,7 +44,9 @@ const World kAlone{false, 0, 1};
 std::string check(const Args& args, const World& world) {
   try {
     const TrainOptions o = parse_command_line(args).options;
-    validate_options(o, resolve_parallelism(o, world));
+    const Parallelism parallelism = resolve_parallelism(o, world);
+    validate_options(o, parallelism);
+    validate_checkpoint_options(o, parallelism);
   } catch (const ArgumentError& e) {
     return e.what();
   }
@@ -292,6 +297,9 @@ TEST(Flags, CombinationsAreCheckedAgainstTheWorld) {
       HasSubstr("--reshard-after-forward 4 must divide the shard group size 2 of hsdp"));
   EXPECT_EQ(check({"--reshard-after-forward", "2"}, launched(4)), "");
   EXPECT_EQ(check({"--reduce-dtype", "fp16"}, launched(2)), "");  // a sum: works in fp16
+  EXPECT_THAT(check({"--resume", "auto"}, launched(2)),
+              HasSubstr("--resume auto needs --save-dir DIR"));
+  EXPECT_EQ(check({"--resume", "auto", "--save-dir", "ckpt"}, launched(2)), "");
 }
 
 TEST(Flags, CountsAgreeWithTheirNouns) {
@@ -324,6 +332,56 @@ TEST(OutputFile, UnwritablePathSaysWhy) {
               ThrowsMessage<ArgumentError>(
                   HasSubstr("--log-json '" + dir.path() +
                             "' cannot be opened for writing: Is a directory")));
+}
+
+// The steps a --log-json file holds, in order.
+std::vector<int64_t> logged_steps(const std::string& path) {
+  std::vector<int64_t> steps;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const std::string key = "{\"step\":";
+    EXPECT_EQ(line.rfind(key, 0), 0u) << line;
+    steps.push_back(std::stoll(line.substr(key.size())));
+  }
+  return steps;
+}
+
+TEST(StepLog, AResumedRunContinuesTheLogFromItsFirstStep) {
+  launcher::testing::TempDir dir;
+  const std::string path = dir.file("log.jsonl");
+  auto record = [](int64_t step) {
+    StepRecord r;
+    r.step = step;
+    r.loss = 5.0 - 0.1 * static_cast<double>(step);
+    return r;
+  };
+  {
+    StepLog log(path, 0);
+    for (int64_t s = 0; s < 5; ++s) log.write(record(s));
+  }
+  {
+    // A kill tore the next line.
+    std::ofstream torn(path, std::ios::app);
+    torn << "{\"step\": 5, \"lo";
+  }
+  // The checkpoint was at step 3: steps 3 and 4 are run again.
+  {
+    StepLog log(path, 3);
+    EXPECT_EQ(logged_steps(path), (std::vector<int64_t>{0, 1, 2}));
+    for (int64_t s = 3; s < 7; ++s) log.write(record(s));
+  }
+  EXPECT_EQ(logged_steps(path), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6}));
+  // Resumed again, past a torn line: everything before it stays.
+  {
+    std::ofstream torn(path, std::ios::app);
+    torn << "{\"ste";
+  }
+  { StepLog log(path, 9); }
+  EXPECT_EQ(logged_steps(path), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6}));
+  // A run from step 0 starts a new log.
+  { StepLog log(path, 0); }
+  EXPECT_EQ(logged_steps(path), std::vector<int64_t>{});
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
 }
 
 TEST(Trace, SetOriginMovesTheZeroToAWallClockInstant) {

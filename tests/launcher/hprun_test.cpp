@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/launcher/process_runner.h"
+#include "tools/hprun/free_port.h"
 
 namespace hp::launcher::testing {
 namespace {
@@ -205,22 +206,58 @@ TEST(Hprun, GivenMasterPortIsPassedThrough) {
   EXPECT_EQ(env[1]["MASTER_PORT"], "29555");
 }
 
+// Two nodes on loopback: node 1's ranks come after node 0's and meet at the
+// ranks' port node 0's agent picked, not at the agents' own --master-port.
 TEST(Hprun, MultiNodeFlagsOffsetGlobalRanks) {
-  ProcessResult r = run_process(
-      hprun_sh(2, kPrintEnv, {"--nnodes", "3", "--node-rank", "1", "--master-port", "29556"}));
-  ASSERT_TRUE(r.exited && r.exit_code == 0) << describe(r);
-  auto env = env_by_rank(r.out);
-  ASSERT_EQ(env.size(), 2u) << describe(r);
+  const std::string agents_port = std::to_string(pick_free_port());
+  auto node = [&](int rank) {
+    return hprun_sh(2, kPrintEnv,
+                    {"--nnodes", "2", "--node-rank", std::to_string(rank), "--master-port",
+                     agents_port, "--rdzv-timeout", "20"});
+  };
+  RunningProcess node0(node(0));
+  ProcessResult r1 = run_process(node(1));
+  ProcessResult r0 = node0.wait(30);
+  ASSERT_TRUE(r0.exited && r0.exit_code == 0) << describe(r0);
+  ASSERT_TRUE(r1.exited && r1.exit_code == 0) << describe(r1);
+  auto env0 = env_by_rank(r0.out);
+  auto env = env_by_rank(r1.out);
+  ASSERT_EQ(env0.size(), 2u) << describe(r0);
+  ASSERT_EQ(env.size(), 2u) << describe(r1);
+  const std::string ranks_port = env0[0]["MASTER_PORT"];
+  EXPECT_NE(ranks_port, agents_port);
   for (int local = 0; local < 2; ++local) {
     auto& v = env[2 + local];  // keyed by the prefix, i.e. the global rank
-    EXPECT_EQ(v["RANK"], std::to_string(2 + local)) << describe(r);
-    EXPECT_EQ(v["WORLD_SIZE"], "6");
+    EXPECT_EQ(v["RANK"], std::to_string(2 + local)) << describe(r1);
+    EXPECT_EQ(v["WORLD_SIZE"], "4");
     EXPECT_EQ(v["LOCAL_RANK"], std::to_string(local));
     EXPECT_EQ(v["LOCAL_WORLD_SIZE"], "2");
     EXPECT_EQ(v["GROUP_RANK"], "1");
     EXPECT_EQ(v["NODE_RANK"], "1");
-    EXPECT_EQ(v["MASTER_PORT"], "29556");
+    EXPECT_EQ(v["MASTER_PORT"], ranks_port);
+    EXPECT_EQ(env0[local]["MASTER_PORT"], ranks_port);
   }
+}
+
+// Node 0 turns away a node whose world differs from its own, and gives up
+// on the missing node after --rdzv-timeout.
+TEST(Hprun, NodeWithOtherFlagsIsTurnedAway) {
+  const std::string agents_port = std::to_string(pick_free_port());
+  Args common = {"--nnodes", "2", "--master-port", agents_port, "--rdzv-timeout", "2"};
+  auto node = [&](int rank, int n) {
+    Args options = common;
+    options.insert(options.end(), {"--node-rank", std::to_string(rank)});
+    return hprun_sh(n, "true", options);
+  };
+  RunningProcess node0(node(0, 2));
+  ProcessResult r1 = run_process(node(1, 3));
+  ProcessResult r0 = node0.wait(30);
+  EXPECT_TRUE(r1.exited && r1.exit_code == 2) << describe(r1);
+  EXPECT_THAT(r1.err, HasSubstr("node 1 (127.0.0.1) was started with --nnodes 2 -n 3 "
+                                "--max-restarts 0, node 0 with --nnodes 2 -n 2 --max-restarts 0"))
+      << describe(r1);
+  EXPECT_TRUE(r0.exited && r0.exit_code == 1) << describe(r0);
+  EXPECT_THAT(r0.err, HasSubstr("hprun: node 1 did not join the job within 2 s")) << describe(r0);
 }
 
 TEST(Hprun, LinesStayWholeAndNothingIsLost) {
@@ -416,6 +453,181 @@ TEST(Hprun, TimeoutEndsTheJob) {
   EXPECT_LT(r.seconds, 10) << describe(r);
   EXPECT_TRUE(r.exited && r.exit_code == 124) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("--timeout 1 s")) << describe(r);
+}
+
+// --- Restarts (--max-restarts) ---
+
+// Each rank prints the attempt it belongs to:
+// "[rank r] attempt=<TORCHELASTIC_RESTART_COUNT> max=<..._MAX_RESTARTS> port=<MASTER_PORT>",
+// then waits until all `ranks` of its attempt have, so that no rank is torn
+// down before it printed.
+std::string print_attempt(const TempDir& dir, int ranks) {
+  return "echo \"attempt=$TORCHELASTIC_RESTART_COUNT max=$TORCHELASTIC_MAX_RESTARTS "
+         "port=$MASTER_PORT\"; touch " + dir.path() + "/$TORCHELASTIC_RESTART_COUNT.$RANK; "
+         "while [ $(ls " + dir.path() + " | grep -c \"^$TORCHELASTIC_RESTART_COUNT\\.\") -lt " +
+         std::to_string(ranks) + " ]; do sleep 0.02; done; ";
+}
+
+// (rank, attempt) -> MASTER_PORT, from the lines print_attempt wrote.
+std::map<std::pair<int, int>, std::string> ports_by_attempt(const std::string& out,
+                                                            const std::string& max) {
+  std::map<std::pair<int, int>, std::string> result;
+  std::regex line_re("\\[rank ([0-9]+)\\] attempt=([0-9]+) max=([0-9]*) port=([0-9]+)");
+  for (const std::string& line : lines_of(out)) {
+    std::smatch m;
+    if (!std::regex_match(line, m, line_re)) continue;
+    EXPECT_EQ(m[3].str(), max) << line;
+    result[{std::stoi(m[1]), std::stoi(m[2])}] = m[4];
+  }
+  return result;
+}
+
+std::size_t count_of(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST(HprunRestart, FailedAttemptsAreRestartedUntilOneSucceeds) {
+  TempDir dir;
+  // Rank 1 fails in attempts 0 and 1; attempt 2 succeeds.
+  std::string script = print_attempt(dir, 2) +
+                       "if [ \"$RANK\" = 1 ] && [ \"$TORCHELASTIC_RESTART_COUNT\" -lt 2 ]; then "
+                       "exit 3; fi";
+  ProcessResult r = run_process(hprun_sh(2, script, {"--max-restarts", "3"}));
+  ASSERT_FALSE(r.timed_out) << describe(r);
+  EXPECT_TRUE(r.exited && r.exit_code == 0) << describe(r);
+  for (int k : {1, 2}) {
+    EXPECT_TRUE(std::regex_search(
+        r.err, std::regex("hprun: restart " + std::to_string(k) +
+                          "/3: rank 1 \\(pid [0-9]+\\) exited with status 3 at 00:[0-5][0-9]\n")))
+        << describe(r);
+  }
+  EXPECT_THAT(r.err, Not(HasSubstr("restart 3/3"))) << describe(r);
+  auto ports = ports_by_attempt(r.out, "3");
+  for (int rank : {0, 1}) {
+    for (int attempt : {0, 1, 2}) {
+      EXPECT_EQ(ports.count({rank, attempt}), 1u)
+          << "rank " << rank << " attempt " << attempt << "\n" << describe(r);
+    }
+  }
+  EXPECT_EQ(ports.size(), 6u) << describe(r);
+}
+
+TEST(HprunRestart, EveryAttemptGetsAFreshRendezvousPort) {
+  TempDir dir;
+  std::string script = print_attempt(dir, 2) +
+                       "if [ \"$TORCHELASTIC_RESTART_COUNT\" -lt 2 ]; then exit 1; fi";
+  ProcessResult r = run_process(hprun_sh(2, script, {"--max-restarts", "2"}));
+  ASSERT_TRUE(r.exited && r.exit_code == 0) << describe(r);
+  auto ports = ports_by_attempt(r.out, "2");
+  ASSERT_EQ(ports.size(), 6u) << describe(r);
+  for (int attempt : {0, 1, 2}) {
+    EXPECT_EQ((ports[{0, attempt}]), (ports[{1, attempt}])) << "ranks of one attempt disagree";
+  }
+  EXPECT_NE((ports[{0, 0}]), (ports[{0, 1}])) << describe(r);
+  EXPECT_NE((ports[{0, 1}]), (ports[{0, 2}])) << describe(r);
+  EXPECT_NE((ports[{0, 0}]), (ports[{0, 2}])) << describe(r);
+}
+
+TEST(HprunRestart, GivenMasterPortIsKeptAcrossAttempts) {
+  TempDir dir;
+  std::string script = print_attempt(dir, 1) +
+                       "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then exit 1; fi";
+  ProcessResult r =
+      run_process(hprun_sh(1, script, {"--max-restarts", "1", "--master-port", "29557"}));
+  ASSERT_TRUE(r.exited && r.exit_code == 0) << describe(r);
+  auto ports = ports_by_attempt(r.out, "1");
+  ASSERT_EQ(ports.size(), 2u) << describe(r);
+  EXPECT_EQ((ports[{0, 0}]), "29557");
+  EXPECT_EQ((ports[{0, 1}]), "29557");
+}
+
+TEST(HprunRestart, ExhaustedRestartsExitWithTheLastFailure) {
+  TempDir dir;
+  std::string script = print_attempt(dir, 2) +
+                       "if [ \"$RANK\" = 1 ]; then exit $((TORCHELASTIC_RESTART_COUNT + 5)); fi; "
+                       "sleep 60";
+  ProcessResult r = run_process(hprun_sh(2, script, {"--max-restarts", "2"}));
+  ASSERT_FALSE(r.timed_out) << describe(r);
+  EXPECT_LT(r.seconds, 20) << describe(r);
+  // Attempt 2, the last, failed with 5 + 2.
+  EXPECT_TRUE(r.exited && r.exit_code == 7) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("restart 1/2: rank 1")) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("restart 2/2: rank 1")) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("hprun: no restarts left: 2 of 2 used\n")) << describe(r);
+  EXPECT_EQ(count_of(r.err, "hprun: restart "), 2u) << describe(r);
+  EXPECT_EQ(ports_by_attempt(r.out, "2").size(), 6u) << describe(r);
+}
+
+TEST(HprunRestart, NoRestartsByDefault) {
+  TempDir dir;
+  std::string script = print_attempt(dir, 2) + "if [ \"$RANK\" = 1 ]; then exit 3; fi";
+  ProcessResult r = run_process(hprun_sh(2, script));
+  EXPECT_TRUE(r.exited && r.exit_code == 3) << describe(r);
+  EXPECT_THAT(r.err, Not(HasSubstr("restart"))) << describe(r);
+  EXPECT_EQ(ports_by_attempt(r.out, "0").size(), 2u) << describe(r);
+}
+
+TEST(HprunRestart, RankKilledBySignalIsRestarted) {
+  TempDir dir;
+  std::string script = print_attempt(dir, 3) +
+                       "if [ \"$RANK\" = 2 ] && [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then "
+                       "kill -9 $$; fi";
+  ProcessResult r = run_process(hprun_sh(3, script, {"--max-restarts", "1"}));
+  ASSERT_FALSE(r.timed_out) << describe(r);
+  EXPECT_TRUE(r.exited && r.exit_code == 0) << describe(r);
+  EXPECT_TRUE(std::regex_search(
+      r.err, std::regex("hprun: restart 1/1: rank 2 \\(pid [0-9]+\\) was killed by signal 9 "
+                        "\\(SIGKILL\\) at 00:[0-5][0-9]\n")))
+      << describe(r);
+  EXPECT_EQ(ports_by_attempt(r.out, "1").count({2, 1}), 1u) << describe(r);
+}
+
+TEST(HprunRestart, SigintDuringARestartedAttemptEndsEverything) {
+  TempDir dir;
+  // Attempt 0: rank 1 fails. Attempt 1: every rank writes its pids and waits.
+  std::string script = "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then "
+                       "if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 60; fi; " +
+                       pid_writing_script(dir);
+  RunningProcess process(hprun_sh(2, script, {"--max-restarts", "5"}));
+  std::vector<long> pids = wait_for_pids(dir, 2);
+  for (long pid : pids) ASSERT_GT(pid, 0) << "attempt 1 did not start";
+  ::kill(process.pid(), SIGINT);
+  ProcessResult r = process.wait(20);
+  ASSERT_FALSE(r.timed_out) << describe(r);
+  EXPECT_LT(r.seconds, 15) << describe(r);
+  EXPECT_TRUE(r.exited && r.exit_code == 128 + SIGINT) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("restart 1/5")) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("received SIGINT")) << describe(r);
+  EXPECT_THAT(r.err, Not(HasSubstr("restart 2/5"))) << describe(r);
+  expect_all_dead(pids);
+}
+
+TEST(HprunRestart, TimeoutSpansAllAttempts) {
+  // Every attempt fails after 0.3 s; only a deadline across attempts ends
+  // the 100 restarts (30 s) within 2 s.
+  ProcessResult r = run_process(
+      hprun_sh(2, "sleep 0.3; exit 1", {"--max-restarts", "100", "--timeout", "2"}));
+  ASSERT_FALSE(r.timed_out) << describe(r);
+  EXPECT_LT(r.seconds, 10) << describe(r);
+  EXPECT_TRUE(r.exited && r.exit_code == 124) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("restart 1/100")) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("--timeout 2 s")) << describe(r);
+  EXPECT_THAT(r.err, Not(HasSubstr("no restarts left"))) << describe(r);
+}
+
+TEST(HprunRestart, UsageErrors) {
+  for (const Args& options : {Args{"--max-restarts", "-1"}, Args{"--max-restarts", "x"},
+                              Args{"--rdzv-timeout", "0"}}) {
+    Args args = {"-n", "1"};
+    args.insert(args.end(), options.begin(), options.end());
+    args.push_back("true");
+    ProcessResult r = run_process(hprun(args));
+    EXPECT_TRUE(r.exited && r.exit_code == 2) << describe(r);
+    EXPECT_THAT(r.err, HasSubstr(options[0])) << describe(r);
+    EXPECT_THAT(r.err, HasSubstr("'" + options[1] + "'")) << describe(r);
+  }
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tools/hprun/attempt.h"
 #include "tools/hprun/exit_status.h"
 #include "tools/hprun/free_port.h"
 #include "tools/hprun/line_prefixer.h"
@@ -133,9 +134,10 @@ TEST(RankEnvironment, DefinesTheRankAndKeepsTheRest) {
   o.nnodes = 2;
   o.node_rank = 1;
   o.master_addr = "node0.cluster";
+  o.max_restarts = 3;
   const char* inherited[] = {"PATH=/bin",          "RANK=99", "MASTER_PORT=1",
                              "OMPI_COMM_WORLD_RANK=5", "HOME=/root", nullptr};
-  std::vector<std::string> env = rank_environment(o, 29500, 3, inherited);
+  std::vector<std::string> env = rank_environment(o, 29500, 3, 2, inherited);
   auto has = [&env](const std::string& entry) {
     return std::count(env.begin(), env.end(), entry) == 1;
   };
@@ -149,10 +151,12 @@ TEST(RankEnvironment, DefinesTheRankAndKeepsTheRest) {
   EXPECT_TRUE(has("MASTER_PORT=29500"));
   EXPECT_TRUE(has("GROUP_RANK=1"));
   EXPECT_TRUE(has("NODE_RANK=1"));
+  EXPECT_TRUE(has("TORCHELASTIC_RESTART_COUNT=2"));
+  EXPECT_TRUE(has("TORCHELASTIC_MAX_RESTARTS=3"));
   EXPECT_FALSE(has("RANK=99"));
   EXPECT_FALSE(has("MASTER_PORT=1"));
   EXPECT_FALSE(has("OMPI_COMM_WORLD_RANK=5"));
-  EXPECT_EQ(env.size(), 10u);
+  EXPECT_EQ(env.size(), 12u);
 }
 
 std::string feed_all(LinePrefixer& p, const std::vector<std::string>& chunks) {
@@ -235,6 +239,14 @@ TEST(FreePort, IsBindableOnLoopback) {
   addr.sin_port = htons(static_cast<uint16_t>(port));
   EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << "port " << port;
   ::close(fd);
+}
+
+TEST(ClockText, MinutesAndSecondsThenHours) {
+  EXPECT_EQ(clock_text(0), "00:00");
+  EXPECT_EQ(clock_text(41.9), "00:41");
+  EXPECT_EQ(clock_text(3599), "59:59");
+  EXPECT_EQ(clock_text(3600), "1:00:00");
+  EXPECT_EQ(clock_text(36000 + 62), "10:01:02");
 }
 
 }  // namespace

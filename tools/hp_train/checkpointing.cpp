@@ -38,6 +38,8 @@ void validate_checkpoint_options(const TrainOptions& o, const Parallelism& paral
                " needs --save-dir DIR (where the checkpoints go)");
   HP_CHECK_ARG(!o.save_async || !o.save_dir.empty(),
                "--save-async needs --save-dir DIR (where the checkpoints go)");
+  HP_CHECK_ARG(o.resume != kResumeAuto || !o.save_dir.empty(),
+               "--resume auto needs --save-dir DIR (the folder it resumes from)");
   const std::string suffix = ".safetensors";
   HP_CHECK_ARG(o.export_path.empty() ||
                    (o.export_path.size() > suffix.size() &&
@@ -55,7 +57,11 @@ void prepare_save_dir(const TrainOptions& o) {
 
 std::optional<ResumePoint> find_resume_point(const TrainOptions& o, TrainModel& model) {
   if (o.resume.empty()) return std::nullopt;
-  const std::optional<std::string> latest = checkpoint::latest_checkpoint(o.resume);
+  const bool automatic = o.resume == kResumeAuto;
+  const std::optional<std::string> latest =
+      checkpoint::latest_checkpoint(automatic ? o.save_dir : o.resume);
+  // auto: a first attempt (nothing saved yet) starts from scratch.
+  if (automatic && !latest) return std::nullopt;
   HP_CHECK_ARG(latest.has_value(), "--resume '", o.resume,
                "' holds no complete checkpoint (a step-N directory with metadata.json)");
   const std::string metadata_path = *latest + "/metadata.json";

@@ -48,7 +48,8 @@ struct ResumePoint {
 // complete checkpoint in DIR, saved at a step not beyond --steps, whose model
 // has this run's parameter names and shapes. Otherwise hp::ArgumentError
 // naming --resume and what differs (e.g. the vocabulary or --d). nullopt
-// without --resume.
+// without --resume, and for --resume auto when --save-dir holds no complete
+// checkpoint yet (a job's first attempt: it starts from scratch).
 std::optional<ResumePoint> find_resume_point(const TrainOptions& options, TrainModel& model);
 
 // Saves, resumes and exports one run's state. Every call is collective,

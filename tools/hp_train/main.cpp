@@ -138,7 +138,9 @@ int run(const TrainOptions& options) {
 
   const bool root = world.rank == 0;
   std::unique_ptr<StepLog> step_log;
-  if (root && !options.log_json.empty()) step_log = std::make_unique<StepLog>(options.log_json);
+  if (root && !options.log_json.empty()) {
+    step_log = std::make_unique<StepLog>(options.log_json, resume_point ? resume_point->step : 0);
+  }
   // Written after the last step, so its path is tried now.
   const std::string trace_file =
       options.trace.empty() ? std::string() : trace_path(options.trace, world.rank);
@@ -175,6 +177,9 @@ int run(const TrainOptions& options) {
   if (resume_point) {
     say(root, checkpoints.resume(*resume_point));
     meter.start_at(first_step);
+  } else if (options.resume == kResumeAuto) {
+    say(root, fmt::format("--resume auto: no complete checkpoint in {} yet; starting from step 0",
+                          options.save_dir));
   }
   std::vector<int64_t> rank_peaks(world.size, 0);
   double first_loss = 0, last_loss = 0;

@@ -3,15 +3,60 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <stdexcept>
+#include <system_error>
+#include <vector>
 
 #include "hp/util/error.h"
 #include "tools/hp_train/output_file.h"
 
 namespace hp::train {
 
-StepLog::StepLog(const std::string& path)
-    : path_(path), out_(open_output_file("--log-json", path)) {}
+namespace {
+
+// The lines of `path` for steps before `first_step`, up to the first line
+// that is not a whole step record (a torn write) or goes back in steps.
+std::vector<std::string> lines_before(const std::string& path, int64_t first_step) {
+  std::vector<std::string> kept;
+  std::ifstream in(path);
+  int64_t previous = -1;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!record.is_object() || !record.contains("step") || !record["step"].is_number_integer()) {
+      break;
+    }
+    const int64_t step = record["step"].get<int64_t>();
+    if (step <= previous || step >= first_step) break;
+    previous = step;
+    kept.push_back(std::move(line));
+  }
+  return kept;
+}
+
+std::ofstream continued_log(const std::string& path, int64_t first_step) {
+  if (first_step == 0) return open_output_file("--log-json", path);
+  const std::vector<std::string> kept = lines_before(path, first_step);
+  const std::string rewritten = path + ".tmp";
+  {
+    std::ofstream out = open_output_file("--log-json", rewritten);
+    for (const std::string& line : kept) out << line << '\n';
+    out.flush();
+    HP_CHECK_ARG(out.good(), "--log-json '", rewritten, "': write failed");
+  }
+  std::error_code error;
+  std::filesystem::rename(rewritten, path, error);
+  HP_CHECK_ARG(!error, "--log-json '", path, "': cannot replace it with '", rewritten,
+               "': ", error.message());
+  std::ofstream out(path, std::ios::app);
+  HP_CHECK_ARG(out.is_open(), "--log-json '", path, "' cannot be opened for appending");
+  return out;
+}
+
+}  // namespace
+
+StepLog::StepLog(const std::string& path, int64_t first_step)
+    : path_(path), out_(continued_log(path, first_step)) {}
 
 void StepLog::set_startup(std::vector<int64_t> peak_bytes, std::vector<int64_t> vmhwm_bytes,
                           bool meta) {

@@ -7,6 +7,7 @@
 // compared bit for bit.
 #pragma once
 
+#include <cstdint>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -17,9 +18,16 @@ namespace hp::train {
 
 class StepLog {
  public:
-  // Creates (truncates) the file and its folder; throws hp::ArgumentError
-  // naming --log-json and the path when it cannot be opened for writing.
-  explicit StepLog(const std::string& path);
+  // Creates the file and its folder; throws hp::ArgumentError naming
+  // --log-json and the path when it cannot be opened for writing. A run that
+  // starts at step 0 truncates the file. A resumed run (`first_step` > 0)
+  // continues it: the lines of steps before `first_step` stay, in order, and
+  // the rest goes (steps an interrupted run logged after its last checkpoint,
+  // which this run repeats, and a line torn by a kill), so a job resumed any
+  // number of times leaves one line per step, as an uninterrupted one does.
+  // The kept lines are rewritten into a new file renamed over the old one: a
+  // kill during that leaves the old file whole.
+  StepLog(const std::string& path, int64_t first_step);
 
   // Appends the record's line and flushes it, so a run that dies keeps the
   // steps it finished.

@@ -317,8 +317,10 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
                "only to copy the state into host memory");
   option("--resume", o.resume,
          "continue from the newest complete checkpoint in DIR (any mode or mesh saved it); "
-         "--steps stays the total",
-         "DIR", kFileName);
+         "--steps stays the total; 'auto': from the newest one in --save-dir when there is "
+         "one, else from scratch (for jobs that hprun --max-restarts restarts; not the "
+         "default); a folder named auto is ./auto",
+         "DIR|auto", kFileName);
   option("--export", o.export_path,
          "write the trained weights, whole, by parameter name, to FILE.safetensors at the end",
          "FILE", kFileName);

@@ -22,6 +22,9 @@ enum class Mode { kNone, kFSDP, kHSDP, kDDP, kTP, kFSDPTP };
 // "none", "fsdp", "hsdp", "ddp", "tp", "fsdp_tp".
 const char* mode_name(Mode mode);
 
+// --resume's value for "the newest checkpoint in --save-dir, if any".
+inline constexpr const char* kResumeAuto = "auto";
+
 // The defaults are the README's main job: FSDP on 2 ranks of a 2-core
 // machine, one thread each, lowers the loss on fortunes from 5.58 (uniform
 // over bytes) to about 2.4 in 2-3 minutes. Above lr 1e-3 the first steps
@@ -69,7 +72,9 @@ struct TrainOptions {
   std::string save_dir;    // --save-dir: sharded checkpoints go here
   int64_t save_every = 0;  // --save-every N (0: only at the end)
   bool save_async = false; // --save-async: write while training goes on (C7)
-  std::string resume;      // --resume DIR: continue from its newest checkpoint
+  // --resume DIR: continue from its newest checkpoint; kResumeAuto: from
+  // --save-dir's newest, or from scratch when it holds none.
+  std::string resume;
   std::string export_path; // --export FILE.safetensors: whole weights at the end
 
   // fully_shard's performance options (refused with --mode none). The

@@ -64,7 +64,12 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   app.footer(
       "prog [args...] is started on every rank with RANK, WORLD_SIZE, LOCAL_RANK,\n"
       "LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, GROUP_RANK and NODE_RANK set.\n"
-      "If a rank fails, the others are terminated and hprun exits with its status.\n");
+      "TORCHELASTIC_RESTART_COUNT (0 on the first attempt) and TORCHELASTIC_MAX_RESTARTS\n"
+      "tell a rank which attempt it belongs to.\n"
+      "If a rank fails, the others are terminated; with restarts left every rank is\n"
+      "started again (a fresh rendezvous), else hprun exits with the failed rank's status.\n"
+      "With --nnodes K > 1, node 0's hprun serves the agents' rendezvous on\n"
+      "--master-addr:--master-port and tells every node the ranks' port per attempt.\n");
 
   CommandLine result;
   LaunchOptions& o = result.options;
@@ -83,12 +88,23 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
       ->type_name("ADDR");
   auto* master_port =
       app.add_option("--master-port", o.master_port,
-                     "rendezvous port (default: a free port; required with --nnodes > 1)")
+                     "rendezvous port (default: a free port; required with --nnodes > 1, where "
+                     "it is node 0's agent store and the ranks get a port picked per attempt)")
           ->type_name("PORT")
           ->check(integer_in(1, 65535, "a port in 1..65535"));
+  app.add_option("--max-restarts", o.max_restarts,
+                 "after a failure, start every rank again up to this many times (default 0)")
+      ->type_name("R")
+      ->check(integer_in(0, 1 << 20, "a non-negative integer"));
+  app.add_option("--rdzv-timeout", o.rdzv_timeout_s,
+                 "with --nnodes > 1: how long node 0 waits for every node to join an attempt, "
+                 "and other nodes to reach node 0 (default 300)")
+      ->type_name("SECONDS")
+      ->check(kSeconds);
   app.add_flag("--no-prefix", no_prefix, "do not prefix output lines with [rank r]");
   app.add_option("--timeout", o.timeout_s,
-                 "terminate the job (SIGTERM, then SIGKILL after 3 s) after this many seconds "
+                 "terminate the job (SIGTERM, then SIGKILL after 3 s) after this many seconds, "
+                 "counted across all attempts, "
                  "and exit with status 124, as timeout(1) does (default: no limit)")
       ->type_name("SECONDS")
       ->check(kSeconds);

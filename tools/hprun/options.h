@@ -1,6 +1,7 @@
 // The command line of hprun.
 //
 //   hprun -n N [--nnodes K --node-rank I --master-addr A --master-port P]
+//         [--max-restarts R] [--rdzv-timeout SECONDS]
 //         [--no-prefix] [--timeout SECONDS] prog [args...]
 //
 // The first non-option argument is the program. It and everything after it
@@ -21,9 +22,11 @@ struct LaunchOptions {
   int nnodes = 1;
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;        // 0: pick a free port (allowed only for one node)
+  int master_port = 0;  // 0: pick a free port (one node); with K > 1: node 0's agent store
   bool prefix_output = true;  // "[rank r] " before every line
-  double timeout_s = 0;       // 0: no limit on the job's wall time
+  double timeout_s = 0;       // 0: no limit on the job's wall time, across all attempts
+  int max_restarts = 0;       // attempts after the first one that failed
+  double rdzv_timeout_s = 300;  // --nnodes > 1: how long node 0 waits for every agent
   std::vector<std::string> command;  // program, then its arguments
 
   int world_size() const { return nnodes * nproc_per_node; }

@@ -8,7 +8,8 @@ namespace hp::launcher {
 namespace {
 
 constexpr const char* kDefined[] = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                                    "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "NODE_RANK"};
+                                    "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "NODE_RANK", "TORCHELASTIC_RESTART_COUNT",
+                                    "TORCHELASTIC_MAX_RESTARTS"};
 constexpr const char* kDroppedPrefix = "OMPI_COMM_WORLD_";
 
 bool replaced_by_hprun(const char* entry) {
@@ -21,7 +22,8 @@ bool replaced_by_hprun(const char* entry) {
 }  // namespace
 
 std::vector<std::string> rank_environment(const LaunchOptions& options, int master_port,
-                                          int local_rank, const char* const* inherited) {
+                                          int local_rank, int restart_count,
+                                          const char* const* inherited) {
   std::vector<std::string> env;
   for (const char* const* entry = inherited; entry && *entry; ++entry) {
     if (!replaced_by_hprun(*entry)) env.emplace_back(*entry);
@@ -37,6 +39,8 @@ std::vector<std::string> rank_environment(const LaunchOptions& options, int mast
   set("MASTER_PORT", std::to_string(master_port));
   set("GROUP_RANK", std::to_string(options.node_rank));
   set("NODE_RANK", std::to_string(options.node_rank));
+  set("TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count));
+  set("TORCHELASTIC_MAX_RESTARTS", std::to_string(options.max_restarts));
   return env;
 }
 
