@@ -14,6 +14,14 @@
 // before it, per rank, against the largest piece a rank holds (one file
 // buffer's worth: the writer writes each piece from its own memory and
 // copies at most a strided one).
+//
+// Then the same model trains (FSDP, AdamW, kTrainBatch x kTrainSeq random
+// tokens per rank per step) with checkpoints in the loop, side by side:
+// steps without a save; synchronous saves, whose stall is the whole save;
+// AsyncCheckpointer saves (C7), whose stall is save()'s snapshot, each
+// followed by kStepsAfterAsync steps. A step overlaps a background write
+// when it started before the write's commit on some rank. Every time is the
+// slowest rank's.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -22,12 +30,14 @@
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_worker.h"
+#include "hp/checkpoint/async_save.h"
 #include "hp/checkpoint/checkpoint.h"
 #include "hp/checkpoint/training_state.h"
 #include "hp/dist/collectives.h"
@@ -35,6 +45,7 @@
 #include "hp/fsdp/fully_shard.h"
 #include "hp/mesh/device_mesh.h"
 #include "hp/nn/gpt.h"
+#include "hp/nn/loss.h"
 #include "hp/util/error.h"
 #include "hp/util/memory_stats.h"
 
@@ -119,6 +130,20 @@ std::string filesystem_of(const std::string& path) {
   }
 }
 
+// The training measured with checkpoints: small steps, so that a save spans
+// several of them on 2 CPU cores.
+constexpr int64_t kTrainBatch = 2;
+constexpr int64_t kTrainSeq = 64;
+constexpr int kStepsWithoutSave = 4;
+constexpr int kStepsAfterAsync = 4;
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 }  // namespace
 
 int run_checkpoint_worker(const BenchConfig& c) {
@@ -141,7 +166,7 @@ int run_checkpoint_worker(const BenchConfig& c) {
   FullyShardOptions options;
   options.mesh = init_device_mesh("cpu", {world}, {"shard"});
   for (const nn::Block& block : model->blocks()) fully_shard(block.ptr(), options);
-  fully_shard(model.ptr(), options);
+  FSDPModule root = fully_shard(model.ptr(), options);
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(c.lr));
   int64_t step = 1;
   checkpoint::State state;
@@ -217,6 +242,99 @@ int run_checkpoint_worker(const BenchConfig& c) {
                        {"peak_extra_bytes_during_save_per_rank", peak_extra}});
     if (rank == 0) std::cerr << "checkpoint repeat " << repeat << ": " << repeats.back().dump() << std::endl;
   }
+  // --- training with checkpoints in the loop ---
+  at::Generator tokens_rng = at::make_generator<at::CPUGeneratorImpl>(c.seed + rank);
+  auto train_step = [&] {
+    root.zero_grad();
+    at::Tensor tokens = at::randint(c.vocab, {kTrainBatch, kTrainSeq + 1}, tokens_rng);
+    at::Tensor loss = nn::cross_entropy(model(tokens.narrow(1, 0, kTrainSeq)),
+                                        tokens.narrow(1, 1, kTrainSeq));
+    loss.backward();
+    optimizer.step();
+  };
+  // The state now (AdamW's state exists after the first step).
+  auto current_state = [&] {
+    checkpoint::State s;
+    checkpoint::add_model(s, *model);
+    checkpoint::add_adamw(s, optimizer, *model);
+    checkpoint::add_int(s, "train.step", step);
+    return s;
+  };
+  const std::string train_root = (dir / "train").string();
+  // Keeps the disk to one checkpoint: the previous one goes once a new one is in.
+  auto drop_step = [&](int64_t s) {
+    barrier();
+    if (rank == 0) fs::remove_all(fs::path(train_root) / checkpoint::checkpoint_dir_name(s));
+  };
+  train_step();  // warm-up; creates AdamW's state
+  std::vector<double> plain_steps;
+  for (int i = 0; i < kStepsWithoutSave; ++i) {
+    barrier();
+    const auto t0 = Clock::now();
+    train_step();
+    plain_steps.push_back(max_over_ranks(seconds_since(t0)));
+  }
+  nlohmann::json sync_saves = nlohmann::json::array();
+  for (int repeat = 0; repeat < c.ckpt_repeats; ++repeat) {
+    step = 100 + repeat;
+    barrier();
+    const auto t0 = Clock::now();
+    checkpoint::save(current_state(), train_root, step);
+    sync_saves.push_back({{"stall_s", max_over_ranks(seconds_since(t0))}});
+    train_step();
+    drop_step(step);
+  }
+  nlohmann::json async_saves = nlohmann::json::array();
+  {
+    checkpoint::AsyncCheckpointer checkpointer;
+    for (int repeat = 0; repeat < c.ckpt_repeats; ++repeat) {
+      step = 200 + repeat;
+      barrier();
+      const auto t0 = Clock::now();
+      checkpointer.save(current_state(), train_root, step);
+      const double stall = seconds_since(t0);
+      std::vector<double> starts, times;
+      for (int i = 0; i < kStepsAfterAsync; ++i) {
+        const auto s0 = Clock::now();
+        starts.push_back(std::chrono::duration<double>(s0 - t0).count());
+        train_step();
+        times.push_back(seconds_since(s0));
+      }
+      const checkpoint::SaveResult saved = checkpointer.wait();
+      // This rank's commit, from save()'s call: the stall, then the write.
+      const double write_end = stall + saved.seconds;
+      nlohmann::json steps = nlohmann::json::array();
+      for (int i = 0; i < kStepsAfterAsync; ++i) {
+        const bool overlapped = max_over_ranks(starts[i] < write_end ? 1 : 0) > 0;
+        steps.push_back({{"step_s", max_over_ranks(times[i])}, {"overlapped", overlapped}});
+      }
+      async_saves.push_back({{"stall_s", max_over_ranks(stall)},
+                             {"write_s", max_over_ranks(saved.seconds)},
+                             {"steps", steps}});
+      drop_step(step);
+    }
+  }
+  std::vector<double> overlapped;
+  for (const auto& save : async_saves) {
+    for (const auto& s : save["steps"]) {
+      if (s["overlapped"].get<bool>()) overlapped.push_back(s["step_s"].get<double>());
+    }
+  }
+  std::vector<double> sync_stalls, async_stalls;
+  for (const auto& save : sync_saves) sync_stalls.push_back(save["stall_s"].get<double>());
+  for (const auto& save : async_saves) async_stalls.push_back(save["stall_s"].get<double>());
+  const nlohmann::json training = {
+      {"tokens_per_rank_per_step", kTrainBatch * kTrainSeq},
+      {"steps_without_save_s", plain_steps},
+      {"sync_saves", sync_saves},
+      {"async_saves", async_saves},
+      {"median_step_without_save_s", median(plain_steps)},
+      {"median_step_overlapping_write_s", median(overlapped)},
+      {"overlapping_steps", overlapped.size()},
+      {"median_sync_stall_s", median(sync_stalls)},
+      {"median_async_stall_s", median(async_stalls)}};
+  if (rank == 0) std::cerr << "checkpoint training: " << training.dump() << std::endl;
+
   barrier();
   if (rank == 0) fs::remove_all(dir);
   if (rank == 0) {
@@ -227,7 +345,8 @@ int run_checkpoint_worker(const BenchConfig& c) {
                           {"directory", c.ckpt_dir},
                           {"filesystem", filesystem_of(c.ckpt_dir)},
                           {"largest_piece_bytes", largest_piece},
-                          {"repeats", repeats}};
+                          {"repeats", repeats},
+                          {"training", training}};
     std::cout << kResultMarker << out.dump() << std::endl;
   }
   barrier();

@@ -20,9 +20,15 @@ enum Kind : int64_t { kNone = 0, kArgument = 1, kCheckpoint = 2 };
   throw CheckpointError(message);
 }
 
+// The group to agree over; nullptr when this process runs alone.
+dist::Group* agreement_group(dist::Group* group) {
+  if (!dist::is_initialized() || dist::get_world_size() == 1) return nullptr;
+  return group != nullptr ? group : dist::world_group().get();
+}
+
 }  // namespace
 
-void run_agreed(const std::function<void()>& fn) {
+void run_agreed(const std::function<void()>& fn, dist::Group* group) {
   int64_t kind = kNone;
   std::string message;
   try {
@@ -34,33 +40,35 @@ void run_agreed(const std::function<void()>& fn) {
     kind = kCheckpoint;
     message = exception_message(e);
   }
-  if (!dist::is_initialized() || dist::get_world_size() == 1) {
+  dist::Group* const agreeing = agreement_group(group);
+  if (agreeing == nullptr) {
     if (kind != kNone) raise(kind, message);
     return;
   }
-  dist::Group& world = *dist::world_group();
-  const int64_t size = world.size();
-  at::Tensor first = at::full({1}, kind == kNone ? size : world.rank(), at::kLong);
-  dist::all_reduce(world, first, dist::ReduceOp::kMin).wait();
+  dist::Group& g = *agreeing;
+  const int64_t size = g.size();
+  at::Tensor first = at::full({1}, kind == kNone ? size : g.rank(), at::kLong);
+  dist::all_reduce(g, first, dist::ReduceOp::kMin).wait();
   const int64_t source = first.item<int64_t>();
   if (source == size) return;
   at::Tensor head = at::tensor({kind, static_cast<int64_t>(message.size())}, at::kLong);
-  dist::broadcast(world, head, static_cast<int>(source)).wait();
+  dist::broadcast(g, head, static_cast<int>(source)).wait();
   const int64_t length = head[1].item<int64_t>();
   at::Tensor text = at::zeros({std::max<int64_t>(length, 1)}, at::kByte);
-  if (world.rank() == source) std::memcpy(text.data_ptr(), message.data(), message.size());
-  dist::broadcast(world, text, static_cast<int>(source)).wait();
+  if (g.rank() == source) std::memcpy(text.data_ptr(), message.data(), message.size());
+  dist::broadcast(g, text, static_cast<int>(source)).wait();
   raise(head[0].item<int64_t>(),
         std::string(static_cast<const char*>(text.data_ptr()), static_cast<size_t>(length)));
 }
 
-bool same_on_every_rank(int64_t value) {
-  if (!dist::is_initialized() || dist::get_world_size() == 1) return true;
-  dist::Group& world = *dist::world_group();
+bool same_on_every_rank(int64_t value, dist::Group* group) {
+  dist::Group* const agreeing = agreement_group(group);
+  if (agreeing == nullptr) return true;
+  dist::Group& g = *agreeing;
   at::Tensor low = at::full({1}, value, at::kLong);
   at::Tensor high = at::full({1}, value, at::kLong);
-  dist::all_reduce(world, low, dist::ReduceOp::kMin).wait();
-  dist::all_reduce(world, high, dist::ReduceOp::kMax).wait();
+  dist::all_reduce(g, low, dist::ReduceOp::kMin).wait();
+  dist::all_reduce(g, high, dist::ReduceOp::kMax).wait();
   return low.item<int64_t>() == high.item<int64_t>();
 }
 

@@ -6,18 +6,26 @@
 #include <cstdint>
 #include <functional>
 
+namespace hp::dist {
+class Group;
+}
+
 namespace hp::checkpoint {
 
+// Both take the group to agree over: nullptr is the world's; another must
+// hold every rank of the world (AsyncCheckpointer's own group, so that its
+// background thread never shares a group with training).
+
 // Runs `fn` on this rank, then, in a distributed job, learns collectively
-// (over the world) whether it raised on any rank: if so every rank raises
+// (over `group`) whether it raised on any rank: if so every rank raises
 // the error of the lowest such rank, of the same kind (hp::ArgumentError,
 // CheckpointError; anything else as CheckpointError), with its message.
 // Every rank of the job must call it at the same point.
-void run_agreed(const std::function<void()>& fn);
+void run_agreed(const std::function<void()>& fn, dist::Group* group = nullptr);
 
-// Collective over the world: whether every rank passed the same `value`
+// Collective over `group`: whether every rank passed the same `value`
 // (e.g. a checksum of the keys, shapes and dtypes of a state, which must
 // agree before ranks plan collectives from them). One process: true.
-bool same_on_every_rank(int64_t value);
+bool same_on_every_rank(int64_t value, dist::Group* group = nullptr);
 
 }  // namespace hp::checkpoint

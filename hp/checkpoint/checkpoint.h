@@ -20,6 +20,10 @@
 // (loads never look at .tmp- directories; the next save of that step
 // removes it).
 //
+// Asynchronous saves (C7): AsyncCheckpointer (async_save.h) snapshots the
+// pieces into host memory and writes the same checkpoint on a background
+// thread, so training stalls only for the copy.
+//
 // Both calls are collective over every rank of the job (in one process they
 // run alone), in the same order on every rank, with states holding the same
 // keys. Every failure is agreed: all ranks raise the same error (agreement.h).
@@ -37,9 +41,13 @@
 namespace hp::checkpoint {
 
 struct SaveOptions {
-  // Test hooks (a test kills a rank there to check crash safety):
-  // after_rank_file runs on every rank once every rank's file is durable;
-  // before_commit on rank 0 once metadata.json is durable, before the rename.
+  // Test hooks (a test kills a rank there to check crash safety), run by
+  // the thread that writes (AsyncCheckpointer's background thread):
+  // before_rank_file on every rank before it writes its file (what it
+  // raises is agreed like a failed write); after_rank_file on every rank
+  // once every rank's file is durable; before_commit on rank 0 once
+  // metadata.json is durable, before the rename.
+  std::function<void()> before_rank_file;
   std::function<void()> after_rank_file;
   std::function<void()> before_commit;
 };
@@ -49,6 +57,9 @@ struct SaveResult {
   uint64_t rank_bytes = 0;     // this rank's file
   uint64_t total_bytes = 0;    // every file, metadata included
   double seconds = 0;          // wall time of the whole save on this rank
+  // How long the caller was blocked: `seconds` for save(); for
+  // AsyncCheckpointer::save the wait for the previous save plus the snapshot.
+  double stall_seconds = 0;
 };
 
 // Collectively saves `state` as ROOT/step-<step> (replacing a checkpoint of

@@ -1,4 +1,5 @@
-// save(): the writing half of checkpoint.h.
+// save(): the writing half of checkpoint.h, and the halves of every save
+// (save_core.h).
 #include <ATen/ATen.h>
 
 #include <chrono>
@@ -11,6 +12,7 @@
 #include "hp/checkpoint/file_io.h"
 #include "hp/checkpoint/metadata.h"
 #include "hp/checkpoint/plan.h"
+#include "hp/checkpoint/save_core.h"
 #include "hp/checkpoint/safetensors.h"
 #include "hp/dist/collectives.h"
 #include "hp/dist/world.h"
@@ -94,23 +96,25 @@ at::Tensor host_piece(const at::Tensor& local) {
 }
 
 // Writes this rank's file (if it owns any chunk) and reports it.
-RankReport write_rank_file(const std::vector<const StateEntry*>& owned, const std::string& path) {
+RankReport write_rank_file(const SavePlan& plan, const std::vector<at::Tensor>& pieces,
+                           const std::string& path) {
   RankReport report;
-  if (owned.empty()) return report;
+  if (pieces.empty()) return report;
   std::vector<SafetensorsSpec> specs;
-  for (const StateEntry* e : owned) {
-    specs.push_back({e->key, e->local.scalar_type(), e->local.sizes().vec()});
+  for (size_t i : plan.owned) {
+    const SavePlan::Entry& e = plan.entries[i];
+    specs.push_back({e.key, e.dtype, e.local_sizes});
   }
   SafetensorsWriter writer(path, specs);
-  for (const StateEntry* e : owned) {
-    at::Tensor data = host_piece(e->local);
+  for (const at::Tensor& piece : pieces) {
+    at::Tensor data = host_piece(piece);
     report.chunks.emplace_back(0, crc32c(0, data.data_ptr(), data.nbytes()));
     writer.write(data);
   }
   writer.commit();
   // The offsets as the file records them, and the header under a checksum.
   const SafetensorsIndex index = read_safetensors_index(path);
-  for (size_t i = 0; i < owned.size(); ++i) report.chunks[i].first = index.entries.at(i).offset;
+  for (size_t i = 0; i < pieces.size(); ++i) report.chunks[i].first = index.entries.at(i).offset;
   std::string header(index.data_start, '\0');
   Fd fd(open_for_reading(path));
   read_exact(fd.get(), header.data(), header.size(), 0, path);
@@ -123,90 +127,120 @@ RankReport write_rank_file(const std::vector<const StateEntry*>& owned, const st
 
 }  // namespace
 
-SaveResult save(const State& state, const std::string& root, int64_t step,
-                const SaveOptions& options) {
-  const auto start = std::chrono::steady_clock::now();
+SavePlan plan_save(const State& state, const std::string& root, int64_t step,
+                   dist::Group* group) {
   const World world = this_world();
-
+  SavePlan plan;
+  plan.root = root;
+  plan.step = step;
+  plan.rank = world.rank;
+  plan.world_size = world.size;
+  plan.owned_count.assign(static_cast<size_t>(world.size), 0);
   // Who writes what: the same plan on every rank.
-  std::vector<std::vector<PlannedChunk>> plans;
-  std::vector<int64_t> owned_count(static_cast<size_t>(world.size), 0);
-  std::vector<const StateEntry*> owned;
-  for (const StateEntry& entry : state.entries()) {
-    plans.push_back(plan_chunks(entry));
-    for (const PlannedChunk& c : plans.back()) {
-      ++owned_count.at(static_cast<size_t>(c.writer));
-      if (c.writer == world.rank) owned.push_back(&entry);
+  const auto& entries = state.entries();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const StateEntry& entry = entries[i];
+    SavePlan::Entry planned{entry.key,
+                            entry.local.scalar_type(),
+                            entry.shape,
+                            entry.local.sizes().vec(),
+                            entry.layout.defined() ? entry.layout.str() : "whole on every rank",
+                            plan_chunks(entry)};
+    for (const PlannedChunk& c : planned.chunks) {
+      ++plan.owned_count.at(static_cast<size_t>(c.writer));
+      if (c.writer == world.rank) plan.owned.push_back(i);
     }
+    plan.entries.push_back(std::move(planned));
   }
-
-  const std::string temp = temp_dir(root, step);
   // The plan above is only the same on every rank for the same states.
-  const bool same_states = same_on_every_rank(state.signature());
-  run_agreed([&] {
-    HP_CHECK_ARG(same_states, "checkpoint::save: the ranks' states differ in their keys, shapes, "
-                 "dtypes or layouts; every rank must save the same keys");
-    HP_CHECK_ARG(step >= 0, "checkpoint::save: step must be >= 0, got ", step);
-    HP_CHECK_ARG(!root.empty(), "checkpoint::save: the root directory must be non-empty");
-    for (const StateEntry& entry : state.entries()) check_piece(entry, "checkpoint::save");
-    if (world.rank == 0) prepare_temp_dir(root, step);
-  });
+  const bool same_states = same_on_every_rank(state.signature(), group);
+  run_agreed(
+      [&] {
+        HP_CHECK_ARG(same_states, "checkpoint::save: the ranks' states differ in their keys, "
+                     "shapes, dtypes or layouts; every rank must save the same keys");
+        HP_CHECK_ARG(step >= 0, "checkpoint::save: step must be >= 0, got ", step);
+        HP_CHECK_ARG(!root.empty(), "checkpoint::save: the root directory must be non-empty");
+        for (const StateEntry& entry : entries) check_piece(entry, "checkpoint::save");
+      },
+      group);
+  return plan;
+}
 
-  const std::string file = rank_file_name(world.rank);
+SaveResult write_save(const SavePlan& plan, const std::vector<at::Tensor>& pieces,
+                      const SaveOptions& options, dist::Group* group,
+                      std::chrono::steady_clock::time_point start) {
+  HP_CHECK_ARG(pieces.size() == plan.owned.size(), "checkpoint::write_save: ", pieces.size(),
+               " pieces for the ", plan.owned.size(), " this rank writes");
+  const int rank = plan.rank;
+  const int size = plan.world_size;
+  const std::string temp = temp_dir(plan.root, plan.step);
+  run_agreed(
+      [&] {
+        if (rank == 0) prepare_temp_dir(plan.root, plan.step);
+      },
+      group);
+
   RankReport mine;
-  run_agreed([&] { mine = write_rank_file(owned, temp + "/" + file); });
+  run_agreed(
+      [&] {
+        if (options.before_rank_file) options.before_rank_file();
+        mine = write_rank_file(plan, pieces, temp + "/" + rank_file_name(rank));
+      },
+      group);
   if (options.after_rank_file) options.after_rank_file();
 
   // Every rank's report, so rank 0 can write the index.
   int64_t length = kReportHead;
-  for (int64_t n : owned_count) length = std::max(length, kReportHead + 2 * n);
+  for (int64_t n : plan.owned_count) length = std::max(length, kReportHead + 2 * n);
   at::Tensor all = encode(mine, length);
-  if (world.size > 1) {
-    at::Tensor gathered = at::empty({world.size * length}, at::kLong);
-    dist::all_gather_into(*dist::world_group(), gathered, all).wait();
+  if (size > 1) {
+    at::Tensor gathered = at::empty({size * length}, at::kLong);
+    dist::Group& g = group != nullptr ? *group : *dist::world_group();
+    dist::all_gather_into(g, gathered, all).wait();
     all = gathered;
   }
   std::vector<RankReport> reports;
-  for (int r = 0; r < world.size; ++r) {
-    reports.push_back(decode(all.data_ptr<int64_t>() + r * length, owned_count[r]));
+  for (int r = 0; r < size; ++r) {
+    reports.push_back(decode(all.data_ptr<int64_t>() + r * length, plan.owned_count[r]));
   }
 
-  run_agreed([&] {
-    if (world.rank != 0) return;
-    Metadata metadata;
-    metadata.step = step;
-    metadata.world_size = world.size;
-    for (int r = 0; r < world.size; ++r) {
-      const RankReport& report = reports[r];
-      if (report.has_file) {
-        metadata.files[rank_file_name(r)] = {report.file_bytes, report.header_bytes,
-                                             report.header_crc};
-      }
-    }
-    std::vector<size_t> next(static_cast<size_t>(world.size), 0);
-    const auto& entries = state.entries();
-    for (size_t i = 0; i < entries.size(); ++i) {
-      const StateEntry& entry = entries[i];
-      TensorRecord record;
-      record.dtype = *safetensors_dtype_name(entry.local.scalar_type());
-      record.shape = entry.shape;
-      record.layout = entry.layout.defined() ? entry.layout.str() : "whole on every rank";
-      for (const PlannedChunk& c : plans[i]) {
-        const auto& [offset, crc] = reports[c.writer].chunks.at(next[c.writer]++);
-        record.chunks.push_back({c.box.offsets, c.box.sizes, rank_file_name(c.writer), offset,
-                                 static_cast<uint64_t>(c.box.numel()) *
-                                     at::elementSize(entry.local.scalar_type()),
-                                 crc});
-      }
-      metadata.tensors.emplace_back(entry.key, std::move(record));
-    }
-    write_file_atomically(temp + "/" + kMetadataFile, metadata.to_json());
-    if (options.before_commit) options.before_commit();
-    commit_dir(root, temp, step);
-  });
+  run_agreed(
+      [&] {
+        if (rank != 0) return;
+        Metadata metadata;
+        metadata.step = plan.step;
+        metadata.world_size = size;
+        for (int r = 0; r < size; ++r) {
+          const RankReport& report = reports[r];
+          if (report.has_file) {
+            metadata.files[rank_file_name(r)] = {report.file_bytes, report.header_bytes,
+                                                 report.header_crc};
+          }
+        }
+        std::vector<size_t> next(static_cast<size_t>(size), 0);
+        for (const SavePlan::Entry& entry : plan.entries) {
+          TensorRecord record;
+          record.dtype = *safetensors_dtype_name(entry.dtype);
+          record.shape = entry.shape;
+          record.layout = entry.layout;
+          for (const PlannedChunk& c : entry.chunks) {
+            const auto& [offset, crc] = reports[c.writer].chunks.at(next[c.writer]++);
+            record.chunks.push_back({c.box.offsets, c.box.sizes, rank_file_name(c.writer),
+                                     offset,
+                                     static_cast<uint64_t>(c.box.numel()) *
+                                         at::elementSize(entry.dtype),
+                                     crc});
+          }
+          metadata.tensors.emplace_back(entry.key, std::move(record));
+        }
+        write_file_atomically(temp + "/" + kMetadataFile, metadata.to_json());
+        if (options.before_commit) options.before_commit();
+        commit_dir(plan.root, temp, plan.step);
+      },
+      group);
 
   SaveResult result;
-  result.path = (std::filesystem::path(root) / checkpoint_dir_name(step)).string();
+  result.path = (std::filesystem::path(plan.root) / checkpoint_dir_name(plan.step)).string();
   result.rank_bytes = mine.file_bytes;
   for (const RankReport& r : reports) result.total_bytes += r.file_bytes;
   std::error_code ec;
@@ -215,6 +249,18 @@ SaveResult save(const State& state, const std::string& root, int64_t step,
   if (!ec) result.total_bytes += metadata_bytes;
   result.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+SaveResult save(const State& state, const std::string& root, int64_t step,
+                const SaveOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  const SavePlan plan = plan_save(state, root, step, nullptr);
+  // The live pieces: write_save copies at most one at a time (host_piece).
+  std::vector<at::Tensor> pieces;
+  for (size_t i : plan.owned) pieces.push_back(state.entries()[i].local);
+  SaveResult result = write_save(plan, pieces, options, nullptr, start);
+  result.stall_seconds = result.seconds;
   return result;
 }
 

@@ -1,6 +1,7 @@
 // Sharded checkpoints across jobs (C2, C4): a checkpoint saved by one job
 // is loaded by jobs of other world sizes and modes, and a rank killed at two
-// points of a save leaves the previous checkpoint loadable and the new one
+// points of a save (of a synchronous one, and of an asynchronous one while
+// training goes on) leaves the previous checkpoint loadable and the new one
 // invisible. The CheckpointJobs tests run in one process and start jobs of
 // this binary under hprun; each job runs one CheckpointJob test, which does
 // nothing unless HP_CKPT_JOB_DIR names its directory.
@@ -14,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "hp/checkpoint/async_save.h"
 #include "hp/checkpoint/checkpoint.h"
 #include "hp/checkpoint/consolidated.h"
 #include "hp/checkpoint/crc32c.h"
@@ -84,15 +86,27 @@ TEST(CheckpointJob, TrainAndSave) {
   export_consolidated(state_of(m, step), dir + "/expected.safetensors");
   const char* kill_at = std::getenv("HP_CKPT_KILL_AT");
   if (!kill_at) return;
-  // A third save, during which one rank dies by SIGKILL.
+  // A third save, during which one rank dies by SIGKILL; "async_<point>":
+  // an AsyncCheckpointer's, killed on its background thread while the
+  // training thread takes another step.
   SaveOptions options;
   const std::string point = kill_at;
+  const bool async = point.rfind("async_", 0) == 0;
+  const std::string where = async ? point.substr(6) : point;
   const int last = dist::get_world_size() - 1;
   auto die = [] { ::kill(::getpid(), SIGKILL); };
-  if (point == "after_rank_file" && dist::get_rank() == last) options.after_rank_file = die;
-  if (point == "before_commit") options.before_commit = die;  // rank 0 calls it
+  if (where == "after_rank_file" && dist::get_rank() == last) options.after_rank_file = die;
+  if (where == "before_commit") options.before_commit = die;  // rank 0 calls it
   step = 3;
-  save(state_of(m, step), dir + "/ckpt", step, options);
+  if (async) {
+    AsyncCheckpointer checkpointer;
+    checkpointer.save(state_of(m, step), dir + "/ckpt", step, options);
+    test::gpt_loss(m.gpt, test::token_batch(2), test::my_first_row(), test::my_rows()).backward();
+    m.optimizer->step();
+    checkpointer.wait();
+  } else {
+    save(state_of(m, step), dir + "/ckpt", step, options);
+  }
   ADD_FAILURE() << "the save was to be killed";
 }
 
@@ -153,7 +167,8 @@ TEST_F(CheckpointJobs, SavedOnFourRanksLoadsOnThreeTwoAndOne) {
 }
 
 TEST_F(CheckpointJobs, ARankKilledDuringASaveLeavesThePreviousOneLoadable) {
-  for (const std::string point : {"after_rank_file", "before_commit"}) {
+  for (const std::string point :
+       {"after_rank_file", "before_commit", "async_after_rank_file", "async_before_commit"}) {
     TempDir dir;
     auto killed = job(3, "TrainAndSave", dir, {"HP_CKPT_KILL_AT=" + point});
     EXPECT_NE(killed.exit_code, 0) << point;

@@ -16,10 +16,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -154,6 +156,66 @@ TEST(HpTrainCheckpoints, ResumeEqualsAnUninterruptedRunAndMovesToOtherMeshes) {
     const double expected = loss_at(at3, 3, dp);
     EXPECT_TRUE(test::within_bound(losses.at(3), expected, mean_bound(expected, dp))) << name;
   }
+}
+
+// --save-async (C7): the checkpoints are the synchronous ones byte for byte,
+// a run resumed from them equals the uninterrupted run bit for bit, and a
+// save's line comes once it completed: at the next save, or after the last
+// step.
+TEST(HpTrainCheckpoints, AsyncSavesEqualSynchronousOnesAndResumeBitForBit) {
+  TempDir dir;
+  const std::string async_dir = dir.file("async"), sync_dir = dir.file("sync");
+  ProcessResult straight = hp_train(2, concat(kTiny, {"--steps", "6", "--log-json",
+                                                    dir.file("straight.jsonl"), "--export",
+                                                    dir.file("straight.safetensors")}));
+  ASSERT_EQ(straight.exit_code, 0) << describe(straight);
+  ProcessResult async = hp_train(2, concat(kTiny, {"--steps", "3", "--save-dir", async_dir,
+                                                 "--save-every", "1", "--save-async"}));
+  ASSERT_EQ(async.exit_code, 0) << describe(async);
+  ProcessResult sync = hp_train(2, concat(kTiny, {"--steps", "3", "--save-dir", sync_dir,
+                                                "--save-every", "1"}));
+  ASSERT_EQ(sync.exit_code, 0) << describe(sync);
+  for (int step = 1; step <= 3; ++step) {
+    const std::string name = fmt::format("step-{:08d}", step);
+    const std::string line = "[rank 0] checkpoint " + async_dir + "/" + name + " saved: ";
+    const size_t at = async.out.find(line);
+    ASSERT_NE(at, std::string::npos) << describe(async);
+    EXPECT_THAT(async.out.substr(at, async.out.find('\n', at) - at),
+                HasSubstr(step < 3 ? "in the background; training stalled "
+                                   : "s for it after the last step"));
+    // Printed once complete: after the next step's progress line.
+    if (step < 3) {
+      EXPECT_GT(at, async.out.find(fmt::format("step {}/3 |", step + 1))) << name;
+    }
+    for (const auto& file : std::filesystem::directory_iterator(sync_dir + "/" + name)) {
+      const std::string file_name = file.path().filename().string();
+      std::ifstream a(async_dir + "/" + name + "/" + file_name, std::ios::binary);
+      std::ifstream b(file.path(), std::ios::binary);
+      const std::string async_bytes{std::istreambuf_iterator<char>(a), {}};
+      const std::string sync_bytes{std::istreambuf_iterator<char>(b), {}};
+      EXPECT_TRUE(!sync_bytes.empty() && async_bytes == sync_bytes) << name << "/" << file_name;
+    }
+  }
+  ProcessResult resumed = hp_train(2, concat(kTiny, {"--steps", "6", "--resume", async_dir,
+                                                   "--save-dir", async_dir, "--save-async",
+                                                   "--log-json", dir.file("resumed.jsonl"),
+                                                   "--export", dir.file("resumed.safetensors")}));
+  ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+  const auto all = read_losses(dir.file("straight.jsonl"));
+  const auto tail = read_losses(dir.file("resumed.jsonl"));
+  ASSERT_EQ(tail.size(), 3u) << describe(resumed);
+  for (const auto& [step, loss] : tail) EXPECT_EQ(loss, all.at(step)) << "step " << step;
+  expect_same_weights(dir.file("resumed.safetensors"), dir.file("straight.safetensors"),
+                      "6 steps, resumed after 3 from an async checkpoint");
+  // The last save completes before --export reads the weights.
+  const size_t last_save =
+      resumed.out.find("[rank 0] checkpoint " + async_dir + "/step-00000006 saved: ");
+  ASSERT_NE(last_save, std::string::npos) << describe(resumed);
+  EXPECT_LT(last_save, resumed.out.find("[rank 0] weights exported to ")) << describe(resumed);
+
+  ProcessResult alone = hp_train(0, concat(kTiny, {"--steps", "1", "--save-async"}));
+  EXPECT_EQ(alone.exit_code, 2) << describe(alone);
+  EXPECT_THAT(alone.err, HasSubstr("--save-async needs --save-dir DIR"));
 }
 
 // Tensor parallelism (its fused QKV weight is a StridedShard): resumed on

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "hp/checkpoint/async_save.h"
 #include "hp/checkpoint/checkpoint.h"
 #include "hp/checkpoint/consolidated.h"
 #include "hp/checkpoint/metadata.h"
@@ -35,6 +36,8 @@ checkpoint::State run_state(TrainModel& model, torch::optim::AdamW& optimizer,
 void validate_checkpoint_options(const TrainOptions& o, const Parallelism& parallelism) {
   HP_CHECK_ARG(o.save_every == 0 || !o.save_dir.empty(), "--save-every ", o.save_every,
                " needs --save-dir DIR (where the checkpoints go)");
+  HP_CHECK_ARG(!o.save_async || !o.save_dir.empty(),
+               "--save-async needs --save-dir DIR (where the checkpoints go)");
   HP_CHECK_ARG(o.resume != kResumeAuto || !o.save_dir.empty(),
                "--resume auto needs --save-dir DIR (the folder it resumes from)");
   const std::string suffix = ".safetensors";
@@ -109,7 +112,11 @@ std::optional<ResumePoint> find_resume_point(const TrainOptions& o, TrainModel& 
 
 TrainCheckpoints::TrainCheckpoints(TrainModel model, torch::optim::AdamW& optimizer,
                                    const TrainOptions& options)
-    : model_(std::move(model)), optimizer_(optimizer), options_(options) {}
+    : model_(std::move(model)), optimizer_(optimizer), options_(options) {
+  if (options_.save_async) async_ = std::make_unique<checkpoint::AsyncCheckpointer>();
+}
+
+TrainCheckpoints::~TrainCheckpoints() = default;
 
 bool TrainCheckpoints::due(int64_t steps_done) const {
   if (options_.save_dir.empty()) return false;
@@ -117,13 +124,50 @@ bool TrainCheckpoints::due(int64_t steps_done) const {
          (options_.save_every > 0 && steps_done % options_.save_every == 0);
 }
 
-std::string TrainCheckpoints::save(int64_t steps_done) {
-  int64_t step = steps_done;
-  const checkpoint::SaveResult r =
-      checkpoint::save(run_state(model_, optimizer_, step), options_.save_dir, steps_done);
+namespace {
+
+std::string saved_line(const checkpoint::SaveResult& r) {
   return fmt::format("checkpoint {} saved: {} in {:.2f} s ({}/s)", r.path,
                      human_bytes(static_cast<int64_t>(r.total_bytes)), r.seconds,
                      human_bytes(static_cast<int64_t>(r.total_bytes / std::max(r.seconds, 1e-9))));
+}
+
+// A background save's line: `waited`, the seconds the loop then waited for
+// its write to end, counts as stall when training was still going.
+std::string async_line(const checkpoint::SaveResult& r, double waited, bool training) {
+  const std::string after =
+      training ? "" : fmt::format(" (and waited {:.2f} s for it after the last step)", waited);
+  return fmt::format("{} in the background; training stalled {:.3f} s{}", saved_line(r),
+                     r.stall_seconds + (training ? waited : 0.0), after);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+std::string TrainCheckpoints::save(int64_t steps_done) {
+  int64_t step = steps_done;
+  if (!async_) {
+    return saved_line(
+        checkpoint::save(run_state(model_, optimizer_, step), options_.save_dir, steps_done));
+  }
+  std::string previous;
+  if (async_->in_flight()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const checkpoint::SaveResult r = async_->wait();
+    previous = async_line(r, seconds_since(t0), /*training=*/true);
+  }
+  async_->save(run_state(model_, optimizer_, step), options_.save_dir, steps_done);
+  return previous;
+}
+
+std::string TrainCheckpoints::finish() {
+  if (!async_ || !async_->in_flight()) return "";
+  const auto t0 = std::chrono::steady_clock::now();
+  const checkpoint::SaveResult r = async_->wait();
+  return async_line(r, seconds_since(t0), /*training=*/false);
 }
 
 std::string TrainCheckpoints::resume(const ResumePoint& point) {

@@ -1,5 +1,5 @@
-// hp-train's checkpoints (C1-C5 in docs/features.md): --save-dir with
-// --save-every, --resume, --export.
+// hp-train's checkpoints (C1-C5, C7 in docs/features.md): --save-dir with
+// --save-every and --save-async, --resume, --export.
 //
 // A checkpoint holds the model ("model.<parameter name>"), AdamW's state
 // ("optim.<name>.exp_avg", ...), the number of steps done ("train.step")
@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -19,9 +20,14 @@ namespace torch::optim {
 class AdamW;
 }
 
+namespace hp::checkpoint {
+class AsyncCheckpointer;
+}
+
 namespace hp::train {
 
-// Flag combinations, before any collective: --save-every needs --save-dir,
+// Flag combinations, before any collective: --save-every and --save-async
+// need --save-dir,
 // --export names a .safetensors file, and --mode tp takes none of the
 // checkpoint flags yet (its fused QKV weight is StridedShard, whose pieces
 // are not boxes of the global tensor, which the checkpoint format stores).
@@ -46,17 +52,26 @@ struct ResumePoint {
 // checkpoint yet (a job's first attempt: it starts from scratch).
 std::optional<ResumePoint> find_resume_point(const TrainOptions& options, TrainModel& model);
 
-// Saves, resumes and exports one run's state. Every call is collective.
+// Saves, resumes and exports one run's state. Every call is collective,
+// the constructor too with --save-async (every rank makes it at the same
+// point: it makes the background saves' process group).
 class TrainCheckpoints {
  public:
   TrainCheckpoints(TrainModel model, torch::optim::AdamW& optimizer, const TrainOptions& options);
+  // Waits for a save in flight (an error of it is dropped: call finish()).
+  ~TrainCheckpoints();
 
   // Whether a checkpoint is due after `steps_done` steps (every
   // --save-every, and at the end).
   bool due(int64_t steps_done) const;
-  // Saves DIR/step-<steps_done>; returns the progress line ("checkpoint
-  // ... saved: 4.2 MiB in 0.05 s").
+  // Saves DIR/step-<steps_done>. Returns the line of the save that
+  // completed ("checkpoint ... saved: 4.2 MiB in 0.05 s"): this one; with
+  // --save-async, the previous one ("" for the first), waited for here,
+  // while this one is written in the background once its snapshot is taken.
   std::string save(int64_t steps_done);
+  // --save-async: waits for the save in flight and returns its line ("" if
+  // none). Before --export and before the process group goes.
+  std::string finish();
   // Loads `point` into the model and optimizer; returns the line to print.
   std::string resume(const ResumePoint& point);
   // --export: the whole weights by parameter name; returns the line to print.
@@ -66,6 +81,7 @@ class TrainCheckpoints {
   TrainModel model_;
   torch::optim::AdamW& optimizer_;
   TrainOptions options_;
+  std::unique_ptr<checkpoint::AsyncCheckpointer> async_;  // --save-async
 };
 
 }  // namespace hp::train

@@ -199,8 +199,12 @@ int run(const TrainOptions& options) {
     if (step_log) step_log->write(record);
     const bool due = s == 0 || (s + 1) % options.log_every == 0 || s + 1 == options.steps;
     if (due) say(root, meter.line(record.loss));
-    if (checkpoints.due(s + 1)) say(root, checkpoints.save(s + 1));
+    if (checkpoints.due(s + 1)) {
+      const std::string line = checkpoints.save(s + 1);
+      if (!line.empty()) say(root, line);
+    }
   }
+  if (const std::string line = checkpoints.finish(); !line.empty()) say(root, line);
   if (!options.export_path.empty()) say(root, checkpoints.export_weights());
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

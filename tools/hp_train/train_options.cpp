@@ -312,6 +312,9 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   option("--save-every", o.save_every,
          "steps between checkpoints, with --save-dir (default: only at the end)", "N",
          positive_integer());
+  app.add_flag("--save-async", o.save_async,
+               "with --save-dir: write each checkpoint on a background thread; training stalls "
+               "only to copy the state into host memory");
   option("--resume", o.resume,
          "continue from the newest complete checkpoint in DIR (any mode or mesh saved it); "
          "--steps stays the total; 'auto': from the newest one in --save-dir when there is "

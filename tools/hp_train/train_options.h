@@ -71,6 +71,7 @@ struct TrainOptions {
   // Checkpoints (tools/hp_train/checkpointing.h).
   std::string save_dir;    // --save-dir: sharded checkpoints go here
   int64_t save_every = 0;  // --save-every N (0: only at the end)
+  bool save_async = false; // --save-async: write while training goes on (C7)
   // --resume DIR: continue from its newest checkpoint; kResumeAuto: from
   // --save-dir's newest, or from scratch when it holds none.
   std::string resume;
