@@ -18,8 +18,10 @@
 // Then the same model trains (FSDP, AdamW, kTrainBatch x kTrainSeq random
 // tokens per rank per step) with checkpoints in the loop, side by side:
 // steps without a save; synchronous saves, whose stall is the whole save;
-// AsyncCheckpointer saves (C7), whose stall is save()'s snapshot, each
-// followed by kStepsAfterAsync steps. A step overlaps a background write
+// AsyncCheckpointer saves (C7) staged in the background, as hp-train
+// --save-async saves, whose stall is save()'s agreed checks plus the next
+// optimizer step's wait for the copy, each followed by kStepsAfterAsync
+// steps. A step overlaps a background write
 // when it started before the write's commit on some rank. Every time is the
 // slowest rank's.
 #include <fcntl.h>
@@ -244,12 +246,21 @@ int run_checkpoint_worker(const BenchConfig& c) {
   }
   // --- training with checkpoints in the loop ---
   at::Generator tokens_rng = at::make_generator<at::CPUGeneratorImpl>(c.seed + rank);
+  // Before the optimizer changes the state, a save copying it in the
+  // background is waited for; the wait counts as stall.
+  checkpoint::AsyncCheckpointer* staging = nullptr;
+  double staging_wait_s = 0;
   auto train_step = [&] {
     root.zero_grad();
     at::Tensor tokens = at::randint(c.vocab, {kTrainBatch, kTrainSeq + 1}, tokens_rng);
     at::Tensor loss = nn::cross_entropy(model(tokens.narrow(1, 0, kTrainSeq)),
                                         tokens.narrow(1, 1, kTrainSeq));
     loss.backward();
+    if (staging) {
+      const auto t0 = Clock::now();
+      staging->wait_for_staging();
+      staging_wait_s += seconds_since(t0);
+    }
     optimizer.step();
   };
   // The state now (AdamW's state exists after the first step).
@@ -287,12 +298,17 @@ int run_checkpoint_worker(const BenchConfig& c) {
   nlohmann::json async_saves = nlohmann::json::array();
   {
     checkpoint::AsyncCheckpointer checkpointer;
+    staging = &checkpointer;
     for (int repeat = 0; repeat < c.ckpt_repeats; ++repeat) {
       step = 200 + repeat;
       barrier();
       const auto t0 = Clock::now();
-      checkpointer.save(current_state(), train_root, step);
-      const double stall = seconds_since(t0);
+      // As hp-train --save-async saves: the copy on the background thread
+      // too, waited for before the next optimizer step.
+      checkpointer.save(current_state(), train_root, step, {},
+                        checkpoint::Staging::kInBackground);
+      const double returned_s = seconds_since(t0);
+      staging_wait_s = 0;
       std::vector<double> starts, times;
       for (int i = 0; i < kStepsAfterAsync; ++i) {
         const auto s0 = Clock::now();
@@ -300,9 +316,12 @@ int run_checkpoint_worker(const BenchConfig& c) {
         train_step();
         times.push_back(seconds_since(s0));
       }
+      const double stall = returned_s + staging_wait_s;
       const checkpoint::SaveResult saved = checkpointer.wait();
-      // This rank's commit, from save()'s call: the stall, then the write.
-      const double write_end = stall + saved.seconds;
+      // This rank's commit, from save()'s call: SaveResult::seconds runs
+      // from the save's checks (no save was in flight to wait for) through
+      // the copy and the write.
+      const double write_end = saved.seconds;
       nlohmann::json steps = nlohmann::json::array();
       for (int i = 0; i < kStepsAfterAsync; ++i) {
         const bool overlapped = max_over_ranks(starts[i] < write_end ? 1 : 0) > 0;
@@ -313,6 +332,7 @@ int run_checkpoint_worker(const BenchConfig& c) {
                              {"steps", steps}});
       drop_step(step);
     }
+    staging = nullptr;
   }
   std::vector<double> overlapped;
   for (const auto& save : async_saves) {

@@ -19,6 +19,17 @@
 // (save_core.h), with checkpoint.h's crash safety (a kill during the write
 // leaves every earlier checkpoint loadable).
 //
+// Staging in the background (Staging::kInBackground). The copy moves to the
+// background thread too, so save() blocks only for the agreed checks. The
+// state may be read meanwhile (a forward and backward read the parameters
+// and write gradients only) but not changed: the caller calls
+// wait_for_staging() before it changes a tensor of the state, e.g. before
+// its optimizer step, which then blocks only if the copy is not done yet. A
+// tensor changed in place before its copy ended is detected (its version
+// counter moved between save() and the end of the copy) and fails the save
+// on every rank, naming the tensor: a checkpoint never holds a mix of two
+// steps.
+//
 // Communication. The background collectives run on a process group of their
 // own over every rank (two threads issuing collectives on one Gloo group
 // could pair them differently on different ranks), made collectively by the
@@ -42,6 +53,7 @@
 #pragma once
 
 #include <exception>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -56,6 +68,10 @@ class Group;
 
 namespace hp::checkpoint {
 
+// When save() copies the state: before it returns, or on the background
+// thread (see above).
+enum class Staging { kBeforeReturn, kInBackground };
+
 class AsyncCheckpointer {
  public:
   // Collective in a distributed job (makes the checkpointer's group).
@@ -68,7 +84,12 @@ class AsyncCheckpointer {
   // checkpoint.h's save()); returns once the snapshot is taken. Raises a
   // failure of the previous save (then starts nothing).
   void save(const State& state, const std::string& root, int64_t step,
-            const SaveOptions& options = {});
+            const SaveOptions& options = {}, Staging staging = Staging::kBeforeReturn);
+
+  // Returns once the snapshot of the last save() is taken (at once when it
+  // is, or when nothing is being saved). After it the state may change.
+  // Never raises: a failure of the save is raised by save() or wait().
+  void wait_for_staging();
 
   // Waits for the save in flight and returns the last save's result: its
   // stall_seconds is what its save() call blocked (the wait for the save
@@ -90,6 +111,7 @@ class AsyncCheckpointer {
   std::shared_ptr<dist::Group> group_;  // null in one process
   std::vector<at::Tensor> staging_;
   std::thread writer_;
+  std::shared_future<void> staged_;  // set by the writer once its copy is done
   SaveResult result_;
   std::exception_ptr failure_;
 };

@@ -50,6 +50,9 @@ struct SaveOptions {
   std::function<void()> before_rank_file;
   std::function<void()> after_rank_file;
   std::function<void()> before_commit;
+  // AsyncCheckpointer with Staging::kInBackground only: runs on the
+  // background thread before it copies the state.
+  std::function<void()> before_staging;
 };
 
 struct SaveResult {

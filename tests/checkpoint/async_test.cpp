@@ -10,7 +10,9 @@
 
 #include <chrono>
 #include <filesystem>
+#include <atomic>
 #include <future>
+#include <memory>
 
 #include "hp/checkpoint/async_save.h"
 #include "hp/checkpoint/checkpoint.h"
@@ -216,6 +218,65 @@ TEST(AsyncCheckpoint, ABackgroundFailureReachesEveryRankThroughTheNextCall) {
   checkpointer.save(pieces.state(), dir.path(), 3);
   EXPECT_EQ(checkpointer.wait().path, dir / "step-00000003");
   pieces.expect_saved_in(dir / "step-00000003", pieces);
+}
+
+// Staging in the background: save() returns before the copy (the copy,
+// held by a test hook, sees that save() returned; a save() that copied, or
+// waited for the copy, would leave the hook waiting out its bound), and
+// wait_for_staging() returns once the copy is done: the live tensors may
+// change from then on, and the checkpoint holds the values at save time.
+TEST(AsyncCheckpoint, StagingInTheBackgroundCopiesAfterSaveReturned) {
+  SharedTempDir dir("async_background");
+  Pieces pieces(5);
+  const Pieces at_save(5);
+  AsyncCheckpointer checkpointer;
+  std::promise<void> returned;
+  std::shared_future<void> returned_future = returned.get_future().share();
+  auto copied_after_return = std::make_shared<std::atomic<bool>>(false);
+  SaveOptions options;
+  options.before_staging = [returned_future, copied_after_return] {
+    *copied_after_return =
+        returned_future.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  };
+  checkpointer.save(pieces.state(), dir.path(), 5, options, Staging::kInBackground);
+  returned.set_value();
+  checkpointer.wait_for_staging();
+  {
+    torch::NoGradGuard no_grad;
+    for (at::Tensor& t : pieces.live) t.fill_(-1);
+  }
+  const SaveResult result = checkpointer.wait();
+  EXPECT_TRUE(*copied_after_return);
+  EXPECT_EQ(result.path, dir / "step-00000005");
+  pieces.expect_saved_in(result.path, at_save);
+  checkpointer.wait_for_staging();  // nothing staging: returns at once
+}
+
+// A tensor changed in place before its copy ended (here on the last rank,
+// while the hook holds the copy back) fails that save on every rank, naming
+// the mistake; no checkpoint of a mix of two states is committed.
+TEST(AsyncCheckpoint, AStateChangedBeforeItsStagingEndedFailsTheSaveOnEveryRank) {
+  SharedTempDir dir("async_torn");
+  Pieces pieces(6);
+  AsyncCheckpointer checkpointer;
+  std::promise<void> changed;
+  std::shared_future<void> changed_future = changed.get_future().share();
+  SaveOptions options;
+  options.before_staging = [changed_future] {
+    changed_future.wait_for(std::chrono::seconds(30));
+  };
+  checkpointer.save(pieces.state(), dir.path(), 6, options, Staging::kInBackground);
+  if (test::rank() == test::world_size() - 1) {
+    torch::NoGradGuard no_grad;
+    for (at::Tensor& t : pieces.live) t.add_(1);
+  }
+  changed.set_value();
+  checkpointer.wait_for_staging();
+  EXPECT_THAT([&] { checkpointer.wait(); },
+              ThrowsMessage<CheckpointError>(AllOf(
+                  HasSubstr("changed while the save of step 6 copied it"),
+                  HasSubstr("call wait_for_staging() before changing the state"))));
+  EXPECT_EQ(latest_checkpoint(dir.path()), std::nullopt);
 }
 
 TEST(AsyncCheckpoint, TheDestructorWaitsForTheSaveInFlight) {

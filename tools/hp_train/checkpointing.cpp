@@ -132,8 +132,9 @@ std::string saved_line(const checkpoint::SaveResult& r) {
                      human_bytes(static_cast<int64_t>(r.total_bytes / std::max(r.seconds, 1e-9))));
 }
 
-// A background save's line: `waited`, the seconds the loop then waited for
-// its write to end, counts as stall when training was still going.
+// A background save's line: its stall is save()'s, plus the optimizer
+// steps' waits for its copy (in r.stall_seconds), plus `waited`, the seconds
+// the loop then waited for its write to end when training was still going.
 std::string async_line(const checkpoint::SaveResult& r, double waited, bool training) {
   const std::string after =
       training ? "" : fmt::format(" (and waited {:.2f} s for it after the last step)", waited);
@@ -156,17 +157,29 @@ std::string TrainCheckpoints::save(int64_t steps_done) {
   std::string previous;
   if (async_->in_flight()) {
     const auto t0 = std::chrono::steady_clock::now();
-    const checkpoint::SaveResult r = async_->wait();
+    checkpoint::SaveResult r = async_->wait();
+    r.stall_seconds += staging_wait_s_;
     previous = async_line(r, seconds_since(t0), /*training=*/true);
   }
-  async_->save(run_state(model_, optimizer_, step), options_.save_dir, steps_done);
+  staging_wait_s_ = 0;
+  async_->save(run_state(model_, optimizer_, step), options_.save_dir, steps_done, {},
+               checkpoint::Staging::kInBackground);
   return previous;
+}
+
+void TrainCheckpoints::wait_for_staging() {
+  if (!async_) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  async_->wait_for_staging();
+  staging_wait_s_ += seconds_since(t0);
 }
 
 std::string TrainCheckpoints::finish() {
   if (!async_ || !async_->in_flight()) return "";
   const auto t0 = std::chrono::steady_clock::now();
-  const checkpoint::SaveResult r = async_->wait();
+  checkpoint::SaveResult r = async_->wait();
+  r.stall_seconds += staging_wait_s_;
+  staging_wait_s_ = 0;
   return async_line(r, seconds_since(t0), /*training=*/false);
 }
 

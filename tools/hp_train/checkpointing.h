@@ -72,6 +72,10 @@ class TrainCheckpoints {
   // --save-async: waits for the save in flight and returns its line ("" if
   // none). Before --export and before the process group goes.
   std::string finish();
+  // --save-async copies the state on the background thread: returns once
+  // the last save's copy is done. Before anything changes the parameters or
+  // AdamW's state (the optimizer step).
+  void wait_for_staging();
   // Loads `point` into the model and optimizer; returns the line to print.
   std::string resume(const ResumePoint& point);
   // --export: the whole weights by parameter name; returns the line to print.
@@ -82,6 +86,7 @@ class TrainCheckpoints {
   torch::optim::AdamW& optimizer_;
   TrainOptions options_;
   std::unique_ptr<checkpoint::AsyncCheckpointer> async_;  // --save-async
+  double staging_wait_s_ = 0;  // waited in wait_for_staging() since the last save
 };
 
 }  // namespace hp::train

@@ -173,6 +173,7 @@ int run(const TrainOptions& options) {
   say(root, startup_memory_table(startup, meta_init, parameters));
   ProgressMeter meter(options.steps, options.batch * options.seq);
   TrainCheckpoints checkpoints(model, trainer.optimizer(), options);
+  trainer.set_before_optimizer_step([&checkpoints] { checkpoints.wait_for_staging(); });
   const int64_t first_step = resume_point ? resume_point->step : 0;
   if (resume_point) {
     say(root, checkpoints.resume(*resume_point));

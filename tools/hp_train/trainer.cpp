@@ -47,6 +47,7 @@ StepRecord Trainer::step(int64_t step) {
   at::Tensor loss = nn::cross_entropy(model_(batch.inputs), batch.targets);
   loss.backward();
   if (options_.grad_clip > 0) clip_grad_norm_(model_.module().parameters(), options_.grad_clip);
+  if (before_optimizer_step_) before_optimizer_step_();
   optimizer_->step();
 
   // One gather carries both metrics: every rank's local loss (equal local

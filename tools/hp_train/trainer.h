@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -52,6 +53,13 @@ class Trainer {
   // The optimizer, for checkpoints (tools/hp_train/checkpointing.h).
   torch::optim::AdamW& optimizer() { return *optimizer_; }
 
+  // Runs before every optimizer step, the first change a step makes to the
+  // parameters and AdamW's state: a checkpoint copying them in the
+  // background (--save-async) is waited for there.
+  void set_before_optimizer_step(std::function<void()> fn) {
+    before_optimizer_step_ = std::move(fn);
+  }
+
  private:
   TrainModel model_;
   std::optional<FSDPModule> root_;
@@ -61,6 +69,7 @@ class Trainer {
   int64_t dp_rank_ = 0;
   int64_t dp_size_ = 1;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::function<void()> before_optimizer_step_;
 };
 
 }  // namespace hp::train
