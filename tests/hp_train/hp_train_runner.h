@@ -3,7 +3,6 @@
 // share.
 #pragma once
 
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -26,11 +25,6 @@ inline launcher::testing::ProcessResult hp_train(int ranks, const Args& args) {
   return launcher::testing::run_process(argv, {"OMP_NUM_THREADS=1"}, /*limit_s=*/120);
 }
 
-inline std::string describe(const launcher::testing::ProcessResult& r) {
-  std::ostringstream text;
-  text << "exit " << r.exit_code << (r.timed_out ? " (timed out)" : "") << " after " << r.seconds
-       << " s\n--- stdout ---\n" << r.out << "--- stderr ---\n" << r.err;
-  return text.str();
-}
+using launcher::testing::describe;
 
 }  // namespace hp::train::test_run

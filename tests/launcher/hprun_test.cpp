@@ -46,15 +46,6 @@ std::vector<std::string> lines_of(const std::string& text) {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::string describe(const ProcessResult& r) {
-  std::ostringstream text;
-  text << "exited=" << r.exited << " code=" << r.exit_code << " signal=" << r.term_signal
-       << " timed_out=" << r.timed_out << " seconds=" << r.seconds << "\n--- stdout ---\n"
-       << r.out << "--- stderr ---\n"
-       << r.err;
-  return text.str();
-}
-
 // Every pid is gone within `limit_s` (killed processes may need a moment).
 void expect_all_dead(const std::vector<long>& pids, double limit_s = 3) {
   double deadline = now_seconds() + limit_s;

@@ -25,15 +25,6 @@ using Args = std::vector<std::string>;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-std::string describe(const ProcessResult& r) {
-  std::ostringstream text;
-  text << "exited=" << r.exited << " code=" << r.exit_code << " signal=" << r.term_signal
-       << " timed_out=" << r.timed_out << " seconds=" << r.seconds << "\n--- stdout ---\n"
-       << r.out << "--- stderr ---\n"
-       << r.err;
-  return text.str();
-}
-
 std::string find_ip() {
   for (const char* path : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
     if (::access(path, X_OK) == 0) return path;

@@ -8,12 +8,21 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 namespace hp::launcher::testing {
+
+std::string describe(const ProcessResult& r) {
+  std::ostringstream text;
+  text << tools::describe_exit(r) << " after " << r.seconds << " s\n--- stdout ---\n"
+       << r.out << "--- stderr ---\n"
+       << r.err;
+  return text.str();
+}
 
 bool process_alive(pid_t pid) {
   if (::kill(pid, 0) != 0) return errno == EPERM;

@@ -18,6 +18,9 @@ using tools::ProcessResult;
 using tools::run_process;
 using tools::RunningProcess;
 
+// How a process ended and everything it wrote, for a failed expectation.
+std::string describe(const ProcessResult& result);
+
 // True while `pid` exists and is not a zombie (an orphan's zombie may linger
 // when the container's init does not reap).
 bool process_alive(pid_t pid);

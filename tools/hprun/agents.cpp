@@ -21,24 +21,20 @@
 namespace hp::launcher {
 namespace {
 
-Clock::time_point after(Clock::time_point from, double seconds) {
-  return from +
-         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-}
-
 void earliest(std::optional<Clock::time_point>* next, std::optional<Clock::time_point> t) {
   if (t && (!*next || *t < **next)) *next = t;
 }
 
-int wait_ms(std::optional<Clock::time_point> next) {
-  // The cap only bounds the damage of a missed wake-up.
-  long ms = 500;
-  if (next) {
-    auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(*next - Clock::now()).count() + 1;
-    ms = std::clamp<long>(left, 0, ms);
+// kEnding: true once this node's ranks are gone (then `end_code` is the
+// job's); false while they run.
+bool ranks_ended(Attempt* attempt, bool interrupted, int* end_code) {
+  if (attempt && !attempt->done()) return false;
+  if (attempt) {
+    attempt->finish();
+    // Ranks that caught a forwarded signal and exited 0 ended cleanly.
+    if (interrupted && attempt->interrupted_by() != 0) *end_code = attempt->exit_code(*end_code);
   }
-  return static_cast<int>(ms);
+  return true;
 }
 
 // "FAILED 3 1 rank 2 (pid 7) exited with status 3" -> its first `words`
@@ -153,7 +149,7 @@ void Coordinator::poll_round() {
   if (attempt_) earliest(&next, attempt_->next_deadline());
   if (phase_ != Phase::kEnding) earliest(&next, job_.deadline);
   if (phase_ == Phase::kJoining) earliest(&next, join_deadline_);
-  if (::poll(fds.data(), fds.size(), wait_ms(next)) < 0 && errno != EINTR) {
+  if (::poll(fds.data(), fds.size(), poll_wait_ms(next)) < 0 && errno != EINTR) {
     job_.say(std::string("poll failed: ") + std::strerror(errno));
   }
   Clock::time_point now = Clock::now();
@@ -360,15 +356,7 @@ void Coordinator::step(Clock::time_point now) {
       return;
     }
     case Phase::kEnding:
-      if (attempt_ && !attempt_->done()) return;
-      if (attempt_) {
-        attempt_->finish();
-        // Ranks that caught a forwarded signal and exited 0 ended cleanly.
-        if (interrupted_ && attempt_->interrupted_by() != 0) {
-          end_code_ = attempt_->exit_code(end_code_);
-        }
-      }
-      finished_ = true;
+      finished_ = ranks_ended(attempt_.get(), interrupted_, &end_code_);
       return;
   }
 }
@@ -485,7 +473,7 @@ bool Follower::connect() {
       if (connecting) fds.push_back({fd, POLLOUT, 0});
       std::optional<Clock::time_point> next = deadline;
       if (!connecting) earliest(&next, retry_at);
-      ::poll(fds.data(), fds.size(), wait_ms(next));
+      ::poll(fds.data(), fds.size(), poll_wait_ms(next));
       if (fds[0].revents != 0) {
         for (int signo : job_.signals.drain()) {
           if (signo != SIGINT && signo != SIGTERM) continue;
@@ -524,7 +512,7 @@ void Follower::poll_round() {
   std::optional<Clock::time_point> next = next_heartbeat_;
   if (attempt_) earliest(&next, attempt_->next_deadline());
   if (phase_ != Phase::kEnding) earliest(&next, job_.deadline);
-  if (::poll(fds.data(), fds.size(), wait_ms(next)) < 0 && errno != EINTR) {
+  if (::poll(fds.data(), fds.size(), poll_wait_ms(next)) < 0 && errno != EINTR) {
     job_.say(std::string("poll failed: ") + std::strerror(errno));
   }
   Clock::time_point now = Clock::now();
@@ -630,14 +618,7 @@ void Follower::step() {
       phase_ = Phase::kWaiting;
       return;
     case Phase::kEnding:
-      if (attempt_ && !attempt_->done()) return;
-      if (attempt_) {
-        attempt_->finish();
-        if (interrupted_ && attempt_->interrupted_by() != 0) {
-          end_code_ = attempt_->exit_code(end_code_);
-        }
-      }
-      finished_ = true;
+      finished_ = ranks_ended(attempt_.get(), interrupted_, &end_code_);
       return;
   }
 }

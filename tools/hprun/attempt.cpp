@@ -79,14 +79,20 @@ struct Attempt::Rank {
   Stream out, err;
 };
 
-namespace {
-
-Clock::time_point after(double seconds) {
-  return Clock::now() +
+Clock::time_point after(Clock::time_point from, double seconds) {
+  return from +
          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 
-}  // namespace
+int poll_wait_ms(std::optional<Clock::time_point> next) {
+  long ms = 500;
+  if (next) {
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(*next - Clock::now()).count() + 1;
+    ms = std::clamp<long>(left, 0, ms);
+  }
+  return static_cast<int>(ms);
+}
 
 Attempt::Attempt(const LaunchOptions& options, const SupervisorConfig& config, Sink& out,
                  Sink& err, int master_port, int restart_count)
@@ -276,13 +282,13 @@ void Attempt::begin_teardown(int signo) {
   tearing_down_ = true;
   teardown_signal_ = signo;
   signal_groups(signo);
-  kill_at_ = after(config_.kill_grace_s);
+  kill_at_ = after(Clock::now(), config_.kill_grace_s);
 }
 
 void Attempt::kill_all() {
   killed_ = true;
   signal_groups(SIGKILL);
-  give_up_at_ = after(config_.give_up_after_kill_s);
+  give_up_at_ = after(Clock::now(), config_.give_up_after_kill_s);
 }
 
 void Attempt::signal_groups(int signo) {

@@ -37,6 +37,13 @@ struct SupervisorConfig;
 
 using Clock = std::chrono::steady_clock;
 
+// `from` plus `seconds`.
+Clock::time_point after(Clock::time_point from, double seconds);
+
+// How long poll() may sleep to wake at `next` (none: no deadline). At most
+// 500 ms: the cap only bounds the damage of a missed wake-up.
+int poll_wait_ms(std::optional<Clock::time_point> next);
+
 // One of hprun's own output streams, shared by all attempts. Once its reader
 // is gone (EPIPE) the output is dropped, but the ranks' pipes are still
 // drained so that no rank blocks on a full pipe.

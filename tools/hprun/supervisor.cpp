@@ -18,16 +18,6 @@
 namespace hp::launcher {
 namespace {
 
-int timeout_ms(Clock::time_point now, std::optional<Clock::time_point> next) {
-  // The cap only bounds the damage of a missed wake-up.
-  long ms = 500;
-  if (next) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*next - now).count() + 1;
-    ms = std::clamp<long>(left, 0, ms);
-  }
-  return static_cast<int>(ms);
-}
-
 // One node: the restart decision is this hprun's alone.
 class SingleNodeJob {
  public:
@@ -82,7 +72,7 @@ int SingleNodeJob::run_attempt(Attempt& attempt) {
   while (!attempt.done()) {
     std::optional<Clock::time_point> next = attempt.next_deadline();
     if (!timed_out_ && job_.deadline && (!next || *job_.deadline < *next)) next = job_.deadline;
-    poll_once(&attempt, timeout_ms(Clock::now(), next));
+    poll_once(&attempt, poll_wait_ms(next));
     Clock::time_point now = Clock::now();
     attempt.check(now);
     if (!timed_out_ && job_.deadline && now >= *job_.deadline && !attempt.done()) {
@@ -140,8 +130,7 @@ int run_job(const LaunchOptions& options, const SupervisorConfig& config) {
     Sink out(STDOUT_FILENO), err(STDERR_FILENO);
     JobContext job{options, config, signals, out, err, Clock::now(), std::nullopt};
     if (options.timeout_s > 0) {
-      job.deadline = job.started + std::chrono::duration_cast<Clock::duration>(
-                                       std::chrono::duration<double>(options.timeout_s));
+      job.deadline = after(job.started, options.timeout_s);
     }
     code = options.nnodes > 1 ? run_agent(job) : SingleNodeJob(job).run();
   }
