@@ -183,6 +183,17 @@ bool wait_for_file(const std::string& path, double limit_s) {
   return true;
 }
 
+// Whether each of the two nodes' four ranks wrote dir/started.<rank> within
+// 20 s.
+::testing::AssertionResult all_ranks_started(const TempDir& dir) {
+  for (int rank = 0; rank < 4; ++rank) {
+    if (!wait_for_file(dir.file("started." + std::to_string(rank)), 20)) {
+      return ::testing::AssertionFailure() << "rank " << rank << " did not start";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
 TEST(HprunTwoHosts, NodeOneKilledEndsTheJobOnNodeZeroWithinTheRendezvousTimeout) {
   TwoHosts hosts;
   SKIP_WITHOUT_HOSTS(hosts);
@@ -191,10 +202,7 @@ TEST(HprunTwoHosts, NodeOneKilledEndsTheJobOnNodeZeroWithinTheRendezvousTimeout)
   Args options = {"--max-restarts", "1", "--rdzv-timeout", "3"};
   RunningProcess node0(hosts.hprun(0, script, options));
   RunningProcess node1(hosts.hprun(1, script, options));
-  for (int rank = 0; rank < 4; ++rank) {
-    ASSERT_TRUE(wait_for_file(dir.file("started." + std::to_string(rank)), 20))
-        << "rank " << rank << " did not start";
-  }
+  ASSERT_TRUE(all_ranks_started(dir));
   double killed_at = now_seconds();
   ::kill(node1.pid(), SIGKILL);
   ProcessResult r = node0.wait(30);
@@ -217,10 +225,7 @@ TEST(HprunTwoHosts, SilentNodeIsGoneAfterTheSilenceLimit) {
   std::string script = "touch " + dir.path() + "/started.$RANK; exec sleep 60";
   RunningProcess node0(hosts.hprun(0, script, {}));
   RunningProcess node1(hosts.hprun(1, script, {}));
-  for (int rank = 0; rank < 4; ++rank) {
-    ASSERT_TRUE(wait_for_file(dir.file("started." + std::to_string(rank)), 20))
-        << "rank " << rank << " did not start";
-  }
+  ASSERT_TRUE(all_ranks_started(dir));
   double stopped_at = now_seconds();
   ::kill(node1.pid(), SIGSTOP);
   ProcessResult r = node0.wait(40);
@@ -243,10 +248,7 @@ TEST(HprunTwoHosts, NodeZeroKilledEndsTheJobOnNodeOne) {
   std::string script = "touch " + dir.path() + "/started.$RANK; exec sleep 60";
   RunningProcess node0(hosts.hprun(0, script, kRestarts));
   RunningProcess node1(hosts.hprun(1, script, kRestarts));
-  for (int rank = 0; rank < 4; ++rank) {
-    ASSERT_TRUE(wait_for_file(dir.file("started." + std::to_string(rank)), 20))
-        << "rank " << rank << " did not start";
-  }
+  ASSERT_TRUE(all_ranks_started(dir));
   ::kill(node0.pid(), SIGKILL);
   ProcessResult r = node1.wait(20);
   ASSERT_FALSE(r.timed_out) << describe(r);
@@ -263,10 +265,7 @@ TEST(HprunTwoHosts, SigintOnNodeOneEndsBothNodesWithoutARestart) {
   std::string script = "touch " + dir.path() + "/started.$RANK; exec sleep 60";
   RunningProcess node0(hosts.hprun(0, script, kRestarts));
   RunningProcess node1(hosts.hprun(1, script, kRestarts));
-  for (int rank = 0; rank < 4; ++rank) {
-    ASSERT_TRUE(wait_for_file(dir.file("started." + std::to_string(rank)), 20))
-        << "rank " << rank << " did not start";
-  }
+  ASSERT_TRUE(all_ranks_started(dir));
   ::kill(node1.pid(), SIGINT);
   ProcessResult r1 = node1.wait(20);
   ProcessResult r0 = node0.wait(20);
