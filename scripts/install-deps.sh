@@ -24,6 +24,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev libfmt-dev
   # real data for the main job
   fortunes fortunes-min
+  # ip(8): the two-host launcher tests join two network namespaces
+  iproute2
   # the interpreter the Python environment is made from
   python3 python3-venv
 )
