@@ -1,6 +1,7 @@
 #include "hp/checkpoint/async_save.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #if defined(__linux__)
 #include <sys/resource.h>
