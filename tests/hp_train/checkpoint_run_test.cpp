@@ -79,6 +79,18 @@ void expect_same_weights(const std::string& actual, const std::string& expected,
   for (const auto& [name, t] : e) EXPECT_TRUE(test::tensors_equal(a.at(name), t)) << what << ": " << name;
 }
 
+// A run resumed after 3 of 6 steps (dir/resumed.jsonl, .safetensors)
+// against the uninterrupted one (dir/straight.*): the same losses for the
+// steps it ran and the same final weights, bit for bit.
+void expect_resumed_as_straight(const TempDir& dir, const ProcessResult& resumed,
+                                const std::string& what) {
+  const auto all = read_losses(dir.file("straight.jsonl"));
+  const auto tail = read_losses(dir.file("resumed.jsonl"));
+  ASSERT_EQ(tail.size(), 3u) << what << "\n" << describe(resumed);
+  for (const auto& [step, loss] : tail) EXPECT_EQ(loss, all.at(step)) << what << ": step " << step;
+  expect_same_weights(dir.file("resumed.safetensors"), dir.file("straight.safetensors"), what);
+}
+
 nn::GPT tiny_model_from(const std::string& weights) {
   nn::GPTConfig config;
   config.vocab_size = 256;
@@ -130,12 +142,7 @@ TEST(HpTrainCheckpoints, ResumeEqualsAnUninterruptedRunAndMovesToOtherMeshes) {
   ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
   EXPECT_THAT(resumed.out, HasSubstr("[rank 0] resumed from " + ckpt + "/step-00000003 after 3 steps"));
   EXPECT_THAT(resumed.out, HasSubstr("[rank 0] step 4/6 | loss "));
-  const auto all = read_losses(dir.file("straight.jsonl"));
-  const auto tail = read_losses(dir.file("resumed.jsonl"));
-  ASSERT_EQ(tail.size(), 3u) << describe(resumed);
-  for (const auto& [step, loss] : tail) EXPECT_EQ(loss, all.at(step)) << "step " << step;
-  expect_same_weights(dir.file("resumed.safetensors"), dir.file("straight.safetensors"),
-                      "6 steps, resumed after 3");
+  expect_resumed_as_straight(dir, resumed, "6 steps, resumed after 3");
 
   // Other meshes: the weights load exactly; the first resumed loss is those
   // weights' loss on that mesh's slices.
@@ -201,12 +208,7 @@ TEST(HpTrainCheckpoints, AsyncSavesEqualSynchronousOnesAndResumeBitForBit) {
                                                    "--log-json", dir.file("resumed.jsonl"),
                                                    "--export", dir.file("resumed.safetensors")}));
   ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
-  const auto all = read_losses(dir.file("straight.jsonl"));
-  const auto tail = read_losses(dir.file("resumed.jsonl"));
-  ASSERT_EQ(tail.size(), 3u) << describe(resumed);
-  for (const auto& [step, loss] : tail) EXPECT_EQ(loss, all.at(step)) << "step " << step;
-  expect_same_weights(dir.file("resumed.safetensors"), dir.file("straight.safetensors"),
-                      "6 steps, resumed after 3 from an async checkpoint");
+  expect_resumed_as_straight(dir, resumed, "6 steps, resumed after 3 from an async checkpoint");
   // The last save completes before --export reads the weights.
   const size_t last_save =
       resumed.out.find("[rank 0] checkpoint " + async_dir + "/step-00000006 saved: ");
@@ -236,12 +238,7 @@ TEST(HpTrainCheckpoints, TensorParallelResumesAndMovesToOneProcess) {
                                                 dir.file("resumed.jsonl"), "--export",
                                                 dir.file("resumed.safetensors")}));
   ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
-  const auto all = read_losses(dir.file("straight.jsonl"));
-  const auto tail = read_losses(dir.file("resumed.jsonl"));
-  ASSERT_EQ(tail.size(), 3u) << describe(resumed);
-  for (const auto& [step, loss] : tail) EXPECT_EQ(loss, all.at(step)) << "step " << step;
-  expect_same_weights(dir.file("resumed.safetensors"), dir.file("straight.safetensors"),
-                      "tp: 6 steps, resumed after 3");
+  expect_resumed_as_straight(dir, resumed, "tp: 6 steps, resumed after 3");
   ProcessResult one = hp_train(0, concat(kTiny, {"--mode", "none", "--steps", "3", "--resume", ckpt,
                                                "--export", dir.file("none.safetensors")}));
   ASSERT_EQ(one.exit_code, 0) << describe(one);

@@ -183,6 +183,11 @@ bool wait_for_file(const std::string& path, double limit_s) {
   return true;
 }
 
+// A rank that says it started (dir/started.<rank>), then waits to be ended.
+std::string started_then_sleeping(const TempDir& dir) {
+  return "touch " + dir.path() + "/started.$RANK; exec sleep 60";
+}
+
 // Whether each of the two nodes' four ranks wrote dir/started.<rank> within
 // 20 s.
 ::testing::AssertionResult all_ranks_started(const TempDir& dir) {
@@ -198,7 +203,7 @@ TEST(HprunTwoHosts, NodeOneKilledEndsTheJobOnNodeZeroWithinTheRendezvousTimeout)
   TwoHosts hosts;
   SKIP_WITHOUT_HOSTS(hosts);
   TempDir dir;
-  std::string script = "touch " + dir.path() + "/started.$RANK; exec sleep 60";
+  const std::string script = started_then_sleeping(dir);
   Args options = {"--max-restarts", "1", "--rdzv-timeout", "3"};
   RunningProcess node0(hosts.hprun(0, script, options));
   RunningProcess node1(hosts.hprun(1, script, options));
@@ -222,7 +227,7 @@ TEST(HprunTwoHosts, SilentNodeIsGoneAfterTheSilenceLimit) {
   TwoHosts hosts;
   SKIP_WITHOUT_HOSTS(hosts);
   TempDir dir;
-  std::string script = "touch " + dir.path() + "/started.$RANK; exec sleep 60";
+  const std::string script = started_then_sleeping(dir);
   RunningProcess node0(hosts.hprun(0, script, {}));
   RunningProcess node1(hosts.hprun(1, script, {}));
   ASSERT_TRUE(all_ranks_started(dir));
@@ -245,7 +250,7 @@ TEST(HprunTwoHosts, NodeZeroKilledEndsTheJobOnNodeOne) {
   TwoHosts hosts;
   SKIP_WITHOUT_HOSTS(hosts);
   TempDir dir;
-  std::string script = "touch " + dir.path() + "/started.$RANK; exec sleep 60";
+  const std::string script = started_then_sleeping(dir);
   RunningProcess node0(hosts.hprun(0, script, kRestarts));
   RunningProcess node1(hosts.hprun(1, script, kRestarts));
   ASSERT_TRUE(all_ranks_started(dir));
@@ -262,7 +267,7 @@ TEST(HprunTwoHosts, SigintOnNodeOneEndsBothNodesWithoutARestart) {
   TwoHosts hosts;
   SKIP_WITHOUT_HOSTS(hosts);
   TempDir dir;
-  std::string script = "touch " + dir.path() + "/started.$RANK; exec sleep 60";
+  const std::string script = started_then_sleeping(dir);
   RunningProcess node0(hosts.hprun(0, script, kRestarts));
   RunningProcess node1(hosts.hprun(1, script, kRestarts));
   ASSERT_TRUE(all_ranks_started(dir));
