@@ -34,6 +34,12 @@ class PostAccumulateHook : public torch::autograd::FunctionPostHook {
   std::weak_ptr<std::function<void()>> hook_;
 };
 
+// The tensor a parameter's data lives in: a DTensor's local tensor, else
+// the parameter itself (detached).
+at::Tensor local_data(const at::Tensor& param) {
+  return hp::is_dtensor(param) ? local_of(param) : param.detach();
+}
+
 size_t nbytes_of(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
 
 }  // namespace
@@ -52,22 +58,30 @@ FSDPParam::FSDPParam(at::Tensor param, std::string fqn, const MeshInfo& mesh, in
     : param_(std::move(param)),
       fqn_(std::move(fqn)),
       global_shape_(param_.sizes().vec()),
+      compute_layout_(hp::is_dtensor(param_) ? layout_of(param_).normalized(param_.dim())
+                                             : Layout()),
+      full_shape_(local_data(param_).sizes().vec()),
       shard_dim_(shard_dim),
       shard_size_(mesh.shard_size),
       replicated_(replicated),
       sharded_(!replicated && mesh.shard_size > 1),
+      shard_layout_(fsdp::shard_layout(mesh, is_dtensor() ? &compute_layout_ : nullptr,
+                                       param_.dim(),
+                                       sharded_ ? std::optional<int64_t>(shard_dim_)
+                                                : std::nullopt)),
       to_main_grad_(mp.apply_grad_on_fp32_main_grad),
-      orig_dtype_(param_.scalar_type()) {
-  compute_dtype_ = compute_dtype_for(orig_dtype_, mp);
-  reduce_dtype_ = reduce_dtype_for(orig_dtype_, mp);
-  if (hp::is_dtensor(param_)) compute_layout_ = layout_of(param_).normalized(param_.dim());
-  at::Tensor data = is_dtensor() ? local_of(param_) : param_.detach();
-  full_shape_ = data.sizes().vec();
-  shard_layout_ = fsdp::shard_layout(mesh, is_dtensor() ? &compute_layout_ : nullptr, param_.dim(),
-                               sharded_ ? std::optional<int64_t>(shard_dim_) : std::nullopt);
-  // A meta parameter (deferred initialisation, materialize.h) will live on
-  // the mesh's device; until materialize() its shard is meta too.
-  compute_device_ = data.is_meta() ? mesh.mesh->device() : data.device();
+      orig_dtype_(param_.scalar_type()),
+      compute_dtype_(compute_dtype_for(orig_dtype_, mp)),
+      reduce_dtype_(reduce_dtype_for(orig_dtype_, mp)),
+      // A meta parameter (deferred initialisation, materialize.h) will live
+      // on the mesh's device; until materialize() its shard is meta too.
+      compute_device_(local_data(param_).is_meta() ? mesh.mesh->device()
+                                                   : local_data(param_).device()),
+      // Only a sharded parameter moves to the host; one kept whole stays put.
+      offloaded_(sharded_ && offload.kind == OffloadPolicy::Kind::kCPU &&
+                 !compute_device_.is_cpu()),
+      pinned_(offloaded_ && offload.pin_memory) {
+  at::Tensor data = local_data(param_);
   // Any existing gradient is sharded the same way.
   at::Tensor grad = param_.grad().defined() ? local_grad(param_.grad(), false) : at::Tensor();
   if (!sharded_) {
@@ -96,10 +110,6 @@ FSDPParam::FSDPParam(at::Tensor param, std::string fqn, const MeshInfo& mesh, in
   } else {
     padded_shard_ = data.narrow(shard_dim_, mine.offset, mine.size).clone(at::MemoryFormat::Contiguous);
     shard_view_ = padded_shard_;
-  }
-  if (offload.kind == OffloadPolicy::Kind::kCPU && !compute_device_.is_cpu()) {
-    offloaded_ = true;
-    pinned_ = offload.pin_memory;
   }
   if (offloaded_ && !data.is_meta()) {
     at::Tensor host = at::empty(padded_shard_.sizes(),

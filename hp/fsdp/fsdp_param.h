@@ -20,6 +20,11 @@
 // parameter itself is pointed at DTensors wrapping it: the parameter's own
 // layout for compute, shard_layout() between steps. Its .grad is a DTensor
 // the same way.
+//
+// Threads: called from its unit's hooks (unit.h), one thread at a time; the
+// post-accumulate hook runs on the autograd engine's thread. Only the
+// copy-out of a gather along a dim other than 0 runs on the backend's
+// thread, as the gather completes; it writes only the unsharded buffer.
 #pragma once
 
 #include <cstdint>
@@ -267,25 +272,29 @@ class FSDPParam {
   // A local shard-shaped gradient as the parameter's .grad.
   at::Tensor as_param_grad(at::Tensor local) const;
 
+  // The registered parameter (replaced only when a meta one materialises).
   at::Tensor param_;
-  std::string fqn_;
-  std::vector<int64_t> full_shape_;
-  std::vector<int64_t> global_shape_;
-  Layout compute_layout_;  // defined iff the parameter is a DTensor
-  Layout shard_layout_;
-  int64_t shard_dim_ = 0;
-  int64_t shard_size_ = 1;
-  bool replicated_ = false;
-  bool sharded_ = false;
-  bool to_main_grad_ = false;  // MixedPrecisionPolicy::apply_grad_on_fp32_main_grad
-  at::ScalarType orig_dtype_;
-  c10::Device compute_device_{c10::DeviceType::CPU};
-  bool offloaded_ = false;
-  bool pinned_ = false;
-  at::ScalarType compute_dtype_;
-  at::ScalarType reduce_dtype_;
-  Data data_ = Data::kSharded;
 
+  // Fixed when fully_shard takes the parameter (in initialisation order).
+  const std::string fqn_;
+  const std::vector<int64_t> global_shape_;
+  const Layout compute_layout_;  // defined iff the parameter is a DTensor
+  const std::vector<int64_t> full_shape_;
+  const int64_t shard_dim_;
+  const int64_t shard_size_;
+  const bool replicated_;
+  const bool sharded_;
+  const Layout shard_layout_;
+  const bool to_main_grad_;  // MixedPrecisionPolicy::apply_grad_on_fp32_main_grad
+  const at::ScalarType orig_dtype_;
+  const at::ScalarType compute_dtype_;
+  const at::ScalarType reduce_dtype_;
+  const c10::Device compute_device_;
+  const bool offloaded_;
+  const bool pinned_;
+
+  // The lifecycle: where the data is and which buffers hold it.
+  Data data_ = Data::kSharded;
   at::Tensor padded_shard_;     // original dtype; [chunk, ...] for dim 0
   at::Tensor shard_view_;       // the torch.chunk piece, a view of padded_shard_
   at::Tensor unsharded_;        // compute dtype

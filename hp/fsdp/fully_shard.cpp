@@ -457,11 +457,11 @@ UnshardHandle FSDPModule::unshard(bool async_op) {
 void FSDPModule::reshard() { unit()->reshard(); }
 
 void FSDPModule::set_requires_gradient_sync(bool requires_gradient_sync, bool recurse) {
-  for (auto& u : units(recurse)) u->mutable_flags().requires_gradient_sync = requires_gradient_sync;
+  for (auto& u : units(recurse)) u->set_requires_gradient_sync(requires_gradient_sync);
 }
 
 void FSDPModule::set_requires_all_reduce(bool requires_all_reduce, bool recurse) {
-  for (auto& u : units(recurse)) u->mutable_flags().requires_all_reduce = requires_all_reduce;
+  for (auto& u : units(recurse)) u->set_requires_all_reduce(requires_all_reduce);
 }
 
 void FSDPModule::set_reshard_after_forward(bool reshard_after_forward, bool recurse) {
@@ -496,16 +496,12 @@ ReshardAfterForward FSDPModule::reshard_after_forward() const {
 }
 
 void FSDPModule::set_reshard_after_backward(bool reshard_after_backward, bool recurse) {
-  for (auto& u : units(recurse)) u->mutable_flags().reshard_after_backward = reshard_after_backward;
+  for (auto& u : units(recurse)) u->set_reshard_after_backward(reshard_after_backward);
 }
 
 void FSDPModule::set_is_last_backward(bool is_last_backward) {
-  // One flag per training step for the whole tree: the root's is the one the
-  // end of backward reads, whichever unit of the tree it is set through.
-  for (auto& u : units(true)) {
-    u->mutable_flags().is_last_backward = is_last_backward;
-    if (u->context()) u->context()->root().mutable_flags().is_last_backward = is_last_backward;
-  }
+  // One setting for the whole tree, whichever unit it is set through.
+  for (auto& u : units(true)) u->set_is_last_backward(is_last_backward);
 }
 
 void FSDPModule::wait_for_gradients() {
@@ -525,11 +521,11 @@ void FSDPModule::wait_for_gradients() {
 void FSDPModule::set_reduce_op_type(const std::string& reduce_op_type, bool recurse) {
   HP_CHECK_ARG(reduce_op_type == "sum" || reduce_op_type == "avg", "Unsupported reduce op type ",
                reduce_op_type, ", supported types are ['sum', 'avg']");
-  for (auto& u : units(recurse)) u->mutable_flags().average = reduce_op_type == "avg";
+  for (auto& u : units(recurse)) u->set_average(reduce_op_type == "avg");
 }
 
 void FSDPModule::set_implicit_prefetch(bool enabled, bool recurse) {
-  for (auto& u : units(recurse)) u->mutable_flags().implicit_prefetch = enabled;
+  for (auto& u : units(recurse)) u->set_implicit_prefetch(enabled);
 }
 
 namespace {

@@ -28,13 +28,13 @@ MeshInfo MeshInfo::from_mesh(DeviceMeshPtr mesh, bool with_mesh_group) {
   // group is a separate communication stream too.
   dist::GroupOptions reduce;
   reduce.tag = "fsdp-reduce";
-  reduce.backend = mesh->backend();
+  reduce.backend = mesh->backend_type();
   info.reduce_group = dist::new_group(shard_ranks, reduce);
   if (mesh->ndim() == 2) {
     info.replicate_size = mesh->size(0);
     dist::GroupOptions all_reduce;
     all_reduce.tag = "fsdp-allreduce";
-    all_reduce.backend = mesh->backend();
+    all_reduce.backend = mesh->backend_type();
     info.replicate_group = dist::new_group(mesh->group(0).ranks(), all_reduce);
   }
   if (with_mesh_group) {
@@ -47,7 +47,7 @@ MeshInfo MeshInfo::from_mesh(DeviceMeshPtr mesh, bool with_mesh_group) {
       // replicas' all-reduces it pipelines with.
       dist::GroupOptions whole;
       whole.tag = "fsdp-allreduce-mesh";
-      whole.backend = mesh->backend();
+      whole.backend = mesh->backend_type();
       info.mesh_group = dist::new_group(mesh->ranks(), whole);
     }
   }

@@ -10,6 +10,10 @@
 // out into the parameters' unsharded buffers, which are views of one flat
 // buffer per unit. After reshard_after_forward = N, the parameters hold
 // pieces for a group of N ranks instead, and the next gather runs there.
+//
+// Threads: driven by its unit's hooks (unit.h). The fused copy-out runs on
+// the backend's thread as the gather completes (Work::then); it writes only
+// the unsharded buffers, which nothing reads before wait_unshard().
 #pragma once
 
 #include <cstdint>

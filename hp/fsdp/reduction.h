@@ -16,6 +16,12 @@
 // units); with fusion, issuing unit k moves every older reduction one stage
 // on, so unit k+1's reduce-scatter overlaps unit k's backward and its
 // all-reduce overlaps unit k's reduce-scatter (F12's pipeline).
+//
+// Threads: the queue is driven by the units' backward hooks and by the
+// root's forward and wait_for_gradients (unit.h says which threads those
+// are); the backend's thread only completes each stage's collective (the
+// local sum, freeing a scratch buffer). Gradients are assigned on the
+// driving thread, in advance() or complete_all().
 #pragma once
 
 #include <cstdint>

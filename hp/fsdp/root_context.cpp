@@ -43,12 +43,13 @@ std::shared_ptr<RootContext> RootContext::create(Unit& root) {
   }
   for (auto& unit : joining) unit->validate_for_training();
   root.validate_for_training();
-  // Checked: join.
+  // Checked: join. A set_is_last_backward(false) on any unit of the tree
+  // before its root existed holds for the tree.
+  context->is_last_backward_ = root.is_last_backward_before_root();
   for (auto& unit : joining) {
     unit->context_ = context;
     context->units_.push_back(unit);
-    // set_is_last_backward(false) on this unit before its root existed.
-    root.flags_.is_last_backward = root.flags_.is_last_backward && unit->flags_.is_last_backward;
+    context->is_last_backward_ = context->is_last_backward_ && unit->is_last_backward_before_root();
   }
   return context;
 }
@@ -146,7 +147,7 @@ void RootContext::finish_backward() {
     for (auto& weak : units_) {
       if (auto unit = weak.lock()) unit->finish_backward();
     }
-    if (root_->flags().is_last_backward) reductions_.complete_all();
+    if (is_last_backward_) reductions_.complete_all();
   } catch (const CollectiveError&) {
     mark_unusable("the end of backward", std::current_exception());
     throw;

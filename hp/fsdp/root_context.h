@@ -24,6 +24,11 @@
 //              step, so every later forward, backward or unshard raises an
 //              UnusableError that says why; the model and process group
 //              must be rebuilt (e.g. reloaded from a checkpoint).
+//
+// Threads: as the units' hooks (unit.h). The end-of-backward callback runs
+// on the autograd engine's thread that ran the backward, after its last
+// hook, before backward() returns; the guard's recovery runs where the
+// engine drops the callback, also before backward() returns.
 #pragma once
 
 #include <cstdint>
@@ -75,6 +80,11 @@ class RootContext : public std::enable_shared_from_this<RootContext> {
 
   // --- backward ---
   ReductionQueue& reductions() { return reductions_; }
+  // Whether this backward completes its reductions (else they stay in
+  // flight until the next forward or wait_for_gradients): the tree's one
+  // setting, FSDPModule::set_is_last_backward through any of its units.
+  bool is_last_backward() const { return is_last_backward_; }
+  void set_is_last_backward(bool value) { is_last_backward_ = value; }
   // The position of a unit's first gradient in this backward.
   int64_t take_wave() { return next_wave_++; }
   // Queues the end-of-backward callback once per backward (called from
@@ -114,6 +124,7 @@ class RootContext : public std::enable_shared_from_this<RootContext> {
   std::vector<Unit*> forward_order_;
   bool forward_order_recorded_ = false;
   bool backward_in_flight_ = false;
+  bool is_last_backward_ = true;
   int64_t next_wave_ = 0;
   ReductionQueue reductions_;
   std::string unusable_reason_;

@@ -130,6 +130,14 @@ void Unit::set_reshard_after_forward(ReshardAfterForward setting, int64_t ranks,
   regather_group_ = std::move(regather_group);
 }
 
+void Unit::set_is_last_backward(bool value) {
+  if (context_) {
+    context_->set_is_last_backward(value);
+  } else {
+    is_last_backward_before_root_ = value;
+  }
+}
+
 void Unit::set_forward_prefetch(std::vector<std::weak_ptr<Unit>> units) {
   forward_prefetch_ = std::move(units);
 }
@@ -273,7 +281,7 @@ void Unit::prefetch(const std::vector<std::weak_ptr<Unit>>& explicit_units, int 
 std::optional<nn::TensorList> Unit::pre_forward(nn::Module& module, const nn::TensorList& inputs) {
   if (!context_) context_ = RootContext::create(*this);
   context_->check_usable();
-  if (forward_running_) return std::nullopt;  // a later module of a list unit
+  if (state_ == State::kForward) return std::nullopt;  // a later module of a list unit
   try {
     // A new iteration: reductions left by set_is_last_backward(false) land now.
     if (is_root()) {
@@ -282,11 +290,10 @@ std::optional<nn::TensorList> Unit::pre_forward(nn::Module& module, const nn::Te
     }
     context_->note_pre_forward(this);
     context_->record_forward(this);
-    const int64_t start = trace::enabled() ? trace::now_us() : 0;
+    trace::Span span("unshard " + name_, "fsdp", "compute");
     begin_unshard();
     prefetch(forward_prefetch_, +1);
     wait_unshard();
-    if (trace::enabled()) trace::record("unshard " + name_, "fsdp", "compute", start, trace::now_us());
   } catch (const CollectiveError&) {
     context_->mark_unusable("the forward of unit " + name_, std::current_exception());
     throw;
@@ -295,7 +302,6 @@ std::optional<nn::TensorList> Unit::pre_forward(nn::Module& module, const nn::Te
     reset_after_failure(/*drop_grads=*/false);
     throw;
   }
-  forward_running_ = true;
   modules_to_run_.clear();
   for (const auto& weak : modules_) {
     if (auto m = weak.lock()) modules_to_run_.push_back(m.get());
@@ -308,13 +314,13 @@ std::optional<nn::TensorList> Unit::pre_forward(nn::Module& module, const nn::Te
 
 std::optional<nn::TensorList> Unit::post_forward(nn::Module& module,
                                                  const nn::TensorList& outputs) {
-  if (!forward_running_) return std::nullopt;
+  if (state_ != State::kForward) return std::nullopt;
   modules_to_run_.erase(std::remove(modules_to_run_.begin(), modules_to_run_.end(), &module),
                         modules_to_run_.end());
   if (!modules_to_run_.empty()) return std::nullopt;
-  // While still running: should it raise, the error hook resets the tree.
+  // Still kForward until the state changes below: should anything here
+  // raise, the error hook resets the unit (the tree, for the root).
   if (is_root()) context_->check_hooks_ran(outputs);
-  forward_running_ = false;
   if (trace::enabled()) {
     trace::record("forward " + name_, "compute", "compute", compute_start_us_, trace::now_us());
   }
@@ -361,7 +367,7 @@ std::optional<nn::TensorList> Unit::post_forward(nn::Module& module,
 void Unit::on_forward_error(nn::Module& module, const std::exception_ptr& error) {
   // Only a forward whose pre-forward completed is running (pre_forward
   // undoes itself when it raises).
-  if (!forward_running_) return;
+  if (state_ != State::kForward) return;
   if (is_root()) {
     context_->recover_from_forward_error(error);
   } else if (!reset_after_failure(/*drop_grads=*/false)) {
@@ -384,11 +390,10 @@ void Unit::pre_backward() {
   context_->check_usable();
   context_->ensure_end_of_backward();
   in_backward("the backward", [&] {
-    const int64_t start = trace::enabled() ? trace::now_us() : 0;
+    trace::Span span("unshard " + name_, "fsdp", "compute");
     begin_unshard();
     prefetch(backward_prefetch_, -1);
     wait_unshard();
-    if (trace::enabled()) trace::record("unshard " + name_, "fsdp", "compute", start, trace::now_us());
   });
   // A unit that communicates reduces only this backward's gradients, so
   // earlier ones wait aside; otherwise autograd accumulates in place.
@@ -525,7 +530,6 @@ bool Unit::reset_after_failure(bool drop_grads) noexcept {
     waited = false;
   }
   grads_.reset();
-  forward_running_ = false;
   modules_to_run_.clear();
   state_ = State::kIdle;
   return waited;

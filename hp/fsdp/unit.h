@@ -38,6 +38,16 @@
 // tree is reset (RootContext::recover_from_forward_error). A backward that
 // raises resets the tree and drops its gradients (abandon_backward). A
 // failed collective makes the tree unusable: see root_context.h.
+//
+// Threads: the forward hooks (pre-forward, post-forward, the error hook)
+// run on the thread that calls the module; the backward hooks (pre-backward
+// from the outputs' gradient hooks, post-accumulate from the parameters'
+// accumulators) on the autograd engine's thread for the device: for CPU
+// tensors the thread that called backward(), for CUDA the engine's device
+// thread while backward() blocks. So one thread at a time runs a tree's
+// hooks, and a unit needs no lock. Completions of its collectives run on
+// the backend's thread and touch only the buffers they complete
+// (param_group.h, reduction.h).
 #pragma once
 
 #include <cstdint>
@@ -81,11 +91,6 @@ struct UnitFlags {
   bool requires_all_reduce = true;
   bool average = true;  // reduce op "avg" (else "sum")
   bool implicit_prefetch = true;
-  // Read on the root: whether this backward completes its reductions. Set
-  // through any unit of the tree (FSDPModule::set_is_last_backward sets the
-  // root's too; before the first forward a false on any unit of the tree
-  // holds for the root it joins).
-  bool is_last_backward = true;
 };
 
 class Unit : public std::enable_shared_from_this<Unit> {
@@ -118,7 +123,19 @@ class Unit : public std::enable_shared_from_this<Unit> {
   // Nothing on meta: nothing happens. Local: no collectives.
   std::vector<std::pair<at::Tensor, at::Tensor>> materialize();
   const UnitFlags& flags() const { return flags_; }
-  UnitFlags& mutable_flags() { return flags_; }
+  // FSDPModule's setters; each takes effect at the next hook that reads it.
+  // (reshard_after_forward has its own, below: it needs a group.)
+  void set_requires_gradient_sync(bool value) { flags_.requires_gradient_sync = value; }
+  void set_requires_all_reduce(bool value) { flags_.requires_all_reduce = value; }
+  void set_reshard_after_backward(bool value) { flags_.reshard_after_backward = value; }
+  void set_average(bool value) { flags_.average = value; }
+  void set_implicit_prefetch(bool value) { flags_.implicit_prefetch = value; }
+  // Whether the tree's next backward completes its reductions: one setting
+  // per tree, held by its root context (RootContext::is_last_backward).
+  // Before the unit joins a root it is kept here, and a false on any unit
+  // of a tree holds for the root it joins.
+  void set_is_last_backward(bool value);
+  bool is_last_backward_before_root() const { return is_last_backward_before_root_; }
   const std::shared_ptr<RootContext>& context() const { return context_; }
   bool is_root() const { return context_ && &context_->root() == this; }
   // The root of a tree with other units: its parameters serve both ends of
@@ -215,11 +232,11 @@ class Unit : public std::enable_shared_from_this<Unit> {
   // precision, no main grads): the hooks only keep the shared bookkeeping,
   // and gradients stay where autograd put them.
   bool communicates_ = true;
+  bool is_last_backward_before_root_ = true;  // until context_ exists
   State state_ = State::kIdle;
-  // Between the unit's pre-forward and post-forward: its modules that have
-  // not finished their call yet. A list unit gathers once, at the first of
-  // its modules to run, and reshards after the last (all must run).
-  bool forward_running_ = false;
+  // In kForward: the unit's modules that have not finished their call yet.
+  // A list unit gathers once, at the first of its modules to run, and
+  // reshards after the last (all must run).
   std::vector<const nn::Module*> modules_to_run_;
   UnitGrads grads_;
   bool stale_copy_traced_ = false;  // the trace said once that a kept copy was stale
