@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
          [&] {
            std::vector<std::vector<at::Tensor>> outputs{raw_outputs};
            std::vector<at::Tensor> inputs{in_piece};
-           world.backend().allgather(outputs, inputs)->wait();
+           world.process_group().allgather(outputs, inputs)->wait();
          },
          {}},
     };

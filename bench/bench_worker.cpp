@@ -193,13 +193,11 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
   std::vector<double> mine = times;
   mine.insert(mine.end(), losses.begin(), losses.end());
   for (double v : {static_cast<double>(memory.peak_bytes), static_cast<double>(rss_delta),
-                   static_cast<double>(memory.current_bytes),
-                   static_cast<double>(stats.all_gather), static_cast<double>(stats.reduce_scatter),
-                   static_cast<double>(stats.all_reduce), static_cast<double>(stats.broadcast),
-                   static_cast<double>(stats.all_to_all), static_cast<double>(stats.barrier),
-                   stats.comm_seconds, stats.wait_seconds, first_loss}) {
+                   static_cast<double>(memory.current_bytes)}) {
     mine.push_back(v);
   }
+  for (dist::OpType op : dist::kOpTypes) mine.push_back(static_cast<double>(stats[op]));
+  for (double v : {stats.comm_seconds, stats.wait_seconds, first_loss}) mine.push_back(v);
   const int64_t width = static_cast<int64_t>(mine.size());
   at::Tensor local = torch::tensor(mine, torch::kDouble);
   at::Tensor all = local.view({1, width});
@@ -259,15 +257,15 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
       peaks.push_back(static_cast<int64_t>(at_rank(r, b)));
       rss.push_back(static_cast<int64_t>(at_rank(r, b + 1)));
       current.push_back(static_cast<int64_t>(at_rank(r, b + 2)));
-      counts.push_back({{"all_gather", static_cast<int64_t>(at_rank(r, b + 3))},
-                        {"reduce_scatter", static_cast<int64_t>(at_rank(r, b + 4))},
-                        {"all_reduce", static_cast<int64_t>(at_rank(r, b + 5))},
-                        {"broadcast", static_cast<int64_t>(at_rank(r, b + 6))},
-                        {"all_to_all", static_cast<int64_t>(at_rank(r, b + 7))},
-                        {"barrier", static_cast<int64_t>(at_rank(r, b + 8))}});
-      comm_s.push_back(at_rank(r, b + 9));
-      wait_s.push_back(at_rank(r, b + 10));
-      first += at_rank(r, b + 11) / world;
+      nlohmann::json count = nlohmann::json::object();
+      int64_t field = b + 3;
+      for (dist::OpType op : dist::kOpTypes) {
+        count[dist::op_name(op)] = static_cast<int64_t>(at_rank(r, field++));
+      }
+      counts.push_back(count);
+      comm_s.push_back(at_rank(r, field));
+      wait_s.push_back(at_rank(r, field + 1));
+      first += at_rank(r, field + 2) / world;
     }
     out["first_loss"] = std::isnan(first) ? nlohmann::json(nullptr) : nlohmann::json(first);
     out["peak_bytes_per_rank"] = peaks;

@@ -20,16 +20,9 @@ std::atomic<bool>& checks_flag() {
   return flag;
 }
 
-const char* kind_name(int64_t kind) {
-  switch (static_cast<CallKind>(kind)) {
-    case CallKind::kAllGather: return "all_gather";
-    case CallKind::kReduceScatter: return "reduce_scatter";
-    case CallKind::kAllReduce: return "all_reduce";
-    case CallKind::kBroadcast: return "broadcast";
-    case CallKind::kAllToAll: return "all_to_all";
-    case CallKind::kBarrier: return "barrier";
-  }
-  return "unknown";
+// A fingerprint's op field as received from a peer, named.
+const char* received_op_name(int64_t op) {
+  return op >= 0 && op < kOpTypeCount ? op_name(static_cast<OpType>(op)) : "unknown";
 }
 
 constexpr int kFields = 6;
@@ -43,14 +36,14 @@ void verify_same_call(Group& group, const CallFingerprint& mine) {
   if (group.size() == 1) return;
   const at::TensorOptions options = at::TensorOptions(at::kLong).device(group.device());
   at::Tensor local = at::tensor(
-      std::vector<int64_t>{static_cast<int64_t>(mine.kind), static_cast<int64_t>(mine.sequence),
+      std::vector<int64_t>{static_cast<int64_t>(mine.op), static_cast<int64_t>(mine.sequence),
                            mine.input_numel, mine.output_numel, mine.dtype, mine.extra},
       at::kLong).to(options.device());
   at::Tensor gathered = at::empty({group.size(), kFields}, options);
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < group.size(); ++r) outputs[0].push_back(gathered[r]);
   std::vector<at::Tensor> inputs{local};
-  group.backend().allgather(outputs, inputs)->wait();
+  group.process_group().allgather(outputs, inputs)->wait();
   at::Tensor all = gathered.cpu();
 
   auto rows = all.accessor<int64_t, 2>();
@@ -63,7 +56,7 @@ void verify_same_call(Group& group, const CallFingerprint& mine) {
                             ": the ranks issued different calls:");
   for (int r = 0; r < group.size(); ++r) {
     message += cat("\n  group rank ", r, " (global ", group.global_rank(r), "): ",
-                   kind_name(rows[r][0]), " #", rows[r][1], " input numel ", rows[r][2],
+                   received_op_name(rows[r][0]), " #", rows[r][1], " input numel ", rows[r][2],
                    ", output numel ", rows[r][3], ", dtype ",
                    c10::toString(static_cast<at::ScalarType>(rows[r][4])), ", arg ",
                    rows[r][5]);

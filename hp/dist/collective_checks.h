@@ -13,20 +13,12 @@
 #include <cstdint>
 
 #include "hp/dist/group.h"
+#include "hp/dist/op_type.h"
 
 namespace hp::dist {
 
-enum class CallKind : int64_t {
-  kAllGather = 1,
-  kReduceScatter,
-  kAllReduce,
-  kBroadcast,
-  kAllToAll,
-  kBarrier,
-};
-
 struct CallFingerprint {
-  CallKind kind;
+  OpType op;
   uint64_t sequence;
   int64_t input_numel;
   int64_t output_numel;

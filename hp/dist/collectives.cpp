@@ -74,22 +74,13 @@ namespace {
 // that counting costs no lock. Each counter is exact; a snapshot taken while
 // collectives are in flight may mix moments (benchmarks read between steps).
 struct Stats {
-  std::atomic<int64_t> all_gather{0}, reduce_scatter{0}, all_reduce{0}, broadcast{0},
-      all_to_all{0}, barrier{0};
+  std::array<std::atomic<int64_t>, kOpTypeCount> calls{};  // indexed by OpType
   std::atomic<int64_t> comm_us{0}, wait_us{0};  // microseconds, summed exactly
 };
 Stats g_stats;
 
-void count(CallKind kind) {
-  auto add = [](std::atomic<int64_t>& counter) { counter.fetch_add(1, std::memory_order_relaxed); };
-  switch (kind) {
-    case CallKind::kAllGather: add(g_stats.all_gather); break;
-    case CallKind::kReduceScatter: add(g_stats.reduce_scatter); break;
-    case CallKind::kAllReduce: add(g_stats.all_reduce); break;
-    case CallKind::kBroadcast: add(g_stats.broadcast); break;
-    case CallKind::kAllToAll: add(g_stats.all_to_all); break;
-    case CallKind::kBarrier: add(g_stats.barrier); break;
-  }
+void count(OpType op) {
+  g_stats.calls[static_cast<size_t>(op)].fetch_add(1, std::memory_order_relaxed);
 }
 
 // A tensor's sizes and dtype, kept for a failure message without keeping the
@@ -133,7 +124,7 @@ bool is_low_precision(at::ScalarType type) {
 // this libtorch's can (CPU tensors). The fallback gathers into a list of
 // views (for NCCL a flat temporary plus one copy per rank).
 bool gathers_flat(const Group& group, const at::Tensor& t) {
-  if (group.backend_kind() == Backend::kNccl) return true;
+  if (group.backend_type() == BackendType::kNccl) return true;
   return compat::gloo_has_flat_all_gather() && t.is_cpu();
 }
 
@@ -155,7 +146,7 @@ void check_member(const Group& group, const char* op) {
 // copies); NCCL only CUDA tensors.
 void check_defined(const Group& group, const at::Tensor& t, const char* op, const char* name) {
   HP_CHECK_ARG(t.defined(), op, ": ", name, " is an undefined tensor");
-  if (group.backend_kind() == Backend::kNccl) {
+  if (group.backend_type() == BackendType::kNccl) {
     HP_CHECK_ARG(t.is_cuda(), op, ": ", name, " is on ", t.device(), " but ", group.describe(),
                  " is an NCCL group; expected a CUDA tensor");
   } else {
@@ -204,7 +195,7 @@ Work launch(Group& group, const char* op, std::function<std::string()> sizes,
   } catch (const std::exception& e) {
     throw CollectiveError(failure_message(*state, exception_message(e)));
   }
-  count(fingerprint.kind);
+  count(fingerprint.op);
   if (!backend_work) {
     state->complete(nullptr);
     return Work(std::move(state));
@@ -232,23 +223,16 @@ Work launch(Group& group, const char* op, std::function<std::string()> sizes,
 CommStats comm_stats() {
   constexpr auto relaxed = std::memory_order_relaxed;
   CommStats stats;
-  stats.all_gather = g_stats.all_gather.load(relaxed);
-  stats.reduce_scatter = g_stats.reduce_scatter.load(relaxed);
-  stats.all_reduce = g_stats.all_reduce.load(relaxed);
-  stats.broadcast = g_stats.broadcast.load(relaxed);
-  stats.all_to_all = g_stats.all_to_all.load(relaxed);
-  stats.barrier = g_stats.barrier.load(relaxed);
+  for (size_t i = 0; i < stats.calls.size(); ++i) stats.calls[i] = g_stats.calls[i].load(relaxed);
   stats.comm_seconds = g_stats.comm_us.load(relaxed) * 1e-6;
   stats.wait_seconds = g_stats.wait_us.load(relaxed) * 1e-6;
   return stats;
 }
 
 void reset_comm_stats() {
-  for (auto* counter : {&g_stats.all_gather, &g_stats.reduce_scatter, &g_stats.all_reduce,
-                        &g_stats.broadcast, &g_stats.all_to_all, &g_stats.barrier,
-                        &g_stats.comm_us, &g_stats.wait_us}) {
-    counter->store(0, std::memory_order_relaxed);
-  }
+  for (auto& counter : g_stats.calls) counter.store(0, std::memory_order_relaxed);
+  g_stats.comm_us.store(0, std::memory_order_relaxed);
+  g_stats.wait_us.store(0, std::memory_order_relaxed);
 }
 
 void Work::State::complete(std::exception_ptr cause) {
@@ -375,7 +359,7 @@ Work all_gather_into(Group& group, const at::Tensor& output, const at::Tensor& i
   auto sizes = [i = TensorDesc(input), o = TensorDesc(output)] {
     return cat("input ", i, ", output ", o);
   };
-  CallFingerprint fp{CallKind::kAllGather, 0, n, output.numel(), int(input.scalar_type())};
+  CallFingerprint fp{OpType::kAllGather, 0, n, output.numel(), int(input.scalar_type())};
   if (group.size() == 1 || n == 0) {
     return launch(group, op, std::move(sizes), fp, nullptr, [output, in] {
       if (output.data_ptr() != in.data_ptr()) output.view(-1).copy_(in.view(-1));
@@ -385,7 +369,7 @@ Work all_gather_into(Group& group, const at::Tensor& output, const at::Tensor& i
     return launch(group, op, std::move(sizes), fp, [&group, output, in] {
       at::Tensor flat_out = wire_view(output).view(-1);
       at::Tensor flat_in = wire_view(in).view(-1);
-      return group.backend()._allgather_base(flat_out, flat_in);
+      return group.process_group()._allgather_base(flat_out, flat_in);
     }, nullptr);
   }
   return launch(group, op, std::move(sizes), fp, [&group, output, in, n] {
@@ -394,7 +378,7 @@ Work all_gather_into(Group& group, const at::Tensor& output, const at::Tensor& i
     outputs[0].reserve(group.size());
     for (int r = 0; r < group.size(); ++r) outputs[0].push_back(flat_out.narrow(0, r * n, n));
     std::vector<at::Tensor> inputs{wire_view(in).view(-1)};
-    return group.backend().allgather(outputs, inputs);
+    return group.process_group().allgather(outputs, inputs);
   }, nullptr);
 }
 
@@ -427,7 +411,7 @@ Work all_gather_coalesced(Group& group, const std::vector<std::vector<at::Tensor
   auto sizes = [count = inputs.size(), numel, dtype] {
     return cat(count, " inputs of ", numel, " elements in all, ", dtype);
   };
-  CallFingerprint fp{CallKind::kAllGather, 0, numel, numel * group.size(), int(dtype)};
+  CallFingerprint fp{OpType::kAllGather, 0, numel, numel * group.size(), int(dtype)};
   const int me = group.rank();
   if (group.size() == 1 || numel == 0) {
     return launch(group, op, std::move(sizes), fp, nullptr, [outputs, inputs, me] {
@@ -436,7 +420,7 @@ Work all_gather_coalesced(Group& group, const std::vector<std::vector<at::Tensor
       }
     });
   }
-  if (group.backend_kind() == Backend::kNccl || inputs[0].is_cuda()) {
+  if (group.backend_type() == BackendType::kNccl || inputs[0].is_cuda()) {
     // c10d's NCCL backend has no coalesced all-gather, nor Gloo's for CUDA
     // tensors: pack the inputs, gather once and unpack, which is what Gloo's
     // does inside for CPU tensors.
@@ -459,7 +443,7 @@ Work all_gather_coalesced(Group& group, const std::vector<std::vector<at::Tensor
       std::vector<std::vector<at::Tensor>> out(1);
       for (int r = 0; r < group.size(); ++r) out[0].push_back(gathered.narrow(0, r * numel, numel));
       std::vector<at::Tensor> in{packed};
-      return group.backend().allgather(out, in);
+      return group.process_group().allgather(out, in);
     }, std::move(unpack));
   }
   return launch(group, op, std::move(sizes), fp, [&group, outputs, inputs] {
@@ -474,7 +458,7 @@ Work all_gather_coalesced(Group& group, const std::vector<std::vector<at::Tensor
     }
     std::vector<at::Tensor> in;
     for (const auto& t : inputs) in.push_back(wire_view(t));
-    return group.backend().allgather_coalesced(out, in);
+    return group.process_group().allgather_coalesced(out, in);
   }, nullptr);
 }
 
@@ -497,7 +481,7 @@ Work reduce_scatter(Group& group, const at::Tensor& output, const at::Tensor& in
   auto sizes = [i = TensorDesc(input), o = TensorDesc(output), op_kind] {
     return cat("input ", i, ", output ", o, ", op ", to_string(op_kind));
   };
-  CallFingerprint fp{CallKind::kReduceScatter, 0, in.numel(), n, int(input.scalar_type()),
+  CallFingerprint fp{OpType::kReduceScatter, 0, in.numel(), n, int(input.scalar_type()),
                      int(op_kind)};
   if (size == 1 || n == 0) {
     return launch(group, op, std::move(sizes), fp, nullptr, [output, in] {
@@ -506,7 +490,7 @@ Work reduce_scatter(Group& group, const at::Tensor& output, const at::Tensor& in
   }
   // Low-precision data travels as its own bits and is summed in fp32 here.
   const bool low = is_low_precision(in.scalar_type());
-  if (!low && group.backend_kind() == Backend::kNccl) {
+  if (!low && group.backend_type() == BackendType::kNccl) {
     // NCCL: one reduce-scatter into the output itself (no group-size
     // receive buffer); an average is the sum divided afterwards, as on the
     // fallback. bf16 and fp16 keep the fallback's fp32 sum.
@@ -517,7 +501,7 @@ Work reduce_scatter(Group& group, const at::Tensor& output, const at::Tensor& in
       at::Tensor out = output.view(-1), flat_in = in.view(-1);
       c10d::ReduceScatterOptions options;
       options.reduceOp = to_c10d(op_kind);
-      return group.backend()._reduce_scatter_base(out, flat_in, options);
+      return group.process_group()._reduce_scatter_base(out, flat_in, options);
     }, std::move(finish));
   }
   at::Tensor send = wire_view(in).view(-1);
@@ -549,7 +533,7 @@ Work reduce_scatter(Group& group, const at::Tensor& output, const at::Tensor& in
   return launch(group, op, std::move(sizes), fp, [&group, send, recv] {
     at::Tensor s = send, r = recv;
     std::vector<int64_t> equal_splits;
-    return group.backend().alltoall_base(r, s, equal_splits, equal_splits);
+    return group.process_group().alltoall_base(r, s, equal_splits, equal_splits);
   }, std::move(finish));
 }
 
@@ -562,7 +546,7 @@ Work all_reduce(Group& group, const at::Tensor& tensor, ReduceOp op_kind) {
   auto sizes = [t = TensorDesc(tensor), op_kind] {
     return cat("tensor ", t, ", op ", to_string(op_kind));
   };
-  CallFingerprint fp{CallKind::kAllReduce, 0, tensor.numel(), tensor.numel(),
+  CallFingerprint fp{OpType::kAllReduce, 0, tensor.numel(), tensor.numel(),
                      int(tensor.scalar_type()), int(op_kind)};
   const int size = group.size();
   if (size == 1 || tensor.numel() == 0) {
@@ -583,7 +567,7 @@ Work all_reduce(Group& group, const at::Tensor& tensor, ReduceOp op_kind) {
     std::vector<at::Tensor> tensors{buffer};
     c10d::AllreduceOptions options;
     options.reduceOp = to_c10d(op_kind);
-    return group.backend().allreduce(tensors, options);
+    return group.process_group().allreduce(tensors, options);
   }, std::move(finish));
 }
 
@@ -596,7 +580,7 @@ Work broadcast(Group& group, const at::Tensor& tensor, int source) {
                " is not a group rank of ", group.describe(), "; expected 0 <= source < ",
                group.size());
   auto sizes = [t = TensorDesc(tensor), source] { return cat("tensor ", t, ", source ", source); };
-  CallFingerprint fp{CallKind::kBroadcast, 0, tensor.numel(), tensor.numel(),
+  CallFingerprint fp{OpType::kBroadcast, 0, tensor.numel(), tensor.numel(),
                      int(tensor.scalar_type()), source};
   if (group.size() == 1 || tensor.numel() == 0) {
     return launch(group, op, std::move(sizes), fp, nullptr, nullptr);
@@ -605,7 +589,7 @@ Work broadcast(Group& group, const at::Tensor& tensor, int source) {
     std::vector<at::Tensor> tensors{wire_view(tensor)};
     c10d::BroadcastOptions options;
     options.rootRank = source;
-    return group.backend().broadcast(tensors, options);
+    return group.process_group().broadcast(tensors, options);
   }, nullptr);
 }
 
@@ -660,7 +644,7 @@ Work all_to_all(Group& group, const at::Tensor& output, const at::Tensor& input,
     return cat("input ", i, " splits ", to_string(input_splits), ", output ", o, " splits ",
                to_string(output_splits));
   };
-  CallFingerprint fp{CallKind::kAllToAll, 0, in.numel(), output.numel(), int(in.scalar_type())};
+  CallFingerprint fp{OpType::kAllToAll, 0, in.numel(), output.numel(), int(in.scalar_type())};
   if (size == 1) {
     return launch(group, op, std::move(sizes), fp, nullptr, [output, in] {
       if (output.data_ptr() != in.data_ptr()) output.copy_(in);
@@ -670,7 +654,7 @@ Work all_to_all(Group& group, const at::Tensor& output, const at::Tensor& input,
                 [&group, output, in, output_splits, input_splits] {
                   at::Tensor o = wire_view(output), i = wire_view(in);
                   std::vector<int64_t> os = output_splits, is = input_splits;
-                  return group.backend().alltoall_base(o, i, os, is);
+                  return group.process_group().alltoall_base(o, i, os, is);
                 },
                 nullptr);
 }
@@ -678,10 +662,11 @@ Work all_to_all(Group& group, const at::Tensor& output, const at::Tensor& input,
 Work barrier(Group& group) {
   constexpr const char* op = "barrier";
   check_member(group, op);
-  CallFingerprint fp{CallKind::kBarrier, 0, 0, 0, 0};
+  CallFingerprint fp{OpType::kBarrier, 0, 0, 0, 0};
   auto sizes = [] { return std::string("no tensors"); };
   if (group.size() == 1) return launch(group, op, std::move(sizes), fp, nullptr, nullptr);
-  return launch(group, op, std::move(sizes), fp, [&group] { return group.backend().barrier(); },
+  return launch(group, op, std::move(sizes), fp,
+                [&group] { return group.process_group().barrier(); },
                 nullptr);
 }
 

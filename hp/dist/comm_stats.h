@@ -7,24 +7,29 @@
 // communication: the part that compute did not hide.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
+#include <string>
+
+#include "hp/dist/op_type.h"
 
 namespace hp::dist {
 
 struct CommStats {
-  int64_t all_gather = 0;
-  int64_t reduce_scatter = 0;
-  int64_t all_reduce = 0;
-  int64_t broadcast = 0;
-  int64_t all_to_all = 0;
-  int64_t barrier = 0;
+  std::array<int64_t, kOpTypeCount> calls{};  // indexed by OpType
   double comm_seconds = 0;
   double wait_seconds = 0;
 
-  int64_t total() const {
-    return all_gather + reduce_scatter + all_reduce + broadcast + all_to_all + barrier;
-  }
+  int64_t operator[](OpType op) const { return calls[static_cast<size_t>(op)]; }
+  int64_t& operator[](OpType op) { return calls[static_cast<size_t>(op)]; }
+  int64_t total() const;
+  // "all_gather 1, reduce_scatter 0, ..., barrier 0": every kind, for messages.
+  std::string describe_calls() const;
 };
+
+// The calls (and seconds) of `later` since `earlier`.
+CommStats operator-(const CommStats& later, const CommStats& earlier);
 
 CommStats comm_stats();
 void reset_comm_stats();

@@ -26,20 +26,21 @@ class ProcessGroup;
 
 namespace hp::dist {
 
-// The c10d backend a group runs on: Gloo (CPU tensors, and CUDA tensors
-// through host copies on a CUDA build) or NCCL (CUDA tensors only).
-enum class Backend { kGloo, kNccl };
+// The c10d backend a group runs on (c10d's ProcessGroup::BackendType): Gloo
+// (CPU tensors, and CUDA tensors through host copies on a CUDA build) or
+// NCCL (CUDA tensors only).
+enum class BackendType { kGloo, kNccl };
 // The vector overloads of hp::to_string stay visible next to ours.
 using hp::to_string;
-const char* to_string(Backend backend);
+const char* to_string(BackendType backend);
 
 class Group {
  public:
   // `group_rank` is this process's index in `ranks`, or -1 for a
-  // non-member, whose `backend` is null. `device` is where the group's
+  // non-member, whose `process_group` is null. `device` is where the group's
   // tensors live: the CPU for Gloo, this rank's GPU for NCCL.
-  Group(std::vector<int> ranks, int group_rank, std::shared_ptr<c10d::ProcessGroup> backend,
-        std::string name, std::chrono::milliseconds timeout, Backend kind = Backend::kGloo,
+  Group(std::vector<int> ranks, int group_rank, std::shared_ptr<c10d::ProcessGroup> process_group,
+        std::string name, std::chrono::milliseconds timeout, BackendType kind = BackendType::kGloo,
         c10::Device device = c10::Device(c10::DeviceType::CPU));
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
@@ -54,7 +55,7 @@ class Group {
   int global_rank(int group_rank) const { return ranks_.at(group_rank); }
   const std::string& name() const { return name_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
-  Backend backend_kind() const { return kind_; }
+  BackendType backend_type() const { return kind_; }
   // Where a caller makes the tensors of a collective it issues for values
   // of its own (a count, a flag, a norm): NCCL moves only tensors on its
   // GPU. Data tensors are wherever the data already is (Gloo also moves
@@ -74,15 +75,15 @@ class Group {
 
   // The c10d process group, for code that needs the raw backend (benchmarks
   // comparing against it). Raises ArgumentError on a non-member.
-  c10d::ProcessGroup& backend() const;
+  c10d::ProcessGroup& process_group() const;
 
  private:
   std::vector<int> ranks_;
   int rank_ = -1;
-  std::shared_ptr<c10d::ProcessGroup> backend_;
+  std::shared_ptr<c10d::ProcessGroup> process_group_;
   std::string name_;
   std::chrono::milliseconds timeout_;
-  Backend kind_;
+  BackendType kind_;
   c10::Device device_;
   std::shared_ptr<const std::string> description_;
   std::atomic<uint64_t> sequence_{0};

@@ -25,7 +25,7 @@ struct World {
   c10::intrusive_ptr<c10d::Store> store;
   std::shared_ptr<::gloo::transport::Device> device;
   GroupPtr world;
-  std::map<std::tuple<std::vector<int>, std::string, Backend>, GroupPtr> groups;
+  std::map<std::tuple<std::vector<int>, std::string, BackendType>, GroupPtr> groups;
 };
 
 std::mutex g_mutex;
@@ -58,16 +58,16 @@ std::shared_ptr<::gloo::transport::Device> make_device(const LaunchEnv& env) {
 }
 
 std::string group_name(const World& w, const std::vector<int>& ranks, const std::string& tag,
-                       Backend backend) {
+                       BackendType backend) {
   bool whole_world = static_cast<int>(ranks.size()) == w.env.world_size;
   for (size_t i = 0; whole_world && i < ranks.size(); ++i) whole_world = ranks[i] == int(i);
   std::string base = whole_world ? "world" : cat("group", to_string(ranks));
-  if (backend == Backend::kNccl) base += "@nccl";
+  if (backend == BackendType::kNccl) base += "@nccl";
   return tag.empty() ? base : cat(base, "#", tag);
 }
 
 GroupPtr make_group(World& w, const std::vector<int>& ranks, const std::string& tag,
-                    std::chrono::milliseconds timeout, Backend backend) {
+                    std::chrono::milliseconds timeout, BackendType backend) {
   std::string name = group_name(w, ranks, tag, backend);
   int group_rank = -1;
   for (size_t i = 0; i < ranks.size(); ++i) {
@@ -75,7 +75,7 @@ GroupPtr make_group(World& w, const std::vector<int>& ranks, const std::string& 
   }
   // Every rank checks, members or not, before anyone connects.
   std::optional<c10::Device> cuda_device;
-  if (backend == Backend::kNccl) {
+  if (backend == BackendType::kNccl) {
     HP_CHECK_ARG(compat::has_nccl(), "new_group: backend 'nccl' needs a libtorch built with NCCL; "
                  "this libtorch ", compat::torch_version(), " has none (use backend 'gloo', "
                  "which also carries CUDA tensors on a CUDA build)");
@@ -94,7 +94,7 @@ GroupPtr make_group(World& w, const std::vector<int>& ranks, const std::string& 
     if (ranks.size() == 1) base = c10::make_intrusive<c10d::HashStore>();
     auto store = c10::make_intrusive<c10d::PrefixStore>("hp/" + name, base);
     const int size = static_cast<int>(ranks.size());
-    if (backend == Backend::kNccl) {
+    if (backend == BackendType::kNccl) {
       pg = compat::make_nccl_group(store, group_rank, size, timeout, *cuda_device);
     } else {
       auto options = c10d::ProcessGroupGloo::Options::create(timeout);
@@ -169,8 +169,8 @@ void init_process_group(const InitOptions& options) {
   w->device = make_device(w->env);
   std::vector<int> all(w->env.world_size);
   for (int r = 0; r < w->env.world_size; ++r) all[r] = r;
-  w->world = make_group(*w, all, "", w->timeout, Backend::kGloo);
-  w->groups[{all, "", Backend::kGloo}] = w->world;
+  w->world = make_group(*w, all, "", w->timeout, BackendType::kGloo);
+  w->groups[{all, "", BackendType::kGloo}] = w->world;
   g_world = std::move(w);
 }
 

@@ -41,7 +41,7 @@ struct GroupOptions {
   // CUDA tensors; it needs a libtorch with CUDA and NCCL and raises an
   // ArgumentError naming what is missing otherwise. Groups are cached per
   // backend: the same ranks and tag on Gloo and on NCCL are two groups.
-  Backend backend = Backend::kGloo;
+  BackendType backend = BackendType::kGloo;
 };
 
 // Also sets SIGPIPE to be ignored in this process (see world.cpp).

@@ -67,10 +67,10 @@ void check_device_type(const std::string& device_type) {
 // The backend of a 'cuda' mesh's groups: HP_CUDA_BACKEND=nccl|gloo, by
 // default NCCL where this libtorch has it. Gloo carries CUDA tensors through
 // host copies, and lets ranks share one GPU, which NCCL refuses.
-dist::Backend cuda_backend() {
+dist::BackendType cuda_backend() {
   const char* value = std::getenv("HP_CUDA_BACKEND");
   if (value == nullptr || *value == '\0') {
-    return compat::has_nccl() ? dist::Backend::kNccl : dist::Backend::kGloo;
+    return compat::has_nccl() ? dist::BackendType::kNccl : dist::BackendType::kGloo;
   }
   const std::string name = value;
   HP_CHECK_ARG(name == "nccl" || name == "gloo", "HP_CUDA_BACKEND must be 'nccl' or 'gloo', got '",
@@ -78,7 +78,7 @@ dist::Backend cuda_backend() {
   HP_CHECK_ARG(name == "gloo" || compat::has_nccl(), "HP_CUDA_BACKEND=nccl needs a libtorch "
                "built with NCCL; this libtorch ", compat::torch_version(), " has none: use "
                "HP_CUDA_BACKEND=gloo");
-  return name == "nccl" ? dist::Backend::kNccl : dist::Backend::kGloo;
+  return name == "nccl" ? dist::BackendType::kNccl : dist::BackendType::kGloo;
 }
 
 }  // namespace
@@ -118,7 +118,7 @@ DeviceMeshPtr DeviceMesh::create(const std::string& device_type, std::vector<int
                  " contain '", name, "' twice; expected unique names");
   }
 
-  dist::Backend backend = dist::Backend::kGloo;
+  dist::BackendType backend = dist::BackendType::kGloo;
   c10::Device device(c10::DeviceType::CPU);
   if (device_type == "cuda") {
     backend = cuda_backend();

@@ -40,7 +40,7 @@ class DeviceMesh : public std::enable_shared_from_this<DeviceMesh> {
   c10::Device device() const { return device_; }
   // The backend of the mesh's groups: Gloo for 'cpu'; for 'cuda' NCCL, or
   // Gloo when HP_CUDA_BACKEND=gloo (ranks sharing one GPU).
-  dist::Backend backend() const { return backend_; }
+  dist::BackendType backend_type() const { return backend_; }
   int64_t ndim() const { return static_cast<int64_t>(shape_.size()); }
   const std::vector<int64_t>& shape() const { return shape_; }
   int64_t size() const { return static_cast<int64_t>(ranks_.size()); }
@@ -103,7 +103,7 @@ class DeviceMesh : public std::enable_shared_from_this<DeviceMesh> {
 
   std::string device_type_;
   c10::Device device_{c10::DeviceType::CPU};
-  dist::Backend backend_ = dist::Backend::kGloo;
+  dist::BackendType backend_ = dist::BackendType::kGloo;
   std::vector<int64_t> shape_;
   std::vector<int> ranks_;
   std::vector<std::string> names_;

@@ -23,6 +23,7 @@
 #include "hp/util/error.h"
 #include "hp/util/torch_compat.h"
 #include "tests/checkpoint/checkpoint_test_util.h"
+#include "tests/support/model_configs.h"
 #include "tests/support/rounding_bounds.h"
 
 namespace hp {
@@ -39,7 +40,7 @@ TEST(CudaMesh, ABuildWithoutCudaNamesWhatIsMissing) {
               ThrowsMessage<ArgumentError>(HasSubstr("device_type 'cuda' needs a")));
   if (!compat::has_nccl()) {
     dist::GroupOptions nccl;
-    nccl.backend = dist::Backend::kNccl;
+    nccl.backend = dist::BackendType::kNccl;
     EXPECT_THAT([&] { dist::new_group({0}, nccl); },
                 ThrowsMessage<ArgumentError>(
                     HasSubstr("backend 'nccl' needs a libtorch built with NCCL")));
@@ -62,8 +63,8 @@ TEST_F(OnCuda, MeshUsesThisRanksGpuAndTheChosenBackend) {
   EXPECT_EQ(device_.index(), dist::launch_env().local_rank % compat::cuda_device_count());
   const char* env = std::getenv("HP_CUDA_BACKEND");
   const std::string expected = env && *env ? env : (compat::has_nccl() ? "nccl" : "gloo");
-  EXPECT_EQ(dist::to_string(mesh_->backend()), expected);
-  EXPECT_EQ(mesh_->group(0).backend_kind(), mesh_->backend());
+  EXPECT_EQ(dist::to_string(mesh_->backend_type()), expected);
+  EXPECT_EQ(mesh_->group(0).backend_type(), mesh_->backend_type());
 }
 
 TEST_F(OnCuda, CollectivesMatchTheCpuResult) {
@@ -104,14 +105,9 @@ TEST_F(OnCuda, CollectivesMatchTheCpuResult) {
 // A GPT whose every dim 0 divides by 1, 2 and 4, so each rank's shard is
 // exactly torch.chunk's piece.
 nn::GPT make_gpt(at::Device device) {
-  nn::GPTConfig config;
-  config.vocab_size = 64;
-  config.context = 16;
-  config.n_layer = 2;
-  config.n_head = 2;
-  config.n_embd = 32;
   torch::manual_seed(7);
-  nn::GPT model(config);
+  nn::GPT model(test::gpt_config(
+      {/*vocab=*/64, /*context=*/16, /*layers=*/2, /*heads=*/2, /*width=*/32}));
   model->to(device);
   return model;
 }

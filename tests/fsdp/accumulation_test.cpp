@@ -228,15 +228,10 @@ void set_backward_flags(Sharded& s, const Pattern& p, bool last) {
   }
 }
 
-Counts operator-(const dist::CommStats& after, const dist::CommStats& before) {
-  return {after.all_gather - before.all_gather, after.reduce_scatter - before.reduce_scatter,
-          after.all_reduce - before.all_reduce};
-}
-
-void operator+=(Counts& a, const Counts& b) {
-  a.all_gather += b.all_gather;
-  a.reduce_scatter += b.reduce_scatter;
-  a.all_reduce += b.all_reduce;
+void operator+=(Counts& a, const dist::CommStats& b) {
+  a.all_gather += b[dist::OpType::kAllGather];
+  a.reduce_scatter += b[dist::OpType::kReduceScatter];
+  a.all_reduce += b[dist::OpType::kAllReduce];
 }
 
 // Drops (set to none) or zeroes in place every gradient of `model`.

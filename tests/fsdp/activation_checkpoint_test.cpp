@@ -22,6 +22,7 @@
 #include "hp/dist/comm_stats.h"
 #include "hp/util/memory_stats.h"
 #include "tests/fsdp/gpt_fixture.h"
+#include "tests/support/model_configs.h"
 
 namespace hp {
 namespace {
@@ -173,10 +174,10 @@ TEST(ActivationCheckpointFSDP, NestedUnitsTrainBitwiseLikeWithout) {
     ckpt_root.zero_grad();
     dist::reset_comm_stats();
     at::Tensor plain_loss = forward_backward(plain, step);
-    const int64_t plain_gathers = dist::comm_stats().all_gather;
+    const int64_t plain_gathers = dist::comm_stats()[dist::OpType::kAllGather];
     dist::reset_comm_stats();
     at::Tensor ckpt_loss = forward_backward(ckpt, step);
-    EXPECT_EQ(dist::comm_stats().all_gather, plain_gathers);
+    EXPECT_EQ(dist::comm_stats()[dist::OpType::kAllGather], plain_gathers);
     EXPECT_TRUE(torch::equal(plain_loss, ckpt_loss));
     for (const auto& p : plain_params) {
       EXPECT_TRUE(torch::equal(p.value().grad(), ckpt_params[p.key()].grad())) << p.key();
@@ -218,13 +219,8 @@ TEST(ActivationCheckpointFSDP, RecomputationGathersNothingMore) {
 // over 48 tokens x 8 sequences per rank.
 nn::GPT make_wide_batch_model(bool checkpointed) {
   torch::manual_seed(9);
-  nn::GPTConfig config;
-  config.vocab_size = 64;
-  config.context = 48;
-  config.n_layer = 4;
-  config.n_head = 4;
-  config.n_embd = 64;
-  nn::GPT model(config);
+  nn::GPT model(test::gpt_config(
+      {/*vocab=*/64, /*context=*/48, /*layers=*/4, /*heads=*/4, /*width=*/64}));
   if (checkpointed) {
     for (const nn::Block& block : model->blocks()) nn::set_activation_checkpointing(*block.ptr());
   }

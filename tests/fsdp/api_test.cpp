@@ -546,7 +546,7 @@ TEST(FullyShardSetters, RequiresAllReduceFalseAccumulatesUntilTheLastMicroBatch)
         dist::reset_comm_stats();
         test::gpt_loss(model, tokens, test::my_first_row(), test::my_rows()).backward();
         if (micro == 0 && dist::get_world_size() > 1) {  // one rank: no replicas
-          EXPECT_EQ(dist::comm_stats().all_reduce, 0);
+          EXPECT_EQ(dist::comm_stats()[dist::OpType::kAllReduce], 0);
           EXPECT_FALSE(model->ln_f->weight.grad().defined());
         }
       }
@@ -604,12 +604,12 @@ TEST(FullyShardSetters, ReshardAfterBackwardFalseKeepsCopiesAcrossNoSyncMicroBat
     root.set_reshard_after_backward(last);
     at::Tensor tokens = test::token_batch(micro);
     test::reference_backward(reference, tokens, dist::get_world_size());
-    const int64_t gathers = dist::comm_stats().all_gather;
+    const int64_t gathers = dist::comm_stats()[dist::OpType::kAllGather];
     at::Tensor loss = test::gpt_loss(model, tokens, test::my_first_row(), test::my_rows());
     // The copies kept by the previous micro-batch's backward serve this
     // forward: it gathers nothing.
     if (micro > 0) {
-      EXPECT_EQ(dist::comm_stats().all_gather, gathers) << "micro-batch " << micro;
+      EXPECT_EQ(dist::comm_stats()[dist::OpType::kAllGather], gathers) << "micro-batch " << micro;
     }
     loss.backward();
     // Between micro-batches the parameter holds its shard, the copy aside.

@@ -251,9 +251,9 @@ TEST(FullyShardFailures, ReshardAfterBackwardFalseKeepsACopyBesideTheShards) {
     // The parameters hold their shards (an optimizer could step them) ...
     for (auto& block : model->block_list) EXPECT_EQ(block->fc1->weight.size(0), shard_rows);
     // ... and the next forward gathers nothing: the copies are current.
-    const int64_t gathers = dist::comm_stats().all_gather;
+    const int64_t gathers = dist::comm_stats()[dist::OpType::kAllGather];
     at::Tensor loss = step_loss(model, 1);
-    EXPECT_EQ(dist::comm_stats().all_gather, gathers);
+    EXPECT_EQ(dist::comm_stats()[dist::OpType::kAllGather], gathers);
     loss.backward();
   }
   // A write to a shard (here in place, as an optimizer's step does) makes
@@ -263,9 +263,9 @@ TEST(FullyShardFailures, ReshardAfterBackwardFalseKeepsACopyBesideTheShards) {
     at::NoGradGuard no_grad;
     model->block_list[0]->fc1->weight.add_(1.0);
   }
-  const int64_t gathers = dist::comm_stats().all_gather;
+  const int64_t gathers = dist::comm_stats()[dist::OpType::kAllGather];
   at::Tensor loss = step_loss(model, 2);
-  EXPECT_EQ(dist::comm_stats().all_gather, gathers + 1);
+  EXPECT_EQ(dist::comm_stats()[dist::OpType::kAllGather], gathers + 1);
   loss.backward();
 }
 

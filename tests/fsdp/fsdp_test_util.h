@@ -63,13 +63,13 @@ std::shared_ptr<int64_t> count_own_all_gathers(Holder& block) {
   auto issued = std::make_shared<int64_t>(-1);
   block->register_forward_pre_hook(
       [before](nn::Module&, const nn::TensorList&) -> std::optional<nn::TensorList> {
-        *before = dist::comm_stats().all_gather;
+        *before = dist::comm_stats()[dist::OpType::kAllGather];
         return std::nullopt;
       },
       /*prepend=*/true);
   block->register_forward_pre_hook(
       [before, issued](nn::Module&, const nn::TensorList&) -> std::optional<nn::TensorList> {
-        *issued = dist::comm_stats().all_gather - *before;
+        *issued = dist::comm_stats()[dist::OpType::kAllGather] - *before;
         return std::nullopt;
       });
   return issued;

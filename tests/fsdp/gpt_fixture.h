@@ -16,20 +16,11 @@
 #include "hp/nn/loss.h"
 #include "tests/fsdp/data_parallel_reference.h"
 #include "tests/fsdp/fsdp_test_util.h"
+#include "tests/support/model_configs.h"
 #include "tests/support/rounding_bounds.h"
 #include "tests/support/tensor_checks.h"
 
 namespace hp::test {
-
-inline nn::GPTConfig small_gpt_config(int64_t layers = 2) {
-  nn::GPTConfig c;
-  c.vocab_size = 50;
-  c.context = 16;
-  c.n_layer = layers;
-  c.n_head = 4;
-  c.n_embd = 64;
-  return c;
-}
 
 inline nn::GPT make_gpt(uint64_t seed = 7, int64_t layers = 2) {
   torch::manual_seed(seed);

@@ -71,8 +71,10 @@ TEST(GPTFullyShard, AccumulationWithoutSyncEqualsOneBigBatch) {
             test::gpt_loss(model, tokens, micro * kBatch + my_first_row(), my_rows());
         (loss / 4).backward();
         if (micro < 3) {
-          EXPECT_EQ(dist::comm_stats().reduce_scatter, 0) << "no-sync micro-batch " << micro;
-          EXPECT_EQ(dist::comm_stats().all_reduce, 0) << "no-sync micro-batch " << micro;
+          EXPECT_EQ(dist::comm_stats()[dist::OpType::kReduceScatter], 0)
+              << "no-sync micro-batch " << micro;
+          EXPECT_EQ(dist::comm_stats()[dist::OpType::kAllReduce], 0)
+              << "no-sync micro-batch " << micro;
         }
       }
       auto bounds = test::expect_gradients_match(model, reference);

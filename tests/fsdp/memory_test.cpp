@@ -20,6 +20,7 @@
 #include "hp/util/memory_stats.h"
 #include "tests/fsdp/fsdp_test_util.h"
 #include "tests/fsdp/gpt_fixture.h"
+#include "tests/support/model_configs.h"
 
 namespace hp {
 namespace {
@@ -41,12 +42,8 @@ struct StepMemory {
 StepMemory measure_step(const FullyShardOptions& options, bool prefetch, const char* label) {
   enable_memory_tracking();
   const int64_t world = dist::get_world_size(), rank = dist::get_rank();
-  nn::GPTConfig config;
-  config.vocab_size = 256;
-  config.context = 16;
-  config.n_layer = 8;
-  config.n_head = 4;
-  config.n_embd = 256;
+  const nn::GPTConfig config = test::gpt_config(
+      {/*vocab=*/256, /*context=*/16, /*layers=*/8, /*heads=*/4, /*width=*/256});
   torch::manual_seed(3);
   nn::GPT model(config);
   const int64_t param_bytes = bytes_of(*model);

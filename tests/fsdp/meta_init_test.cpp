@@ -27,6 +27,7 @@
 #include "hp/util/memory_stats.h"
 #include "tests/checkpoint/checkpoint_test_util.h"
 #include "tests/fsdp/gpt_fixture.h"
+#include "tests/support/model_configs.h"
 
 namespace hp {
 namespace {
@@ -145,14 +146,7 @@ TEST(MetaInit, ShardsEqualTheEagerModelsBitForBit) {
 
 // The Llama (N5) through the same calls: its layers and the root as units.
 TEST(MetaInit, LlamaShardsEqualTheEagerModelsBitForBit) {
-  nn::LlamaConfig llama;
-  llama.vocab_size = 50;
-  llama.context = 16;
-  llama.n_layer = 2;
-  llama.n_head = 4;
-  llama.n_kv_head = 2;
-  llama.n_embd = 32;
-  llama.intermediate_size = 88;
+  const nn::LlamaConfig llama = test::tiny_llama_config();
   auto build = [&](c10::Device device) {
     torch::manual_seed(kSeed);
     nn::Llama model(llama, device);

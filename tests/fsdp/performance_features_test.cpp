@@ -70,11 +70,11 @@ TEST(CommFusion, AtMostTwoAllGathersAndOneReduceScatterPerUnit) {
       const dist::CommStats stats = dist::comm_stats();
       const bool sharded = dist::get_world_size() > 1 && mesh.name != "ddp";
       const bool replicas = mesh.name != "fsdp" && dist::get_world_size() > 1;
-      EXPECT_LE(stats.all_gather, sharded ? 2 * units : 0) << "step " << step;
-      EXPECT_LE(stats.reduce_scatter, sharded ? units : 0) << "step " << step;
-      EXPECT_LE(stats.all_reduce, replicas ? units : 0) << "step " << step;
+      EXPECT_LE(stats[dist::OpType::kAllGather], sharded ? 2 * units : 0) << "step " << step;
+      EXPECT_LE(stats[dist::OpType::kReduceScatter], sharded ? units : 0) << "step " << step;
+      EXPECT_LE(stats[dist::OpType::kAllReduce], replicas ? units : 0) << "step " << step;
       if (sharded) {
-        EXPECT_GE(stats.reduce_scatter, units);
+        EXPECT_GE(stats[dist::OpType::kReduceScatter], units);
       }
     }
   }
@@ -114,13 +114,13 @@ TEST(Prefetch, NextUnitIsGatheredBeforeItsForward) {
     int64_t before = 0, issued_by_own_hook = -1;
     second->register_forward_pre_hook(
         [&](nn::Module&, const nn::TensorList&) -> std::optional<nn::TensorList> {
-          before = dist::comm_stats().all_gather;
+          before = dist::comm_stats()[dist::OpType::kAllGather];
           return std::nullopt;
         },
         /*prepend=*/true);
     second->register_forward_pre_hook(
         [&](nn::Module&, const nn::TensorList&) -> std::optional<nn::TensorList> {
-          issued_by_own_hook = dist::comm_stats().all_gather - before;
+          issued_by_own_hook = dist::comm_stats()[dist::OpType::kAllGather] - before;
           return std::nullopt;
         });
     for (int step = 0; step < 2; ++step) {
@@ -410,8 +410,9 @@ TEST(CommFusion, OneAllReduceOverTheMeshPerUnitForItsWholeParameters) {
       }
       const dist::CommStats stats = dist::comm_stats();
       EXPECT_EQ(over_mesh, with_whole) << "step " << step;
-      EXPECT_EQ(stats.all_reduce, with_whole + (hsdp ? units : 0)) << "step " << step;
-      EXPECT_EQ(stats.reduce_scatter, ddp ? 0 : units) << "step " << step;
+      EXPECT_EQ(stats[dist::OpType::kAllReduce], with_whole + (hsdp ? units : 0))
+          << "step " << step;
+      EXPECT_EQ(stats[dist::OpType::kReduceScatter], ddp ? 0 : units) << "step " << step;
       opt.step();
       opt.zero_grad();
     }

@@ -49,7 +49,8 @@ int64_t world() { return dist::get_world_size(); }
 // Whether no collective was issued since the last reset_comm_stats().
 bool nothing_communicated() {
   const dist::CommStats s = dist::comm_stats();
-  return s.all_gather == 0 && s.reduce_scatter == 0 && s.all_reduce == 0;
+  return s[dist::OpType::kAllGather] == 0 && s[dist::OpType::kReduceScatter] == 0 &&
+         s[dist::OpType::kAllReduce] == 0;
 }
 
 // --- wait_for_gradients --------------------------------------------------

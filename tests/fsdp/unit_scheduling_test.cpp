@@ -178,7 +178,7 @@ TEST(BackwardPrefetch, NextUnitIsGatheredBeforeItsBackwardStarts) {
     std::vector<BackwardObservation> seen(3);
     for (size_t i = 0; i < 3; ++i) {
       model->block_list[i]->probe = [&, i] {
-        seen[i].gathers = dist::comm_stats().all_gather - start;
+        seen[i].gathers = dist::comm_stats()[dist::OpType::kAllGather] - start;
         for (auto& block : model->block_list) {
           seen[i].gathered.push_back(fsdp::storage_is_allocated(block->fc1->weight) &&
                                      block->fc1->weight.size(0) == 14);
@@ -187,7 +187,7 @@ TEST(BackwardPrefetch, NextUnitIsGatheredBeforeItsBackwardStarts) {
     }
     // Prefetching changes when gathers happen, not the gradients.
     expect_step_matches(model, reference, /*step=*/1,
-                        [&] { start = dist::comm_stats().all_gather; });
+                        [&] { start = dist::comm_stats()[dist::OpType::kAllGather]; });
     for (auto& block : model->block_list) block->probe = nullptr;
 
     // A block unit has 4 parameters, gathered one all-gather each. Backward

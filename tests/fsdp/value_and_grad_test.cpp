@@ -229,8 +229,9 @@ TEST(FsdpValueAndGrad, BareAutogradGradRaisesBeforeAnyCollective) {
       nn::TensorList dx = torch::autograd::grad({loss}, {input});
       ASSERT_TRUE(dx[0].defined());
       EXPECT_EQ(dx[0].sizes(), input.sizes());
-      EXPECT_EQ(dist::comm_stats().reduce_scatter, stats.reduce_scatter);
-      EXPECT_EQ(dist::comm_stats().all_reduce, stats.all_reduce);
+      EXPECT_EQ(dist::comm_stats()[dist::OpType::kReduceScatter],
+                stats[dist::OpType::kReduceScatter]);
+      EXPECT_EQ(dist::comm_stats()[dist::OpType::kAllReduce], stats[dist::OpType::kAllReduce]);
       expect_held_unchanged(model, before, config.main_grad);
     }
 

@@ -24,19 +24,16 @@ using test::CommCounter;
 using test::PartialStyle;
 using test::tensors_equal;
 
-// Exactly `n` collectives of `kind` and none of any other kind.
-testing::AssertionResult only(const dist::CommStats& s, int64_t dist::CommStats::*kind,
-                              int64_t n) {
-  if (s.*kind == n && s.total() == n) return testing::AssertionSuccess();
-  return testing::AssertionFailure()
-         << "expected " << n << " collective(s) of the named kind and no other; got all_gather "
-         << s.all_gather << ", reduce_scatter " << s.reduce_scatter << ", all_reduce "
-         << s.all_reduce << ", broadcast " << s.broadcast << ", all_to_all " << s.all_to_all
-         << ", barrier " << s.barrier;
+// Exactly `n` collectives of kind `op` and none of any other kind.
+testing::AssertionResult only(const dist::CommStats& s, dist::OpType op, int64_t n) {
+  if (s[op] == n && s.total() == n) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << "expected " << n << " " << dist::op_name(op)
+                                     << "(s) and no other collective; got "
+                                     << s.describe_calls();
 }
 
 testing::AssertionResult none(const dist::CommStats& s) {
-  return only(s, &dist::CommStats::all_gather, 0);
+  return only(s, dist::OpType::kAllGather, 0);
 }
 
 DeviceMeshPtr world_mesh() { return init_device_mesh("cpu", {dist::get_world_size()}, {"x"}); }
@@ -74,7 +71,7 @@ TEST(Autograd, ShardToReplicateWithReplicateGradientIsAChunk) {
   at::Tensor x = leaf(full, mesh, {Shard(0)});
   CommCounter forward;
   at::Tensor y = from_local(x, mesh, {Shard(0)}, {kShape}).redistribute({Replicate()}).to_local();
-  EXPECT_TRUE(only(forward.delta(), &dist::CommStats::all_gather, 1));
+  EXPECT_TRUE(only(forward.delta(), dist::OpType::kAllGather, 1));
   CommCounter backward;
   (y * w).sum().backward();
   EXPECT_TRUE(none(backward.delta()));
@@ -92,7 +89,7 @@ TEST(Autograd, ShardToReplicateWithPartialGradientReduceScatters) {
   // Each rank's own loss; the global loss is their sum.
   CommCounter backward;
   (y * weight_of(dist::get_rank(), kShape)).sum().backward();
-  EXPECT_TRUE(only(backward.delta(), &dist::CommStats::reduce_scatter, 1));
+  EXPECT_TRUE(only(backward.delta(), dist::OpType::kReduceScatter, 1));
   EXPECT_TRUE(tensors_equal(x.grad(), slice_of(sum_of_weights(kShape), mesh, {Shard(0)})));
 }
 
@@ -103,7 +100,7 @@ TEST(Autograd, PartialToReplicateIsIdentity) {
   at::Tensor x = leaf(full, mesh, {Partial("sum")});
   CommCounter forward;
   at::Tensor y = from_local(x, mesh, {Partial()}).redistribute({Replicate()}).to_local();
-  EXPECT_TRUE(only(forward.delta(), &dist::CommStats::all_reduce, 1));
+  EXPECT_TRUE(only(forward.delta(), dist::OpType::kAllReduce, 1));
   EXPECT_TRUE(tensors_equal(y, full));
   CommCounter backward;
   (y * w).sum().backward();
@@ -119,7 +116,7 @@ TEST(Autograd, PartialAverageScalesByGroupSize) {
   at::Tensor x = leaf(full, mesh, {Partial("avg")});
   CommCounter forward;
   at::Tensor y = from_local(x, mesh, {Partial("avg")}).redistribute({Replicate()}).to_local();
-  EXPECT_TRUE(only(forward.delta(), &dist::CommStats::all_reduce, 1));
+  EXPECT_TRUE(only(forward.delta(), dist::OpType::kAllReduce, 1));
   EXPECT_TRUE(tensors_equal(y, full));
   CommCounter backward;
   (y * w).sum().backward();
@@ -138,7 +135,7 @@ TEST(Autograd, ReplicateToShardGathersTheGradient) {
   // Each rank's loss covers its own shard: together they are sum(X * W).
   CommCounter backward;
   (y.to_local() * slice_of(w, mesh, {Shard(0)})).sum().backward();
-  EXPECT_TRUE(only(backward.delta(), &dist::CommStats::all_gather, 1));
+  EXPECT_TRUE(only(backward.delta(), dist::OpType::kAllGather, 1));
   EXPECT_TRUE(tensors_equal(x.grad(), w));
 }
 
@@ -149,10 +146,10 @@ TEST(Autograd, ShardToOtherShardIsAllToAll) {
   at::Tensor x = leaf(full, mesh, {Shard(0)});
   CommCounter forward;
   DTensor y = from_local(x, mesh, {Shard(0)}, {kShape}).redistribute({Shard(1)});
-  EXPECT_TRUE(only(forward.delta(), &dist::CommStats::all_to_all, 1));
+  EXPECT_TRUE(only(forward.delta(), dist::OpType::kAllToAll, 1));
   CommCounter backward;
   (y.to_local() * slice_of(w, mesh, {Shard(1)})).sum().backward();
-  EXPECT_TRUE(only(backward.delta(), &dist::CommStats::all_to_all, 1));
+  EXPECT_TRUE(only(backward.delta(), dist::OpType::kAllToAll, 1));
   EXPECT_TRUE(tensors_equal(x.grad(), slice_of(w, mesh, {Shard(0)})));
 }
 
@@ -210,7 +207,7 @@ TEST(Autograd, FromLocalBackwardRedistributesToItsPlacements) {
   at::Tensor y = from_local(x, mesh, {Replicate()}).to_local(Placements{Partial()});
   CommCounter backward;
   (y * weight_of(dist::get_rank(), kShape)).sum().backward();
-  EXPECT_TRUE(only(backward.delta(), &dist::CommStats::all_reduce, 1));
+  EXPECT_TRUE(only(backward.delta(), dist::OpType::kAllReduce, 1));
   EXPECT_TRUE(tensors_equal(x.grad(), sum_of_weights(kShape)));
 }
 

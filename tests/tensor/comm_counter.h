@@ -13,17 +13,7 @@ class CommCounter {
   CommCounter() : start_(dist::comm_stats()) {}
 
   // Collectives issued since construction (or the last restart()).
-  dist::CommStats delta() const {
-    const dist::CommStats now = dist::comm_stats();
-    dist::CommStats d;
-    d.all_gather = now.all_gather - start_.all_gather;
-    d.reduce_scatter = now.reduce_scatter - start_.reduce_scatter;
-    d.all_reduce = now.all_reduce - start_.all_reduce;
-    d.broadcast = now.broadcast - start_.broadcast;
-    d.all_to_all = now.all_to_all - start_.all_to_all;
-    d.barrier = now.barrier - start_.barrier;
-    return d;
-  }
+  dist::CommStats delta() const { return dist::comm_stats() - start_; }
   void restart() { start_ = dist::comm_stats(); }
 
  private:

@@ -120,30 +120,25 @@ testing::AssertionResult matches_reference(const DTensor& y, const at::Tensor& f
 testing::AssertionResult issued_as_planned(const dist::CommStats& issued,
                                            const RedistributePlan& plan) {
   using Kind = RedistributeStep::Kind;
+  using dist::OpType;
   dist::CommStats want;
   for (const auto& step : plan.steps()) {
     switch (step.kind) {
-      case Kind::kAllGather: ++want.all_gather; break;
-      case Kind::kAllReduce: ++want.all_reduce; break;
-      case Kind::kReduceScatter: ++want.reduce_scatter; break;
-      case Kind::kAllToAll: ++want.all_to_all; break;
+      case Kind::kAllGather: ++want[OpType::kAllGather]; break;
+      case Kind::kAllReduce: ++want[OpType::kAllReduce]; break;
+      case Kind::kReduceScatter: ++want[OpType::kReduceScatter]; break;
+      case Kind::kAllToAll: ++want[OpType::kAllToAll]; break;
       case Kind::kChunk:
       case Kind::kPartition: break;
     }
   }
-  if (issued.total() == plan.num_collectives() && issued.all_gather == want.all_gather &&
-      issued.all_reduce == want.all_reduce && issued.reduce_scatter == want.reduce_scatter &&
-      issued.all_to_all == want.all_to_all) {
+  if (issued.total() == plan.num_collectives() && issued.calls == want.calls) {
     return testing::AssertionSuccess();
   }
   return testing::AssertionFailure()
-         << "the plan has " << plan.num_collectives() << " collective(s) (all_gather "
-         << want.all_gather << ", all_reduce " << want.all_reduce << ", reduce_scatter "
-         << want.reduce_scatter << ", all_to_all " << want.all_to_all << ") but "
-         << issued.total() << " were issued (all_gather " << issued.all_gather
-         << ", all_reduce " << issued.all_reduce << ", reduce_scatter " << issued.reduce_scatter
-         << ", all_to_all " << issued.all_to_all << ", broadcast " << issued.broadcast
-         << ", barrier " << issued.barrier << ")\n";
+         << "the plan has " << plan.num_collectives() << " collective(s) ("
+         << want.describe_calls() << ") but " << issued.total() << " were issued ("
+         << issued.describe_calls() << ")\n";
 }
 
 // Runs every pair; returns the number of failures (reporting the first few).

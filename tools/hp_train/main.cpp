@@ -223,7 +223,7 @@ int run(const TrainOptions& options) {
     say(root, fmt::format("sampling {} from the trained model...",
                           plural(options.sample_tokens, "token")));
     const auto sample_start = std::chrono::steady_clock::now();
-    const int64_t gathers_before = hp::dist::comm_stats().all_gather;
+    const int64_t gathers_before = hp::dist::comm_stats()[hp::dist::OpType::kAllGather];
     at::Tensor sample;
     {
       // Every rank generates: the units gather their parameters in the first
@@ -247,7 +247,7 @@ int run(const TrainOptions& options) {
     }
     sample_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - sample_start).count();
-    const int64_t gathers = hp::dist::comm_stats().all_gather - gathers_before;
+    const int64_t gathers = hp::dist::comm_stats()[hp::dist::OpType::kAllGather] - gathers_before;
     say(root, fmt::format("sample ({} after the corpus's first token, temperature {:g}, top-k {}; "
                           "{:.1f} s{}):\n{}",
                           plural(options.sample_tokens, "token"), options.temperature,

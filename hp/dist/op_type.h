@@ -1,0 +1,28 @@
+// The kinds of collective the facade issues, in c10d's vocabulary (its
+// OpType): one enum for counting them (comm_stats.h), fingerprinting them
+// (collective_checks.h) and naming them in messages and reports.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace hp::dist {
+
+enum class OpType : int64_t {
+  kAllGather,
+  kReduceScatter,
+  kAllReduce,
+  kBroadcast,
+  kAllToAll,
+  kBarrier,
+};
+inline constexpr int kOpTypeCount = 6;
+inline constexpr std::array<OpType, kOpTypeCount> kOpTypes = {
+    OpType::kAllGather, OpType::kReduceScatter, OpType::kAllReduce,
+    OpType::kBroadcast, OpType::kAllToAll,      OpType::kBarrier};
+
+// "all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all",
+// "barrier" (the keys of hp-bench's collective counts).
+const char* op_name(OpType op);
+
+}  // namespace hp::dist
