@@ -28,13 +28,14 @@
 #include "hp/checkpoint/safetensors.h"
 #include "hp/nn/gpt.h"
 #include "hp/nn/loss.h"
-#include "tests/hp_train/hp_train_runner.h"
-#include "tests/launcher/process_runner.h"
-#include "tests/support/rounding_bounds.h"
-#include "tests/support/tensor_checks.h"
 #include "tools/hp_train/batches.h"
 #include "tools/hp_train/corpus.h"
 #include "tools/hp_train/init_weights.h"
+#include "tests/hp_train/hp_train_runner.h"
+#include "tests/launcher/process_runner.h"
+#include "tests/support/model_configs.h"
+#include "tests/support/rounding_bounds.h"
+#include "tests/support/tensor_checks.h"
 
 namespace hp::train {
 namespace {
@@ -92,13 +93,7 @@ void expect_resumed_as_straight(const TempDir& dir, const ProcessResult& resumed
 }
 
 nn::GPT tiny_model_from(const std::string& weights) {
-  nn::GPTConfig config;
-  config.vocab_size = 256;
-  config.context = 16;
-  config.n_layer = 2;
-  config.n_head = 2;
-  config.n_embd = 32;
-  nn::GPT model(config);
+  nn::GPT model(test::byte_gpt_config());
   load_initial_weights(*model, weights);
   return model;
 }

@@ -17,8 +17,6 @@
 #include "hp/checkpoint/safetensors.h"
 #include "hp/nn/gpt.h"
 #include "hp/util/error.h"
-#include "tests/launcher/process_runner.h"
-#include "tests/support/tensor_checks.h"
 #include "hp/util/trace.h"
 #include "tools/hp_train/checkpointing.h"
 #include "tools/hp_train/init_weights.h"
@@ -27,6 +25,9 @@
 #include "tools/hp_train/report.h"
 #include "tools/hp_train/step_log.h"
 #include "tools/hp_train/train_options.h"
+#include "tests/launcher/process_runner.h"
+#include "tests/support/model_configs.h"
+#include "tests/support/tensor_checks.h"
 
 namespace hp::train {
 namespace {
@@ -451,15 +452,7 @@ TEST(Report, TokensRenderAsBytesOrIds) {
 // model into it; any mismatch names the file and the tensor.
 class InitFrom : public testing::Test {
  protected:
-  static nn::GPTConfig config() {
-    nn::GPTConfig c;
-    c.vocab_size = 256;
-    c.context = 16;
-    c.n_layer = 2;
-    c.n_head = 2;
-    c.n_embd = 32;
-    return c;
-  }
+  static nn::GPTConfig config() { return test::byte_gpt_config(); }
   static nn::GPT model(uint64_t seed) {
     torch::manual_seed(seed);
     return nn::GPT(config());

@@ -56,12 +56,13 @@
 #include "hp/nn/gpt.h"
 #include "hp/nn/loss.h"
 #include "hp/util/trace.h"
+#include "tools/hp_train/batches.h"
+#include "tools/hp_train/corpus.h"
 #include "tests/hp_train/hp_train_runner.h"
 #include "tests/launcher/process_runner.h"
 #include "tests/nn/gpt_sensitivity.h"
+#include "tests/support/model_configs.h"
 #include "tests/support/rounding_bounds.h"
-#include "tools/hp_train/batches.h"
-#include "tools/hp_train/corpus.h"
 
 namespace hp::train {
 namespace {
@@ -125,14 +126,8 @@ constexpr uint64_t kDefaultSeed = 1337;  // hp-train's --seed
 
 // The model hp-train builds from --seed: the same draws in the same order.
 nn::GPT tiny_model(uint64_t seed) {
-  nn::GPTConfig config;
-  config.vocab_size = 256;
-  config.context = 16;
-  config.n_layer = 2;
-  config.n_head = 2;
-  config.n_embd = 32;
   torch::manual_seed(seed);
-  return nn::GPT(config);
+  return nn::GPT(test::byte_gpt_config());
 }
 
 // kTiny's first global batch, or rank `rank`'s slice of it on `dp_size`.

@@ -16,6 +16,7 @@
 #include "hp/nn/gpt.h"
 #include "hp/nn/loss.h"
 #include "hp/util/error.h"
+#include "tests/support/model_configs.h"
 
 namespace hp::nn {
 namespace {
@@ -24,12 +25,8 @@ using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
 GPTConfig config(double dropout) {
-  GPTConfig c;
-  c.vocab_size = 40;
-  c.context = 16;
-  c.n_layer = 3;
-  c.n_head = 4;
-  c.n_embd = 32;
+  GPTConfig c = test::gpt_config(
+      {/*vocab=*/40, /*context=*/16, /*layers=*/3, /*heads=*/4, /*width=*/32});
   c.dropout = dropout;
   return c;
 }

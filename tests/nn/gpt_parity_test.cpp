@@ -42,14 +42,12 @@
 
 #include "hp/nn/gpt.h"
 #include "hp/nn/loss.h"
-#include "tests/nn/raw_tensors.h"
 #include "tests/nn/gpt_sensitivity.h"
+#include "tests/nn/python_reference.h"
+#include "tests/nn/raw_tensors.h"
+#include "tests/support/model_configs.h"
 #include "tests/support/rounding_bounds.h"
 #include "tests/support/tensor_checks.h"
-
-#ifndef HP_SOURCE_DIR
-#error "HP_SOURCE_DIR (the repository root) must be defined by the build"
-#endif
 
 namespace hp::nn {
 namespace {
@@ -65,28 +63,6 @@ namespace {
 // times the parameters' bound. In float32 those uncertain updates make that
 // bound ~6% of the loss, which tests nothing, so the loss after the step is
 // compared in float64 only.
-
-struct TempDir {
-  TempDir() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "hp_gpt_parity_XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path = pattern;
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string path;
-};
-
-// Runs `command`, returning its exit status and its stdout + stderr.
-std::pair<int, std::string> run(const std::string& command) {
-  std::string output;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return {-1, "popen failed"};
-  std::array<char, 4096> buffer;
-  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
 
 // Tracks how much of their bounds a group of comparisons uses, for the log.
 struct Use {
@@ -108,12 +84,7 @@ struct Use {
 };
 
 TEST(GPTParity, MatchesPyTorchForwardBackwardAndAdamWStep) {
-  GPTConfig config;
-  config.vocab_size = 50;
-  config.context = 16;
-  config.n_layer = 2;
-  config.n_head = 4;
-  config.n_embd = 32;
+  const GPTConfig config = test::tiny_gpt_config();
   const uint64_t seed = 1234;
   const double lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
 
@@ -136,7 +107,7 @@ TEST(GPTParity, MatchesPyTorchForwardBackwardAndAdamWStep) {
     }
   }
 
-  TempDir dir;
+  test::ReferenceDir dir;
   std::map<std::string, at::Tensor> inputs{{"idx", idx}, {"targets", targets}};
   for (const auto& p : model->named_parameters()) inputs.emplace(p.key(), p.value());
   test::write_raw_tensors(dir.path, "inputs", inputs);
@@ -154,8 +125,7 @@ TEST(GPTParity, MatchesPyTorchForwardBackwardAndAdamWStep) {
                                   {"weight_decay", weight_decay}}}};
   std::ofstream(dir.path + "/config.json") << json_config.dump();
 
-  const std::string script = std::string(HP_SOURCE_DIR) + "/tests/nn/gpt_reference.py";
-  auto [status, output] = run(std::string(HP_PYTHON) + " " + script + " " + dir.path);
+  auto [status, output] = test::run_reference("gpt_reference.py", dir.path);
   ASSERT_EQ(status, 0) << "the PyTorch reference failed (" HP_PYTHON " needs the torch this was "
                           "built against and numpy: scripts/install-deps.sh):\n"
                        << output;

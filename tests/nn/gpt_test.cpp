@@ -14,6 +14,7 @@
 #include "hp/nn/gpt.h"
 #include "hp/nn/loss.h"
 #include "hp/util/error.h"
+#include "tests/support/model_configs.h"
 #include "tests/support/tensor_checks.h"
 
 namespace hp::nn {
@@ -22,15 +23,7 @@ namespace {
 using ::testing::StrEq;
 using ::testing::ThrowsMessage;
 
-GPTConfig small_config() {
-  GPTConfig c;
-  c.vocab_size = 50;
-  c.context = 16;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_embd = 32;
-  return c;
-}
+GPTConfig small_config() { return test::tiny_gpt_config(); }
 
 GPT seeded_gpt(const GPTConfig& config, uint64_t seed) {
   torch::manual_seed(seed);

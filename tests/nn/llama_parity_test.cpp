@@ -28,47 +28,17 @@
 #include "hp/nn/llama.h"
 #include "hp/nn/loss.h"
 #include "tests/nn/model_sensitivity.h"
+#include "tests/nn/python_reference.h"
 #include "tests/nn/raw_tensors.h"
+#include "tests/support/model_configs.h"
 #include "tests/support/rounding_bounds.h"
 #include "tests/support/tensor_checks.h"
-
-#ifndef HP_SOURCE_DIR
-#error "HP_SOURCE_DIR (the repository root) must be defined by the build"
-#endif
 
 namespace hp::nn {
 namespace {
 
-struct TempDir {
-  TempDir() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "hp_llama_parity_XXXXXX").string();
-    if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    path = pattern;
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string path;
-};
-
-std::pair<int, std::string> run(const std::string& command) {
-  std::string output;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return {-1, "popen failed"};
-  std::array<char, 4096> buffer;
-  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
-}
-
 LlamaConfig parity_config() {
-  LlamaConfig config;
-  config.vocab_size = 50;
-  config.context = 16;
-  config.n_layer = 2;
-  config.n_head = 4;
-  config.n_kv_head = 2;
-  config.n_embd = 32;
-  config.intermediate_size = 88;
+  LlamaConfig config = test::tiny_llama_config();
   config.rms_norm_eps = 1e-5;
   config.rope_theta = 500.0;  // large angles within 16 positions
   return config;
@@ -97,7 +67,7 @@ TEST(LlamaParity, MatchesPyTorchForwardBackwardAndAdamWStep) {
     }
   }
 
-  TempDir dir;
+  test::ReferenceDir dir;
   std::map<std::string, at::Tensor> inputs{{"idx", idx}, {"targets", targets}};
   for (const auto& p : model->named_parameters()) inputs.emplace(p.key(), p.value());
   test::write_raw_tensors(dir.path, "inputs", inputs);
@@ -120,8 +90,7 @@ TEST(LlamaParity, MatchesPyTorchForwardBackwardAndAdamWStep) {
         {"weight_decay", weight_decay}}}};
   std::ofstream(dir.path + "/config.json") << json_config.dump();
 
-  const std::string script = std::string(HP_SOURCE_DIR) + "/tests/nn/llama_reference.py";
-  auto [status, output] = run(std::string(HP_PYTHON) + " " + script + " " + dir.path);
+  auto [status, output] = test::run_reference("llama_reference.py", dir.path);
   ASSERT_EQ(status, 0) << "the PyTorch reference failed (" HP_PYTHON " needs torch and numpy: "
                           "scripts/install-deps.sh):\n"
                        << output;

@@ -16,22 +16,13 @@
 #include "hp/nn/llama.h"
 #include "hp/nn/rotary.h"
 #include "hp/util/error.h"
+#include "tests/support/model_configs.h"
 #include "tests/support/tensor_checks.h"
 
 namespace hp::nn {
 namespace {
 
-LlamaConfig small_config() {
-  LlamaConfig c;
-  c.vocab_size = 50;
-  c.context = 16;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_kv_head = 2;
-  c.n_embd = 32;
-  c.intermediate_size = 88;
-  return c;
-}
+LlamaConfig small_config() { return test::tiny_llama_config(); }
 
 at::Tensor random_tokens(std::vector<int64_t> shape, int64_t vocab, uint64_t seed) {
   auto gen = at::detail::createCPUGenerator(seed);

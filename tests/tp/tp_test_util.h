@@ -12,24 +12,13 @@
 #include "hp/mesh/device_mesh.h"
 #include "hp/nn/gpt.h"
 #include "hp/tensor/dtensor_tensor.h"
+#include "tests/support/model_configs.h"
 
 namespace hp::test {
 
 // A 1-D mesh "tp" over every rank.
 inline DeviceMeshPtr tp_mesh() {
   return init_device_mesh("cpu", {dist::get_world_size()}, {"tp"});
-}
-
-// A GPT whose heads divide by 2, 3 and 4 and whose vocabulary does not
-// (uneven shards).
-inline nn::GPTConfig tp_small_config() {
-  nn::GPTConfig config;
-  config.vocab_size = 50;
-  config.context = 8;
-  config.n_layer = 2;
-  config.n_head = 12;
-  config.n_embd = 48;
-  return config;
 }
 
 // A model with parameters drawn from a fixed seed and unit-scale noise added
