@@ -13,7 +13,9 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "bench/median.h"
 #include "bench/report_print.h"
@@ -252,15 +254,11 @@ fs::path prepare_run(BenchConfig& c) {
   return tmp;
 }
 
-}  // namespace
-
-int run_driver(DriverOptions o) {
-  BenchConfig& c = o.config;
-  if (o.rows.empty()) o.rows = row_names();
-  // Rows run once per round; the checkpoint row, no step-time row, runs once after them.
-  std::vector<const Row*> step_rows;
+// Rows run once per round (into `step_rows`); the checkpoint row, no
+// step-time row, runs once after them: returned, or nullptr.
+const Row* split_rows(const std::vector<std::string>& names, std::vector<const Row*>& step_rows) {
   const Row* checkpoint_row = nullptr;
-  for (const auto& name : o.rows) {
+  for (const auto& name : names) {
     const Row& row = find_row_spec(name);
     if (row.launcher == RowLauncher::kCheckpoint) {
       checkpoint_row = &row;
@@ -268,6 +266,16 @@ int run_driver(DriverOptions o) {
       step_rows.push_back(&row);
     }
   }
+  return checkpoint_row;
+}
+
+}  // namespace
+
+int run_driver(DriverOptions o) {
+  BenchConfig& c = o.config;
+  if (o.rows.empty()) o.rows = row_names();
+  std::vector<const Row*> step_rows;
+  const Row* checkpoint_row = split_rows(o.rows, step_rows);
   const Launcher launcher = resolve_paths(o);
   c.steps = (o.total_steps + o.rounds - 1) / o.rounds;
   const fs::path tmp = prepare_run(c);
@@ -303,16 +311,16 @@ int run_driver(DriverOptions o) {
   write_json(o.json_path, report);
   const bool plot_failed = !o.png_path.empty() && !write_plot(o);
 
-  if (!results.errors.empty() || hook_failed || dispatch_failed || plot_failed) {
-    std::cerr << "[hp-bench] failed:";
-    for (const auto& [row, e] : results.errors) std::cerr << " " << row;
-    if (hook_failed) std::cerr << " hook_overhead";
-    if (dispatch_failed) std::cerr << " dispatch_overhead";
-    if (plot_failed) std::cerr << " plot";
-    std::cerr << std::endl;
-    return 1;
-  }
-  return 0;
+  std::vector<std::string> failed;
+  for (const auto& [row, e] : results.errors) failed.push_back(row);
+  if (hook_failed) failed.push_back("hook_overhead");
+  if (dispatch_failed) failed.push_back("dispatch_overhead");
+  if (plot_failed) failed.push_back("plot");
+  if (failed.empty()) return 0;
+  std::cerr << "[hp-bench] failed:";
+  for (const auto& what : failed) std::cerr << " " << what;
+  std::cerr << std::endl;
+  return 1;
 }
 
 }  // namespace hp::bench
