@@ -21,8 +21,8 @@ struct DriverOptions {
   bool dispatch_overhead = true;
   std::string hprun;         // default: next to this binary's build tree
   std::string python = HP_PYTHON;  // the build's (scripts/build.sh: the environment's)
-  std::string torch_script;  // default: bench/torch_ddp_baseline.py of the source tree; the
-                             // other PyTorch rows' scripts are taken from beside it
+  std::string torch_script;  // default: bench/torch_ddp_baseline.py of the source tree;
+                             // every PyTorch row's script is taken from its directory
   std::string plot_script;   // default: bench/plot_bench.py of the source tree
   double row_timeout_s = 180;
   bool verbose = false;

@@ -106,8 +106,9 @@ int main(int argc, char** argv) {
   app.add_option("--python", o.python,
                  "Python with PyTorch, for the torch_ rows (default: " HP_PYTHON ")");
   app.add_option("--torch-script", o.torch_script,
-                 "the PyTorch DDP baseline script (the other PyTorch rows' scripts, "
-                 "torch_baseline_common.py included, are taken from beside it)");
+                 "a torch_ddp_baseline.py: every PyTorch row's script (torch_single_, "
+                 "torch_ddp_, torch_fsdp2_baseline.py, torch_baseline_common.py) is taken "
+                 "from its directory");
   app.add_option("--plot-script", o.plot_script, "the plotting script");
   app.add_option("--row-timeout", o.row_timeout_s, "seconds one row's job may take (180)");
   app.add_flag("--verbose", o.verbose, "echo the rows' output");
