@@ -8,25 +8,10 @@
 
 namespace hp::bench {
 
-// Rows in the order of the table. Each runs in its own process(es).
-// fsdp_ac is fsdp with every block's activations checkpointed (N4).
-inline const std::vector<std::string>& row_names() {
-  static const std::vector<std::string> names = {
-      "single", "ddp", "fsdp", "fsdp_ac", "fsdp_fused", "fsdp_fused_prefetch",
-      "hsdp_fused_prefetch", "tp", "fsdp_tp", "torch_ddp", "torch_fsdp2"};
-  return names;
-}
-
-// Rows --rows accepts beyond the default set, for investigation:
-// ddp_unfused = ddp without comm_fusion (one all-reduce per parameter, where
-// ddp buckets them per unit as DDP does), fsdp_prefetch = fsdp with prefetch on (separates prefetch from fusion),
-// checkpoint = save and load GB/s of a ~100M-parameter model beside a plain
-// write and read of the same bytes (bench/checkpoint_worker.cpp; run once,
-// after the rounds).
-inline const std::vector<std::string>& extra_row_names() {
-  static const std::vector<std::string> names = {"ddp_unfused", "fsdp_prefetch", "checkpoint"};
-  return names;
-}
+// The names of the standard rows and of the extras --rows also accepts, in
+// the order of the row table (bench/rows.h, which says what each row is).
+const std::vector<std::string>& row_names();
+const std::vector<std::string>& extra_row_names();
 
 // Workers print exactly one line starting with this (on rank 0), followed by
 // a JSON object; the driver finds it among hprun's "[rank r] " prefixed lines.

@@ -4,10 +4,12 @@
 //
 //   build/bench/hp-bench --json out/bench.json --png out/bench.png
 //
+// What each row is (its ranks, how it is launched) is bench/rows.h's table.
+//
 // The driver (this program without --worker) launches each row as its own
 // job, one after another: `hprun -n R hp-bench --worker ROW ...` for our rows,
-// `hprun -n R PYTHON bench/torch_ddp_baseline.py ...` (and
-// torch_fsdp2_baseline.py beside it) for PyTorch, PYTHON being the build's
+// `hprun -n R PYTHON bench/torch_ddp_baseline.py ...` (torch_single_baseline.py
+// and torch_fsdp2_baseline.py beside it) for PyTorch, PYTHON being the build's
 // (the project environment's, whose torch is the libtorch built against),
 // then `hprun -n 1 hp-bench --worker hook_overhead`. Each prints one result
 // line; the driver pools them, prints the table and writes the JSON and the
@@ -17,13 +19,15 @@
 
 #include <cstdio>
 #include <exception>
-#include <set>
 #include <sstream>
+#include <string>
 
 #include "bench/bench_config.h"
 #include "bench/bench_driver.h"
 #include "bench/bench_worker.h"
+#include "bench/rows.h"
 #include "hp/util/error.h"
+#include "hp/util/format.h"
 
 namespace {
 
@@ -46,13 +50,7 @@ void validate(const DriverOptions& o) {
                " must be 2 (degenerate [1, 2] mesh) or 4 ([2, 2] mesh)");
   HP_CHECK_ARG(c.hook_units >= 1 && c.hook_width >= 1 && c.hook_batch >= 1 && c.hook_steps >= 1,
                "--hook-units/--hook-width/--hook-batch/--hook-steps must be at least 1");
-  const auto& names = hp::bench::row_names();
-  std::set<std::string> known(names.begin(), names.end());
-  for (const auto& extra : hp::bench::extra_row_names()) known.insert(extra);
-  for (const auto& r : o.rows) {
-    HP_CHECK_ARG(known.count(r), "--rows: unknown row '", r, "', expected some of ",
-                 hp::to_string(names), " or ", hp::to_string(hp::bench::extra_row_names()));
-  }
+  for (const auto& r : o.rows) hp::bench::find_row_spec(r);  // throws for an unknown row
 }
 
 }  // namespace
@@ -71,9 +69,10 @@ int main(int argc, char** argv) {
   app.add_option("--ranks", c.ranks, "ranks of the data-parallel and tensor-parallel rows (2)");
   app.add_option("--hsdp-ranks", c.hsdp_ranks,
                  "ranks of hsdp_fused_prefetch: 2 = degenerate [1,2] mesh, 4 = [2,2] (2)");
-  app.add_option("--rows", rows,
-                 "comma-separated rows to run (default: the 9 standard rows; extras: "
-                 "ddp_unfused, fsdp_prefetch)");
+  const std::string rows_help = "comma-separated rows to run (default: " +
+                                hp::to_string(hp::bench::row_names()) + "; extras: " +
+                                hp::to_string(hp::bench::extra_row_names()) + ")";
+  app.add_option("--rows", rows, rows_help);
   app.add_option("--vocab", c.vocab, "vocabulary (512)");
   app.add_option("--seq", c.seq, "tokens per sample (128)");
   app.add_option("--d", c.d, "model width (256)");
@@ -107,7 +106,9 @@ int main(int argc, char** argv) {
   app.add_option("--python", o.python,
                  "Python with PyTorch, for the torch_ rows (default: " HP_PYTHON ")");
   app.add_option("--torch-script", o.torch_script,
-                 "the PyTorch DDP baseline script (the FSDP2 one is taken from beside it)");
+                 "a torch_ddp_baseline.py: every PyTorch row's script (torch_single_, "
+                 "torch_ddp_, torch_fsdp2_baseline.py, torch_baseline_common.py) is taken "
+                 "from its directory");
   app.add_option("--plot-script", o.plot_script, "the plotting script");
   app.add_option("--row-timeout", o.row_timeout_s, "seconds one row's job may take (180)");
   app.add_flag("--verbose", o.verbose, "echo the rows' output");

@@ -24,7 +24,7 @@ ROW_COLORS = {
     "single": "#8c8c8c", "ddp": "#4c72b0", "fsdp": "#dd8452", "fsdp_ac": "#b5651d", "fsdp_fused": "#e6a26c",
     "fsdp_fused_prefetch": "#c44e52", "hsdp_fused_prefetch": "#8172b3", "tp": "#55a868",
     "fsdp_tp": "#937860",
-    "torch_ddp": "#000000", "torch_fsdp2": "#444444",
+    "torch_single": "#222222", "torch_ddp": "#000000", "torch_fsdp2": "#444444",
 }
 
 

@@ -5,10 +5,10 @@ Launched by hp-bench as
 
   hprun -n 2 PYTHON bench/torch_fsdp2_baseline.py --tokens FILE --vocab 512 ...
 
-Everything but the wrapper is torch_ddp_baseline.py's (imported from beside
-this file): the GPT of tests/nn/gpt_reference.py with the same seed, the same
-token file and batch rule, per-rank batch, AdamW hyper-parameters, one
-intra-op thread, and the same timing. The model is wrapped as FSDP2 is meant
+Everything but the wrapper is torch_baseline_common.py's (beside this file),
+shared with torch_single and torch_ddp: the GPT of tests/nn/gpt_reference.py
+with the same seed, the same token file and batch rule, per-rank batch, AdamW
+hyper-parameters, one intra-op thread, and the same timing. The model is wrapped as FSDP2 is meant
 to be used: fully_shard on each block, then on the root, over a 1-D CPU
 device mesh of all ranks (defaults: reshard after forward, no mixed
 precision). Collectives are counted by wrapping torch.distributed's
@@ -21,16 +21,13 @@ that says the row was skipped and why, and every rank exits with status 0.
 import json
 import os
 import sys
-import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import torch_ddp_baseline as base  # noqa: E402  (exits with a message without torch)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_baseline_common as common  # noqa: E402  (exits with a message without torch)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-MARKER = base.MARKER
 MIN_VERSION = (2, 4)
 
 
@@ -79,88 +76,33 @@ class CollectiveCounter:
 def skip(reason):
     """Rank 0 reports the row as skipped; no process group is needed."""
     if int(os.environ.get("RANK", "0")) == 0:
-        print(MARKER + json.dumps({"row": "torch_fsdp2", "skipped": reason,
-                                   "torch_version": torch.__version__}), flush=True)
+        print(common.MARKER + json.dumps({"row": "torch_fsdp2", "skipped": reason,
+                                          "torch_version": torch.__version__}), flush=True)
     sys.exit(0)
 
 
-def main():
-    args = base.parse_args()
-    if torch_version() < MIN_VERSION:
-        skip(f"PyTorch {torch.__version__} has no FSDP2: torch.distributed.fsdp.fully_shard "
-             f"on CPU needs PyTorch >= {MIN_VERSION[0]}.{MIN_VERSION[1]}")
-    fully_shard = import_fully_shard()
-    from torch.distributed.device_mesh import init_device_mesh
+class Fsdp2Baseline(common.Baseline):
+    row = "torch_fsdp2"
 
-    torch.set_num_threads(1)
-    ref = base.load_reference()
-    tokens = base.read_tokens(args.tokens)
-    assert int(tokens.max()) < args.vocab, "token file holds ids beyond --vocab"
+    def wrap(self, model, world):
+        fully_shard = import_fully_shard()
+        from torch.distributed.device_mesh import init_device_mesh
 
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh("cpu", (world,))
+        for block in model.h:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        self.units = len(model.h) + 1
+        self.counter = CollectiveCounter()
+        return model
 
-    rss_before_model = base.current_rss_bytes()
-    cfg = {"vocab_size": args.vocab, "context": args.ctx, "n_layer": args.layers,
-           "n_head": args.heads, "n_embd": args.d}
-    torch.manual_seed(args.seed)
-    model = ref.GPT(cfg)
-    for block in model.h:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    units = len(model.h) + 1
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(args.beta1, args.beta2),
-                            eps=args.eps, weight_decay=args.weight_decay)
-    global_batch = args.batch * world
-    counter = CollectiveCounter()
+    def after_warmup(self):
+        self.counter.reset()
 
-    def step(s):
-        opt.zero_grad(set_to_none=True)
-        x, y = base.batch_for_step(tokens, s, global_batch, args.seq, rank, world)
-        loss = ref.loss_of(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    first_loss = float("nan")
-    for s in range(args.warmup):
-        loss = step(s)
-        if s == 0:
-            first_loss = loss.item()
-
-    counter.reset()
-    times, losses = [], []
-    for i in range(args.worker_steps):
-        t0 = time.perf_counter()
-        loss = step(args.warmup + i)
-        times.append(time.perf_counter() - t0)
-        losses.append(loss.item())
-        if args.warmup == 0 and i == 0:
-            first_loss = losses[-1]
-    per_step = {k: v / max(1, args.worker_steps) for k, v in counter.counts.items()}
-    rss_delta = base.peak_rss_bytes() - rss_before_model
-
-    mine = torch.tensor(times + losses + [float(rss_delta), first_loss], dtype=torch.float64)
-    gathered = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(gathered, mine)
-
-    if rank == 0:
-        n = args.worker_steps
-        allr = torch.stack(gathered)
-        out = {
-            "row": "torch_fsdp2",
-            "ranks": world,
-            "torch_version": torch.__version__,
-            "threads": torch.get_num_threads(),
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "units": units,
-            "steps": n,
-            "warmup": args.warmup,
-            "step_times_s": allr[:, :n].max(dim=0).values.tolist(),
-            "losses": allr[:, n:2 * n].mean(dim=0).tolist(),
-            "first_loss": float(allr[:, 2 * n + 1].mean()),
-            "peak_rss_delta_bytes_per_rank": [int(v) for v in allr[:, 2 * n].tolist()],
+    def result_fields(self, wrapped, steps):
+        per_step = {k: v / max(1, steps) for k, v in self.counter.counts.items()}
+        return {
+            "units": self.units,
             "collectives": {
                 "all_gather_per_step": per_step["all_gather"],
                 "reduce_scatter_per_step": per_step["reduce_scatter"],
@@ -170,13 +112,10 @@ def main():
                           "reduce_scatter_single) and all_reduce during the timed steps, rank 0",
             },
         }
-        print(MARKER + json.dumps(out), flush=True)
-    dist.barrier()
-    # As torch_ddp_baseline.py: leave without tearing the process group down.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 if __name__ == "__main__":
-    main()
+    if torch_version() < MIN_VERSION:
+        skip(f"PyTorch {torch.__version__} has no FSDP2: torch.distributed.fsdp.fully_shard "
+             f"on CPU needs PyTorch >= {MIN_VERSION[0]}.{MIN_VERSION[1]}")
+    common.run(Fsdp2Baseline(), __doc__.splitlines()[0])

@@ -1,0 +1,109 @@
+#include "bench/rows.h"
+
+#include "hp/util/error.h"
+#include "hp/util/format.h"
+
+namespace hp::bench {
+
+namespace {
+
+int one(const BenchConfig&) { return 1; }
+int data_parallel(const BenchConfig& c) { return c.ranks; }
+int hsdp(const BenchConfig& c) { return c.hsdp_ranks; }
+int dp_tp_2x2(const BenchConfig&) { return 4; }  // a (dp, tp) mesh of 2 x 2
+
+std::string hsdp_note(const BenchConfig& c) {
+  if (c.hsdp_ranks == 2) {
+    return "degenerate HSDP: 2 ranks give the mesh [1, 2] (replicate 1 x shard 2), so the "
+           "replicate all-reduce has a group of one and moves nothing; the row measures the "
+           "2-D HSDP code path at the same per-rank work as fsdp_fused_prefetch, not "
+           "cross-replica traffic. Run with --hsdp-ranks 4 for a real [2, 2] mesh.";
+  }
+  return "HSDP on [" + std::to_string(c.hsdp_ranks / 2) + ", 2] with " +
+         std::to_string(c.hsdp_ranks) +
+         " ranks: more processes than this machine may have cores, so its step time is "
+         "oversubscribed and does not compare with the 2-rank rows; tokens_per_s counts all " +
+         std::to_string(c.hsdp_ranks) + " ranks' tokens.";
+}
+
+std::string fsdp_tp_note(const BenchConfig&) {
+  return "tensor parallel in pairs of ranks, fully_shard over the 2 pairs ((dp, tp) = (2, 2)): 4 "
+         "processes, more than a 2-core machine has, so compare its tokens_per_s (both pairs' "
+         "samples) rather than its step time with the 2-rank rows";
+}
+
+constexpr auto kWorker = RowLauncher::kWorker;
+constexpr auto kPython = RowLauncher::kPython;
+constexpr auto kPerRank = RowBatch::kPerRank;
+
+// The extras (standard = false) are for investigation: ddp_unfused = ddp
+// without comm_fusion (one all-reduce per parameter, where ddp buckets them
+// per unit as DDP does), fsdp_prefetch = fsdp with prefetch on (separates
+// prefetch from fusion), checkpoint = save and load GB/s of a ~100M-parameter
+// model beside a plain write and read of the same bytes
+// (bench/checkpoint_worker.cpp). fsdp_ac is fsdp with every block's
+// activations checkpointed (N4).
+const std::vector<Row> kRows = {
+    // name, standard, launcher, script, ranks, batch, communicates, note, timeout x
+    {"single", true, kWorker, nullptr, one, kPerRank, false, nullptr, 1},
+    {"ddp", true, kWorker, nullptr, data_parallel, kPerRank, true, nullptr, 1},
+    {"fsdp", true, kWorker, nullptr, data_parallel, kPerRank, true, nullptr, 1},
+    {"fsdp_ac", true, kWorker, nullptr, data_parallel, kPerRank, true, nullptr, 1},
+    {"fsdp_fused", true, kWorker, nullptr, data_parallel, kPerRank, true, nullptr, 1},
+    {"fsdp_fused_prefetch", true, kWorker, nullptr, data_parallel, kPerRank, true, nullptr, 1},
+    {"hsdp_fused_prefetch", true, kWorker, nullptr, hsdp, kPerRank, true, hsdp_note, 1},
+    {"tp", true, kWorker, nullptr, data_parallel, RowBatch::kShared, true, nullptr, 1},
+    {"fsdp_tp", true, kWorker, nullptr, dp_tp_2x2, RowBatch::kPerPair, true, fsdp_tp_note, 1},
+    {"torch_single", true, kPython, "torch_single_baseline.py", one, kPerRank, false, nullptr, 1},
+    {"torch_ddp", true, kPython, "torch_ddp_baseline.py", data_parallel, kPerRank, true, nullptr,
+     1},
+    {"torch_fsdp2", true, kPython, "torch_fsdp2_baseline.py", data_parallel, kPerRank, true,
+     nullptr, 1},
+    {"ddp_unfused", false, kWorker, nullptr, data_parallel, kPerRank, true, nullptr, 1},
+    {"fsdp_prefetch", false, kWorker, nullptr, data_parallel, kPerRank, true, nullptr, 1},
+    // Saves and loads ckpt_repeats times, each with its plain write and read:
+    // longer than a step-time row.
+    {"checkpoint", false, RowLauncher::kCheckpoint, nullptr, data_parallel, kPerRank, true,
+     nullptr, 3},
+};
+
+std::vector<std::string> names_where(bool standard) {
+  std::vector<std::string> names;
+  for (const Row& r : kRows) {
+    if (r.standard == standard) names.emplace_back(r.name);
+  }
+  return names;
+}
+
+}  // namespace
+
+int64_t Row::samples_per_step(const BenchConfig& c) const {
+  switch (batch) {
+    case RowBatch::kShared: return c.batch;
+    case RowBatch::kPerPair: return ranks(c) / 2 * c.batch;
+    case RowBatch::kPerRank: break;
+  }
+  return ranks(c) * c.batch;
+}
+
+const std::vector<Row>& all_rows() { return kRows; }
+
+const std::vector<std::string>& row_names() {
+  static const std::vector<std::string> names = names_where(true);
+  return names;
+}
+
+const std::vector<std::string>& extra_row_names() {
+  static const std::vector<std::string> names = names_where(false);
+  return names;
+}
+
+const Row& find_row_spec(const std::string& name) {
+  for (const Row& r : kRows) {
+    if (name == r.name) return r;
+  }
+  throw ArgumentError(cat("--rows: unknown row '", name, "', expected some of ",
+                          to_string(row_names()), " or ", to_string(extra_row_names())));
+}
+
+}  // namespace hp::bench

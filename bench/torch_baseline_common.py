@@ -1,0 +1,219 @@
+"""The timing harness of hp-bench's PyTorch rows (torch_single, torch_ddp, torch_fsdp2).
+
+Each baseline script keeps only how it wraps the model; this module holds the
+rest, so every PyTorch row trains and is measured the same way:
+
+- the model: the PyTorch GPT of tests/nn/gpt_reference.py (loaded from there,
+  so parameter names and initialisation are those of hp::nn::GPT: the same
+  seed gives the same weights), with AdamW and hp-bench's hyper-parameters;
+- the data: hp-bench's token file with hp-train's batch rule, the per-rank
+  batch of our rows, one intra-op thread;
+- the timing: warm-up steps, then timed steps of zero_grad(set_to_none) +
+  batch slice + forward + loss + backward + AdamW step (perf_counter, no
+  barrier); after them the ranks gather their times (a step's time is the max
+  over ranks), losses and memory (peak RSS growth since before the model was
+  built), and rank 0 prints one line "HPBENCH_RESULT {json}".
+
+A baseline is run as run(Baseline(...)); unknown flags (hp-bench passes its
+whole worker configuration) are ignored. Launched under hprun, which sets
+RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT for the distributed rows.
+"""
+import argparse
+import array
+import importlib.util
+import json
+import os
+import resource
+import sys
+import time
+
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError as e:
+    sys.stderr.write(f"{os.path.basename(sys.argv[0])}: cannot import {e.name} ({e}); "
+                     "run it with the project environment's Python, .venv/bin/python "
+                     "(scripts/install-deps.sh)\n")
+    sys.exit(3)
+
+MARKER = "HPBENCH_RESULT "
+
+
+class Baseline:
+    """How one PyTorch row wraps the model; the harness does everything else.
+
+    distributed: whether the row runs in a Gloo process group (all of hprun's
+    ranks); a single-process row never creates one."""
+
+    row = None
+    distributed = True
+
+    def wrap(self, model, world):
+        """The module the steps call; its parameters are the optimizer's."""
+        return model
+
+    def after_warmup(self):
+        """Called once between the warm-up and the timed steps."""
+
+    def result_fields(self, wrapped, steps):
+        """Extra fields of the result (every rank computes them, rank 0's are
+        printed): at least "collectives", counts per step by kind and "method"."""
+        raise NotImplementedError
+
+
+def load_reference():
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.path.join(here, "..", "tests", "nn", "gpt_reference.py")
+    spec = importlib.util.spec_from_file_location("gpt_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def current_rss_bytes():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def peak_rss_bytes():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def read_tokens(path):
+    """The token file: little-endian uint16 ids, as int64 (no numpy needed:
+    a pip PyTorch does not bring it)."""
+    ids = array.array("H")
+    with open(path, "rb") as f:
+        ids.frombytes(f.read())
+    if sys.byteorder == "big":
+        ids.byteswap()
+    return torch.tensor(ids, dtype=torch.int64)
+
+
+def batch_for_step(tokens, step, global_batch, seq, rank, world):
+    """tools/hp_train/batches.h: global sample i of step s is the window of seq+1
+    tokens starting at ((s*B + i) * T) mod (len - T - 1); rank r of D takes
+    samples [r*B/D, (r+1)*B/D)."""
+    m = tokens.numel() - seq - 1
+    local = global_batch // world
+    starts = [((step * global_batch + rank * local + j) * seq) % m for j in range(local)]
+    windows = torch.stack([tokens[s:s + seq + 1] for s in starts])
+    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+
+def parse_args(description):
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--tokens", required=True)
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--d", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--ctx", type=int, default=128)
+    p.add_argument("--batch", type=int, default=8, help="per rank")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--beta1", type=float, default=0.9)
+    p.add_argument("--beta2", type=float, default=0.95)
+    p.add_argument("--eps", type=float, default=1e-8)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--worker-steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    args, _unknown = p.parse_known_args()
+    return args
+
+
+def timed_steps(step, warmup, steps, after_warmup):
+    """Runs warmup + steps steps; returns (first loss, timed seconds, timed losses)."""
+    first_loss = float("nan")
+    for s in range(warmup):
+        loss = step(s)
+        if s == 0:
+            first_loss = loss.item()
+    after_warmup()
+    times, losses = [], []
+    for i in range(steps):
+        t0 = time.perf_counter()
+        loss = step(warmup + i)
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+        if warmup == 0 and i == 0:
+            first_loss = losses[-1]
+    return first_loss, times, losses
+
+
+def gather_rows(mine, world, distributed):
+    """Every rank's vector, stacked (world x len)."""
+    if not distributed:
+        return mine.unsqueeze(0)
+    gathered = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(gathered, mine)
+    return torch.stack(gathered)
+
+
+def run(baseline, description):
+    """Trains, times and reports one PyTorch row, then exits the process."""
+    args = parse_args(description)
+    torch.set_num_threads(1)
+    ref = load_reference()
+    tokens = read_tokens(args.tokens)
+    assert int(tokens.max()) < args.vocab, "token file holds ids beyond --vocab"
+
+    rank, world = 0, 1
+    if baseline.distributed:
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+
+    rss_before_model = current_rss_bytes()
+    cfg = {"vocab_size": args.vocab, "context": args.ctx, "n_layer": args.layers,
+           "n_head": args.heads, "n_embd": args.d}
+    torch.manual_seed(args.seed)
+    model = ref.GPT(cfg)
+    wrapped = baseline.wrap(model, world)
+    opt = torch.optim.AdamW(wrapped.parameters(), lr=args.lr, betas=(args.beta1, args.beta2),
+                            eps=args.eps, weight_decay=args.weight_decay)
+    global_batch = args.batch * world
+
+    def step(s):
+        opt.zero_grad(set_to_none=True)
+        x, y = batch_for_step(tokens, s, global_batch, args.seq, rank, world)
+        loss = ref.loss_of(wrapped(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    first_loss, times, losses = timed_steps(step, args.warmup, args.worker_steps,
+                                            baseline.after_warmup)
+    extra = baseline.result_fields(wrapped, args.worker_steps)
+    rss_delta = peak_rss_bytes() - rss_before_model
+    mine = torch.tensor(times + losses + [float(rss_delta), first_loss], dtype=torch.float64)
+    allr = gather_rows(mine, world, baseline.distributed)
+    if rank == 0:
+        n = args.worker_steps
+        out = {
+            "row": baseline.row,
+            "ranks": world,
+            "torch_version": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "steps": n,
+            "warmup": args.warmup,
+            "step_times_s": allr[:, :n].max(dim=0).values.tolist(),
+            "losses": allr[:, n:2 * n].mean(dim=0).tolist(),
+            "first_loss": float(allr[:, 2 * n + 1].mean()),
+            "peak_rss_delta_bytes_per_rank": [int(v) for v in allr[:, 2 * n].tolist()],
+        }
+        out.update(extra)
+        print(MARKER + json.dumps(out), flush=True)
+    if baseline.distributed:
+        dist.barrier()
+    # Leave without tearing the process group down: in one of several full
+    # hp-bench runs a rank of a baseline span in the kernel after printing
+    # its result until hprun's timeout (destroy_process_group / interpreter
+    # teardown of ProcessGroupGloo and the TCPStore). Nothing is left to do.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""hp-bench's PyTorch rows through their shared harness (bench/torch_baseline_common.py):
+each baseline prints one result line with the keys the driver reads, and
+torch_single's first loss is the reference GPT's loss on the single row's
+first batch.
+
+Usage: torch_baselines_test.py HPRUN   (run by the build's Python, HP_PYTHON)
+A tiny model and two timed steps keep it to a few seconds per row.
+"""
+import array
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCH = os.path.join(HERE, "..", "..", "bench")
+sys.path.insert(0, BENCH)
+import torch_baseline_common as common  # noqa: E402
+
+import torch  # noqa: E402
+
+FLAGS = {"--vocab": 64, "--seq": 8, "--d": 16, "--heads": 2, "--layers": 1, "--ctx": 8,
+         "--batch": 2, "--worker-steps": 2, "--warmup": 1, "--seed": 7}
+KEYS = {"row", "ranks", "torch_version", "threads", "parameters", "steps", "warmup",
+        "step_times_s", "losses", "first_loss", "peak_rss_delta_bytes_per_rank", "collectives"}
+
+
+def result_of(argv):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, f"{argv} exited {out.returncode}:\n{out.stdout}{out.stderr}"
+    lines = [l for l in out.stdout.splitlines() if common.MARKER in l]
+    assert len(lines) == 1, f"expected one result line, got:\n{out.stdout}"
+    return json.loads(lines[0].split(common.MARKER, 1)[1])
+
+
+def check_result(r, row, ranks):
+    if "skipped" in r:  # torch_fsdp2 on a PyTorch without FSDP2
+        assert row == "torch_fsdp2", r
+        return
+    missing = KEYS - set(r)
+    assert not missing, f"{row}: missing {missing}"
+    assert r["row"] == row and r["ranks"] == ranks, r
+    assert len(r["step_times_s"]) == FLAGS["--worker-steps"], r
+    assert len(r["peak_rss_delta_bytes_per_rank"]) == ranks, r
+    assert all(math.isfinite(v) for v in r["losses"] + [r["first_loss"]]), r
+    assert "method" in r["collectives"], r
+
+
+def reference_first_loss(tokens_path):
+    """The single row's first step: rank 0 of 1 takes the first --batch samples."""
+    torch.set_num_threads(1)
+    ref = common.load_reference()
+    tokens = common.read_tokens(tokens_path)
+    torch.manual_seed(FLAGS["--seed"])
+    model = ref.GPT({"vocab_size": FLAGS["--vocab"], "context": FLAGS["--ctx"],
+                     "n_layer": FLAGS["--layers"], "n_head": FLAGS["--heads"],
+                     "n_embd": FLAGS["--d"]})
+    x, y = common.batch_for_step(tokens, 0, FLAGS["--batch"], FLAGS["--seq"], 0, 1)
+    with torch.no_grad():
+        return ref.loss_of(model(x), y).item()
+
+
+def script_of(name):
+    return os.path.join(BENCH, f"torch_{name}_baseline.py")
+
+
+def main():
+    hprun = sys.argv[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        tokens_path = os.path.join(tmp, "tokens.u16")
+        ids = torch.randint(0, FLAGS["--vocab"], (4096,),
+                            generator=torch.Generator().manual_seed(1))
+        with open(tokens_path, "wb") as f:
+            f.write(array.array("H", ids.tolist()).tobytes())  # little-endian on x86
+        flags = [str(v) for kv in FLAGS.items() for v in kv] + ["--tokens", tokens_path,
+                                                                 "--unknown-flag", "1"]
+        single = result_of([sys.executable, script_of("single"), *flags])
+        check_result(single, "torch_single", 1)
+        assert single["collectives"]["all_reduce_per_step"] == 0, single
+        # The same model, data and kernels on one thread: the same loss, exactly.
+        assert single["first_loss"] == reference_first_loss(tokens_path), \
+            (single["first_loss"], reference_first_loss(tokens_path))
+        ddp = result_of([hprun, "-n", "2", "--timeout", "120", sys.executable, script_of("ddp"),
+                         *flags])
+        check_result(ddp, "torch_ddp", 2)
+        assert "ddp" in ddp, ddp
+        fsdp2 = result_of([hprun, "-n", "2", "--timeout", "120", sys.executable,
+                           script_of("fsdp2"), *flags])
+        check_result(fsdp2, "torch_fsdp2", 2)
+        assert "skipped" in fsdp2 or fsdp2["units"] == FLAGS["--layers"] + 1, fsdp2
+    print("torch baselines: OK")
+
+
+if __name__ == "__main__":
+    main()
