@@ -10,26 +10,6 @@
 
 namespace hp::checkpoint {
 
-namespace {
-
-// `layout` with every StridedShard made the plain Shard of its dim.
-Layout plain_of(const Layout& layout) {
-  ShardSpec spec = layout.spec();
-  for (auto& p : spec.placements) {
-    if (p.is_strided_shard()) p = Shard(p.dim());
-  }
-  return Layout(layout.mesh(), std::move(spec));
-}
-
-bool has_strided(const Layout& layout) {
-  for (const auto& p : layout.placements()) {
-    if (p.is_strided_shard()) return true;
-  }
-  return false;
-}
-
-}  // namespace
-
 void State::add(const std::string& key, const at::Tensor& whole) {
   HP_CHECK_ARG(whole.defined(), "checkpoint state: tensor '", key, "' is undefined");
   if (!is_dtensor(whole)) return add_entry({key, whole, whole.sizes().vec(), Layout()});
@@ -48,11 +28,11 @@ void State::add(const std::string& key, const DTensor& value) {
 
 void State::add_boxed(const std::string& key, const at::Tensor& local, const Layout& layout,
                       const std::vector<int64_t>& shape) {
-  if (!has_strided(layout)) return add(key, local, layout, shape);
+  if (!layout.has_strided()) return add(key, local, layout, shape);
   at::NoGradGuard no_grad;
   FromLocalOptions options;
   options.shape = shape;
-  const Layout plain = plain_of(layout);
+  const Layout plain = layout.without_strided(Layout::StridedAs::kPlainShard);
   at::Tensor piece = from_local(local, layout, options).redistribute(plain).local();
   add(key, piece, plain, shape);
   const at::Tensor target = local;

@@ -8,7 +8,6 @@
 #include "hp/dist/collectives.h"
 #include "hp/fsdp/dtensor_param.h"
 #include "hp/fsdp/storage.h"
-#include "hp/tensor/dispatch/dtensor_impl.h"
 #include "hp/tensor/dtensor_tensor.h"
 #include "hp/tensor/shard_spec.h"
 #include "hp/util/error.h"
@@ -156,8 +155,8 @@ void FSDPParam::point_at(const at::Tensor& local, bool shard) {
     param_.set_data(local);
     return;
   }
-  param_.set_data(dispatch::wrap_local(local, shard ? shard_layout_ : compute_layout_,
-                                       global_shape_));
+  param_.set_data(wrap_local_shard(local, shard ? shard_layout_ : compute_layout_,
+                                   global_shape_));
 }
 
 at::Tensor FSDPParam::local_grad(const at::Tensor& grad, bool shard) const {
@@ -176,7 +175,7 @@ at::Tensor FSDPParam::local_grad(const at::Tensor& grad, bool shard) const {
 
 at::Tensor FSDPParam::as_param_grad(at::Tensor local) const {
   if (!is_dtensor() || !local.defined()) return local;
-  return dispatch::wrap_local(std::move(local), shard_layout_, global_shape_);
+  return wrap_local_shard(local, shard_layout_, global_shape_);
 }
 
 bool FSDPParam::requires_grad() const { return param_.requires_grad(); }

@@ -1,16 +1,15 @@
 #include "hp/tensor/dtensor.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/functions/utils.h>
-#include <torch/csrc/autograd/grad_mode.h>
+#include <c10/util/accumulate.h>
+#include <c10/util/strides.h>
 
 #include <algorithm>
 #include <mutex>
 
 #include "hp/dist/collectives.h"
 #include "hp/dist/world.h"
-#include "hp/tensor/dispatch/rule_util.h"
+#include "hp/tensor/dtensor_autograd.h"
 #include "hp/tensor/redistribute_exec.h"
 #include "hp/tensor/redistribute_plan.h"
 #include "hp/util/error.h"
@@ -46,6 +45,9 @@ struct GradLayoutCell {
 
 namespace {
 
+using detail::attach;
+using detail::gradient_layout;
+using detail::needs_grad;
 using torch::autograd::variable_list;
 
 int64_t product_of_sharding_sizes(const Layout& layout, int64_t tensor_dim) {
@@ -53,11 +55,6 @@ int64_t product_of_sharding_sizes(const Layout& layout, int64_t tensor_dim) {
   for (int64_t m : layout.mesh_dims_of(tensor_dim)) n *= layout.mesh()->size(m);
   return n;
 }
-
-// The layout in which a DTensor of `layout` receives its (global) gradient
-// from a redistribute: a Partial value's gradient is the whole gradient,
-// so Partial dims become Replicate.
-Layout gradient_layout_of(const Layout& layout) { return dispatch::without_partial(layout); }
 
 // d(mean of n partial values)/d(one of them) = 1/n: the product of the sizes
 // of the Partial(avg) dims divides a global gradient into a local one.
@@ -105,7 +102,7 @@ struct FromLocalBackward : torch::autograd::Node {
     Layout arrived = cell->get_or(layout);
     // As torch: a gradient in the DTensor's own layout is the local gradient.
     if (arrived == layout) return {grads[0]};
-    at::Tensor g = move_gradient(grads[0], arrived, gradient_layout_of(layout), shape);
+    at::Tensor g = move_gradient(grads[0], arrived, gradient_layout(layout), shape);
     const int64_t divisor = average_divisor(layout);
     return {divisor == 1 ? g : g / divisor};
   }
@@ -119,30 +116,15 @@ struct RedistributeBackward : torch::autograd::Node {
 
   variable_list apply(variable_list&& grads) override {
     if (!grads[0].defined()) return {at::Tensor()};
-    return {move_gradient(grads[0], cell->get_or(target), gradient_layout_of(source), shape)};
+    return {move_gradient(grads[0], cell->get_or(target), gradient_layout(source), shape)};
   }
   std::string name() const override { return "hp::RedistributeBackward"; }
 };
-
-// Makes `out` (a fresh tensor) the output of `node`, whose input is `input`.
-template <typename NodeT>
-at::Tensor attach(compat::AutogradNodePtr<NodeT> node, const at::Tensor& input, at::Tensor out) {
-  node->set_next_edges(torch::autograd::collect_next_edges(input));
-  if (out.is_same(input)) out = input.detach();
-  torch::autograd::set_history(out, node);
-  return out;
-}
-
-bool needs_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
 
 void check_on_mesh(const Layout& layout, const char* op) {
   HP_CHECK_ARG(layout.defined(), op, ": the layout is undefined");
   HP_CHECK_ARG(layout.mesh()->contains_self(), op, ": rank ", dist::get_rank(),
                " is not part of ", layout.mesh()->describe());
-}
-
-std::vector<int64_t> local_shape_at(const std::vector<int64_t>& shape, const Layout& layout) {
-  return local_shape(shape, layout.spec(), layout.mesh()->shape(), layout.mesh()->coordinate());
 }
 
 // One row of integers from every rank of the mesh, each with its sender's
@@ -252,29 +234,23 @@ int64_t DTensor::size(int64_t dim) const {
   return shape_[dim < 0 ? dim + n : dim];
 }
 
-int64_t DTensor::numel() const {
-  int64_t n = 1;
-  for (int64_t s : shape_) n *= s;
-  return n;
-}
+int64_t DTensor::numel() const { return c10::multiply_integers(shape_); }
 
 std::vector<int64_t> DTensor::strides() const {
-  std::vector<int64_t> strides(shape_.size(), 1);
-  for (int64_t d = dim() - 2; d >= 0; --d) strides[d] = strides[d + 1] * std::max<int64_t>(shape_[d + 1], 1);
-  return strides;
+  return c10::IntArrayRef(c10::contiguous_strides(shape_)).vec();
 }
 
 std::vector<int64_t> DTensor::local_shape() const { return local_.sizes().vec(); }
 
 std::vector<int64_t> DTensor::local_offset() const {
-  return hp::local_offset(shape_, layout_.spec(), mesh()->shape(), mesh()->coordinate());
+  return layout_.local_offset(shape_);
 }
 
 at::Tensor DTensor::to_local(const std::optional<Placements>& grad_placements) const {
   HP_CHECK_ARG(defined(), "to_local: the DTensor is undefined");
   if (grad_placements) {
     Layout grad_layout = Layout(mesh(), *grad_placements).normalized(dim());
-    auto grad_shape = local_shape_at(shape_, grad_layout);
+    auto grad_shape = grad_layout.local_shape(shape_);
     HP_CHECK_ARG(grad_shape == local_.sizes().vec(), "to_local: grad_placements ",
                  to_string(*grad_placements), " give this rank a gradient of shape ",
                  to_string(grad_shape), " but its local tensor under ", to_string(placements()),
@@ -312,7 +288,7 @@ DTensor DTensor::redistribute(const Layout& target) const {
     check_differentiable(dst, "redistribute: a target layout",
                          "for a DTensor that requires grad",
                          "detach it first or redistribute to Replicate() instead");
-    if (grad_cell_) grad_cell_->record(gradient_layout_of(layout_), "redistribute()");
+    if (grad_cell_) grad_cell_->record(gradient_layout(layout_), "redistribute()");
   }
   at::Tensor out = redistribute_local(local_, layout_, dst, shape_);
   if (!grad) return DTensor(out, dst, shape_, nullptr);
@@ -341,7 +317,7 @@ std::string DTensor::explain(const Layout& target) const {
 }
 
 at::Tensor DTensor::full_tensor() const {
-  return redistribute(Placements(mesh()->ndim(), Replicate())).to_local();
+  return redistribute(Layout::replicated(mesh())).to_local();
 }
 
 std::string DTensor::str() const {
@@ -354,42 +330,18 @@ DTensor distribute_tensor(const at::Tensor& tensor, const Layout& layout) {
   HP_CHECK_ARG(tensor.defined(), "distribute_tensor: tensor is undefined");
   check_on_mesh(layout, "distribute_tensor");
   Layout norm = layout.normalized(tensor.dim());
-  const DeviceMesh& mesh = *norm.mesh();
-  const auto& coord = mesh.coordinate();
-  std::vector<int64_t> shape = tensor.sizes().vec();
-  at::Tensor piece = tensor.detach();
-  for (int64_t d = 0; d < tensor.dim(); ++d) {
-    bool strided = false;
-    for (const auto& p : norm.placements()) strided |= p.is_strided_shard(d);
-    if (strided) continue;
-    Span s = shard_span(shape[d], norm.spec(), d, mesh.shape(), coord);
-    piece = piece.narrow(d, s.offset, s.size);
-  }
-  // A strided shard takes its piece of each block instead (the plain narrow
-  // above skipped its dim: shard_span reports k pieces, not one span).
-  for (int64_t m = 0; m < mesh.ndim(); ++m) {
-    const Placement& p = norm.placements()[m];
-    if (!p.is_strided_shard()) continue;
-    const int64_t d = p.dim(), k = p.split_factor();
-    HP_CHECK_ARG(shape[d] % (k * mesh.size(m)) == 0, "distribute_tensor: ", p.str(),
-                 " needs tensor dim ", d, " (size ", shape[d], ") divisible by ",
-                 k * mesh.size(m), " (", k, " blocks over ", mesh.size(m), " ranks)");
-    const int64_t each = shape[d] / k / mesh.size(m);
-    std::vector<at::Tensor> pieces;
-    for (int64_t b = 0; b < k; ++b) {
-      pieces.push_back(piece.narrow(d, b * (shape[d] / k) + coord[m] * each, each));
-    }
-    piece = at::cat(pieces, d);
-  }
-  bool zero = false;
-  for (int64_t m = 0; m < mesh.ndim(); ++m) {
-    const Placement& p = norm.placements()[m];
-    if (p.is_partial() && !partition_keeps_value(p.reduce_op(), coord[m])) zero = true;
-  }
-  at::Tensor local = zero ? at::zeros_like(piece, at::MemoryFormat::Contiguous)
-                          : piece.clone(at::MemoryFormat::Contiguous);
+  // From Replicate, the planner's steps are all local (chunks, strided
+  // chunks, partitions): each rank keeps its piece, nothing is sent.
+  const at::Tensor whole = tensor.detach();
+  at::Tensor local =
+      redistribute_local(whole, Layout::replicated(norm.mesh()), norm, whole.sizes().vec());
+  // A layout that keeps it all (Replicate, or one rank per sharding mesh
+  // dim) may hand back the input's storage; the DTensor owns its own.
+  const bool shares = local.is_same(whole) || (local.has_storage() && whole.has_storage() &&
+                                               local.is_alias_of(whole));
+  if (shares) local = whole.clone(at::MemoryFormat::Contiguous);
   local.requires_grad_(tensor.requires_grad());
-  return DTensor(local, norm, shape, nullptr);
+  return DTensor(local, norm, whole.sizes().vec(), nullptr);
 }
 
 DTensor distribute_tensor(const at::Tensor& tensor, DeviceMeshPtr mesh,
@@ -421,7 +373,7 @@ DTensor from_local(const at::Tensor& local, const Layout& layout,
     check_local_shapes(norm, shape, shapes);
   } else if (options.shape) {
     // No collective here, so this rank's own piece is all it can check.
-    auto expected = local_shape(shape, norm.spec(), mesh.shape(), mesh.coordinate());
+    auto expected = norm.local_shape(shape);
     HP_CHECK_ARG(expected == local.sizes().vec(), "from_local: the local tensor of shape ",
                  to_string(local.sizes().vec()), " on rank ", dist::get_rank(),
                  " (coordinate ", to_string(mesh.coordinate()), ") does not fit ",

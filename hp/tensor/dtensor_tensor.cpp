@@ -1,15 +1,11 @@
 #include "hp/tensor/dtensor_tensor.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/functions/utils.h>
-#include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include "hp/tensor/dispatch/dtensor_impl.h"
-#include "hp/tensor/dispatch/rule_util.h"
+#include "hp/tensor/dtensor_autograd.h"
 #include "hp/tensor/redistribute_exec.h"
-#include "hp/tensor/redistribute_plan.h"
 #include "hp/util/error.h"
 #include "hp/util/torch_compat.h"
 
@@ -20,6 +16,9 @@ namespace {
 using dispatch::DTensorImpl;
 using dispatch::dtensor_impl;
 using dispatch::wrap_local;
+using detail::attach;
+using detail::gradient_layout;
+using detail::needs_grad;
 using torch::autograd::variable_list;
 
 const DTensorImpl& checked_impl(const at::Tensor& t, const char* fn) {
@@ -30,10 +29,6 @@ const DTensorImpl& checked_impl(const at::Tensor& t, const char* fn) {
   return *impl;
 }
 
-// A gradient's layout: a Partial value's gradient is the whole gradient on
-// every rank (torch's rule), so Partial dims become Replicate.
-Layout gradient_layout(const Layout& layout) { return dispatch::without_partial(layout); }
-
 // A tensor-form gradient moved into `layout` (a plain one is taken as is).
 at::Tensor grad_into(const at::Tensor& grad, const Layout& layout) {
   const DTensorImpl* impl = dtensor_impl(grad);
@@ -42,15 +37,6 @@ at::Tensor grad_into(const at::Tensor& grad, const Layout& layout) {
       redistribute_local(impl->local(), impl->layout(), layout, impl->global_shape()), layout,
       impl->global_shape());
 }
-
-template <typename NodeT>
-at::Tensor attach(compat::AutogradNodePtr<NodeT> node, const at::Tensor& input, at::Tensor out) {
-  node->set_next_edges(torch::autograd::collect_next_edges(input));
-  torch::autograd::set_history(out, node);
-  return out;
-}
-
-bool needs_grad(const at::Tensor& t) { return at::GradMode::is_enabled() && t.requires_grad(); }
 
 // Backward of local -> tensor form: the gradient, moved into the layout the
 // local's producer expects, unwrapped.
@@ -164,8 +150,7 @@ at::Tensor to_local(const at::Tensor& tensor, const std::optional<Placements>& g
   if (grad_placements) {
     grad_layout = Layout(impl.layout().mesh(), *grad_placements)
                       .normalized(static_cast<int64_t>(impl.global_shape().size()));
-    const auto want = local_shape(impl.global_shape(), grad_layout.spec(),
-                                  grad_layout.mesh()->shape(), grad_layout.mesh()->coordinate());
+    const auto want = grad_layout.local_shape(impl.global_shape());
     HP_CHECK_ARG(want == impl.local().sizes().vec(), "to_local: grad_placements ",
                  to_string(*grad_placements), " give this rank a gradient of shape ",
                  to_string(want), " but the local shard has shape ",
@@ -179,11 +164,16 @@ at::Tensor to_local(const at::Tensor& tensor, const std::optional<Placements>& g
   return attach(node, tensor, local);
 }
 
+at::Tensor wrap_local_shard(const at::Tensor& local, const Layout& layout,
+                            const std::vector<int64_t>& shape) {
+  HP_CHECK_ARG(local.defined(), "wrap_local_shard: the local shard is undefined");
+  HP_CHECK_ARG(layout.defined(), "wrap_local_shard: the layout is undefined");
+  return wrap_local(local, layout, shape);
+}
+
 at::Tensor full_tensor(const at::Tensor& tensor) {
   const DTensorImpl& impl = checked_impl(tensor, "full_tensor");
-  return to_local(redistribute(tensor, Layout(impl.layout().mesh(),
-                                              Placements(impl.layout().mesh()->ndim(),
-                                                         Replicate()))));
+  return to_local(redistribute(tensor, Layout::replicated(impl.layout().mesh())));
 }
 
 }  // namespace hp

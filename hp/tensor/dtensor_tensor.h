@@ -18,6 +18,7 @@
 // rules; hp::DTensor (dtensor.h) is the same value in value form.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <vector>
 
@@ -43,6 +44,13 @@ DTensor as_dtensor(const at::Tensor& tensor);
 // and returns the tensor form: a new leaf that requires grad iff `full`
 // does. Typical for parameters.
 at::Tensor distribute(const at::Tensor& full, const Layout& layout);
+
+// Wraps this rank's shard `local` of a tensor of global `shape` laid out as
+// `layout` as a tensor form, with no autograd history and no check beyond
+// definedness: the caller guarantees that `local` is that piece (e.g.
+// FSDP's views into its flat buffers). Shares `local`'s storage.
+at::Tensor wrap_local_shard(const at::Tensor& local, const Layout& layout,
+                            const std::vector<int64_t>& shape);
 
 // The layout of a tensor-form DTensor (ArgumentError for a plain tensor).
 const Layout& layout_of(const at::Tensor& tensor);

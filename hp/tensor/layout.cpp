@@ -12,6 +12,24 @@ bool is_unsharded(const DimAlias& entry) {
   return entry.empty() || (entry.size() == 1 && entry[0] == "None");
 }
 
+// `layout` with `replace` (true when it changed its placement) applied to
+// every placement; the layout itself (its spec shared) when none changed.
+// A shard order keeps only the mesh dims that still shard its tensor dim.
+template <typename Replace>
+Layout with_replaced(const Layout& layout, Replace&& replace) {
+  ShardSpec spec = layout.spec();
+  bool changed = false;
+  for (auto& p : spec.placements) changed |= replace(p);
+  if (!changed) return layout;
+  for (auto& [dim, order] : spec.orders) {
+    const int64_t tensor_dim = dim;
+    order.erase(std::remove_if(order.begin(), order.end(),
+                               [&](int64_t m) { return !spec.placements[m].is_shard(tensor_dim); }),
+                order.end());
+  }
+  return Layout(layout.mesh(), std::move(spec));
+}
+
 }  // namespace
 
 Layout::Layout(DeviceMeshPtr mesh, Placements placements)
@@ -164,6 +182,50 @@ Layout Layout::normalized(int64_t tensor_ndim) const {
     spec.orders[dim < 0 ? dim + tensor_ndim : dim] = order;
   }
   return Layout(mesh_, std::move(spec));
+}
+
+Layout Layout::replicated(DeviceMeshPtr mesh) {
+  HP_CHECK_ARG(mesh != nullptr, "Layout::replicated: mesh must not be null");
+  const int64_t ndim = mesh->ndim();
+  return Layout(std::move(mesh), Placements(ndim, Replicate()));
+}
+
+Layout Layout::without_partial() const {
+  return with_replaced(*this, [](Placement& p) {
+    if (!p.is_partial()) return false;
+    p = Replicate();
+    return true;
+  });
+}
+
+Layout Layout::unshard_dim(int64_t tensor_dim) const {
+  return with_replaced(*this, [tensor_dim](Placement& p) {
+    if (!p.is_sharded() || p.dim() != tensor_dim) return false;
+    p = Replicate();
+    return true;
+  });
+}
+
+bool Layout::has_strided() const {
+  const Placements& own = placements();
+  return std::any_of(own.begin(), own.end(),
+                     [](const Placement& p) { return p.is_strided_shard(); });
+}
+
+Layout Layout::without_strided(StridedAs as) const {
+  return with_replaced(*this, [as](Placement& p) {
+    if (!p.is_strided_shard()) return false;
+    p = as == StridedAs::kReplicate ? Replicate() : Shard(p.dim());
+    return true;
+  });
+}
+
+std::vector<int64_t> Layout::local_shape(const std::vector<int64_t>& shape) const {
+  return hp::local_shape(shape, spec(), mesh_->shape(), mesh_->coordinate());
+}
+
+std::vector<int64_t> Layout::local_offset(const std::vector<int64_t>& shape) const {
+  return hp::local_offset(shape, spec(), mesh_->shape(), mesh_->coordinate());
 }
 
 std::string Layout::str() const {

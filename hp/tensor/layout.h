@@ -57,6 +57,27 @@ class Layout {
   // `tensor_ndim` dims; shard dims out of range raise ArgumentError.
   Layout normalized(int64_t tensor_ndim) const;
 
+  // Every mesh dim Replicate.
+  static Layout replicated(DeviceMeshPtr mesh);
+  // Operations on a layout. Each returns *this (sharing the spec, nothing
+  // allocated) when nothing changes.
+  // Every Partial placement replaced by Replicate.
+  Layout without_partial() const;
+  // Every placement that shards `tensor_dim` replaced by Replicate.
+  Layout unshard_dim(int64_t tensor_dim) const;
+  // Whether any placement is a StridedShard.
+  bool has_strided() const;
+  // Every StridedShard replaced by `as`: kReplicate for code that knows no
+  // strided shards (the op rules that are not strided-aware), kPlainShard
+  // for a box of the global tensor (a checkpoint's piece).
+  enum class StridedAs { kReplicate, kPlainShard };
+  Layout without_strided(StridedAs as) const;
+
+  // This rank's local shape and global offset of a tensor of global `shape`
+  // laid out as this layout (the rank's coordinate in the mesh).
+  std::vector<int64_t> local_shape(const std::vector<int64_t>& shape) const;
+  std::vector<int64_t> local_offset(const std::vector<int64_t>& shape) const;
+
   // "Layout(mesh ['dp', 'tp'] [2, 2], [S(0), R])".
   std::string str() const;
 

@@ -73,24 +73,31 @@ Span shard_span(int64_t length, const ShardSpec& spec, int64_t tensor_dim,
   return span;
 }
 
+namespace {
+
+// One field of the span of every tensor dim held at `coordinate`.
+std::vector<int64_t> span_field(const std::vector<int64_t>& global_shape, const ShardSpec& spec,
+                                const std::vector<int64_t>& mesh_shape,
+                                const std::vector<int64_t>& coordinate, int64_t Span::*field) {
+  std::vector<int64_t> out(global_shape.size());
+  for (size_t d = 0; d < global_shape.size(); ++d) {
+    out[d] = shard_span(global_shape[d], spec, d, mesh_shape, coordinate).*field;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<int64_t> local_shape(const std::vector<int64_t>& global_shape, const ShardSpec& spec,
                                  const std::vector<int64_t>& mesh_shape,
                                  const std::vector<int64_t>& coordinate) {
-  std::vector<int64_t> shape(global_shape.size());
-  for (size_t d = 0; d < global_shape.size(); ++d) {
-    shape[d] = shard_span(global_shape[d], spec, d, mesh_shape, coordinate).size;
-  }
-  return shape;
+  return span_field(global_shape, spec, mesh_shape, coordinate, &Span::size);
 }
 
 std::vector<int64_t> local_offset(const std::vector<int64_t>& global_shape, const ShardSpec& spec,
                                   const std::vector<int64_t>& mesh_shape,
                                   const std::vector<int64_t>& coordinate) {
-  std::vector<int64_t> offset(global_shape.size());
-  for (size_t d = 0; d < global_shape.size(); ++d) {
-    offset[d] = shard_span(global_shape[d], spec, d, mesh_shape, coordinate).offset;
-  }
-  return offset;
+  return span_field(global_shape, spec, mesh_shape, coordinate, &Span::offset);
 }
 
 }  // namespace hp

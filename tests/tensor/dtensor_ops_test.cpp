@@ -1505,6 +1505,30 @@ TEST(DTensorOps, OpWithoutRuleRaisesArgumentError) {
   EXPECT_TRUE(holds(X + Y, {Shard(0)}, x + y, exact()));
 }
 
+// Global sizes that libtorch would refuse on plain tensors are refused on
+// DTensors too, with libtorch's own reason and the inputs' placements and
+// shapes, before anything runs: shapes that do not broadcast (whatever the
+// shards would make of them locally) and a view of another element count.
+TEST(DTensorOps, MismatchedSizesRaiseArgumentError) {
+  const at::Tensor x = data({7, 5}, 131), y = data({7, 3}, 132), z = data({4, 6}, 133);
+  at::Tensor X = distribute(x, on_line({Shard(0)}));
+  at::Tensor Y = distribute(y, on_line({Replicate()}));
+  at::Tensor Z = distribute(z, on_line({Shard(1)}));
+  EXPECT_THAT([&] { X + Y; },
+              ThrowsMessage<ArgumentError>(
+                  AllOf(HasSubstr("aten::add.Tensor([S(0)][7, 5], [R][7, 3])"),
+                        HasSubstr("size of tensor a (5) must match"))));
+  EXPECT_THAT([&] { at::mul(Z, z.narrow(1, 0, 3)); },
+              ThrowsMessage<ArgumentError>(
+                  AllOf(HasSubstr("aten::mul.Tensor([S(1)][4, 6], plain[4, 3])"),
+                        HasSubstr("at non-singleton dimension 1"))));
+  EXPECT_THAT([&] { X.view({6, 6}); },
+              ThrowsMessage<ArgumentError>(AllOf(HasSubstr("aten::view([S(0)][7, 5]"),
+                                                 HasSubstr("invalid for input of size 35"))));
+  // The next op still works: the error left nothing half done.
+  EXPECT_TRUE(holds(X + X, {Shard(0)}, x + x, exact()));
+}
+
 // An in-place op that would have to change self's layout (a nonlinear op on
 // a Partial self needs it reduced) is refused, and self is left unchanged.
 TEST(DTensorOps, InPlaceOpThatWouldChangeSelfsLayoutRaises) {

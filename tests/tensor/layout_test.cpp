@@ -79,6 +79,52 @@ TEST(Layout, AliasPlacementsAndTensorMapRoundTrip) {
   EXPECT_THAT(c.str(), HasSubstr("order{0: [1, 0]}"));
 }
 
+// The layout algebra the sharding rules, DTensor's autograd and the
+// checkpoint build on: each operation replaces some placements, keeps the
+// rest and a shard order that still applies, and returns the same layout
+// (its spec shared) when nothing changes.
+TEST(Layout, OperationsReplacePlacements) {
+  auto mesh = mesh_2d();
+  const Layout partial(mesh, {Partial("avg"), Shard(1)});
+  EXPECT_EQ(partial.without_partial().placements(), (Placements{Replicate(), Shard(1)}));
+  EXPECT_EQ(Layout::replicated(mesh).placements(), (Placements{Replicate(), Replicate()}));
+  const Layout plain(mesh, {Shard(0), Replicate()});
+  EXPECT_EQ(&plain.without_partial().spec(), &plain.spec());
+  EXPECT_EQ(&plain.unshard_dim(1).spec(), &plain.spec());
+  EXPECT_EQ(&plain.without_strided(Layout::StridedAs::kReplicate).spec(), &plain.spec());
+  EXPECT_FALSE(plain.has_strided());
+
+  // Tensor dim 0 sharded by both mesh dims, "tp" outermost: unsharding it
+  // drops its order with it; unsharding another dim keeps the order.
+  const Layout both = Layout::from_alias(mesh, {{"tp", "dp"}, {"None"}});
+  ASSERT_EQ(both.mesh_dims_of(0), (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(both.unshard_dim(0), Layout::replicated(mesh));
+  EXPECT_EQ(both.unshard_dim(1), both);
+  EXPECT_EQ(both.without_partial(), both);
+
+  const Layout strided(mesh, {StridedShard(0, 2), Shard(1)});
+  EXPECT_TRUE(strided.has_strided());
+  EXPECT_EQ(strided.without_strided(Layout::StridedAs::kReplicate).placements(),
+            (Placements{Replicate(), Shard(1)}));
+  EXPECT_EQ(strided.without_strided(Layout::StridedAs::kPlainShard).placements(),
+            (Placements{Shard(0), Shard(1)}));
+  EXPECT_EQ(strided.unshard_dim(0).placements(), (Placements{Replicate(), Shard(1)}));
+}
+
+// This rank's piece under a layout is the chunk arithmetic at its coordinate.
+TEST(Layout, LocalShapeAndOffsetAtThisRank) {
+  auto mesh = mesh_2d();
+  const Layout layout(mesh, {Shard(0), Shard(1)});
+  const std::vector<int64_t> shape = {7, 5};
+  EXPECT_EQ(layout.local_shape(shape),
+            local_shape(shape, layout.spec(), mesh->shape(), mesh->coordinate()));
+  EXPECT_EQ(layout.local_offset(shape),
+            local_offset(shape, layout.spec(), mesh->shape(), mesh->coordinate()));
+  const Span rows = chunk_span(7, mesh->size(0), mesh->coordinate(0));
+  EXPECT_EQ(layout.local_shape(shape)[0], rows.size);
+  EXPECT_EQ(layout.local_offset(shape)[0], rows.offset);
+}
+
 TEST(LayoutErrors, AliasAndTensorMapErrors) {
   auto mesh = mesh_2d();
   EXPECT_THAT([&] { Layout::from_alias(mesh, {{"pp"}, {"None"}}); },

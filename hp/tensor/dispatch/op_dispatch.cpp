@@ -164,18 +164,10 @@ void fallback(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::St
   if (!rule) throw_unsupported(call);
   if (!rule->strided_aware) {
     for (OpInput& in : call.inputs()) {
-      const Placements& placements = in.layout.placements();
-      if (std::none_of(placements.begin(), placements.end(),
-                       [](const Placement& p) { return p.is_strided_shard(); })) {
-        continue;
-      }
-      ShardSpec spec = in.layout.spec();
-      for (auto& p : spec.placements) {
-        if (p.is_strided_shard()) p = Replicate();
-      }
-      Layout plain(in.layout.mesh(), std::move(spec));
+      if (!in.layout.has_strided()) continue;
+      Layout plain = in.layout.without_strided(Layout::StridedAs::kReplicate);
       in.local = move_local(in, plain);
-      in.layout = plain;
+      in.layout = std::move(plain);
     }
   }
   OpPlan plan = rule->rule(call);

@@ -1,74 +1,19 @@
 #include "hp/tensor/dispatch/rule_util.h"
 
+#include <ATen/ExpandUtils.h>
+
 #include <algorithm>
 
 #include "hp/util/error.h"
 
 namespace hp::dispatch {
 
-Layout make_layout(const DeviceMeshPtr& mesh, Placements placements) {
-  return Layout(mesh, std::move(placements));
-}
-
-Layout replicated(const DeviceMeshPtr& mesh) {
-  return Layout(mesh, Placements(mesh->ndim(), Replicate()));
-}
-
-Layout without_partial(const Layout& layout) {
-  ShardSpec spec = layout.spec();
-  bool changed = false;
-  for (auto& p : spec.placements) {
-    if (p.is_partial()) {
-      p = Replicate();
-      changed = true;
-    }
-  }
-  return changed ? Layout(layout.mesh(), std::move(spec)) : layout;
-}
-
-Layout unshard_dim(const Layout& layout, int64_t tensor_dim) {
-  ShardSpec spec = layout.spec();
-  bool changed = false;
-  for (auto& p : spec.placements) {
-    if (p.is_sharded() && p.dim() == tensor_dim) {
-      p = Replicate();
-      changed = true;
-    }
-  }
-  if (!changed) return layout;
-  spec.orders.erase(tensor_dim);
-  return Layout(layout.mesh(), std::move(spec));
-}
-
-Shape local_shape_of(const Shape& shape, const Layout& layout) {
-  const auto& mesh = *layout.mesh();
-  return local_shape(shape, layout.spec(), mesh.shape(), mesh.coordinate());
-}
-
-Shape local_offset_of(const Shape& shape, const Layout& layout) {
-  const auto& mesh = *layout.mesh();
-  return local_offset(shape, layout.spec(), mesh.shape(), mesh.coordinate());
-}
-
-Shape broadcast_shapes(const std::vector<Shape>& shapes) {
-  size_t n = 0;
-  for (const auto& s : shapes) n = std::max(n, s.size());
-  Shape out(n, 1);
+Shape broadcast_shape(const OpCall& call, const std::vector<Shape>& shapes) {
+  Shape out;
   for (const auto& s : shapes) {
-    const size_t off = n - s.size();
-    for (size_t i = 0; i < s.size(); ++i) {
-      if (s[i] != 1) out[off + i] = s[i];
-    }
+    out = checked_by_torch(call, [&] { return at::infer_size(out, s); });
   }
   return out;
-}
-
-std::vector<int64_t> contiguous_strides(const Shape& sizes) {
-  std::vector<int64_t> strides(sizes.size(), 1);
-  for (int64_t i = static_cast<int64_t>(sizes.size()) - 2; i >= 0; --i) {
-    strides[i] = strides[i + 1] * std::max<int64_t>(sizes[i + 1], 1);
-  }
-  return strides;
 }
 
 OpPlan plan_pointwise(OpCall& call, PartialRule partial, int64_t inplace, size_t num_outputs) {
@@ -91,7 +36,7 @@ OpPlan plan_pointwise(OpCall& call, PartialRule partial, int64_t inplace, size_t
   }
   std::vector<Shape> shapes;
   for (const auto& in : ins) shapes.push_back(in.shape);
-  const Shape out_shape = inplace >= 0 ? ins[inplace].shape : broadcast_shapes(shapes);
+  const Shape out_shape = inplace >= 0 ? ins[inplace].shape : broadcast_shape(call, shapes);
   const int64_t out_nd = static_cast<int64_t>(out_shape.size());
 
   // Whether input k's dim d is broadcast (size 1 against a larger output).
@@ -176,12 +121,12 @@ OpPlan plan_pointwise(OpCall& call, PartialRule partial, int64_t inplace, size_t
   }
   OpPlan plan;
   for (size_t k = 0; k < ins.size(); ++k) {
-    Layout wanted = make_layout(mesh, need[k]);
+    const Layout wanted(mesh, need[k]);
     // Keep a multi-axis order the input already has when placements agree.
     plan.inputs.push_back(wanted.placements() == ins[k].layout.placements() ? ins[k].layout
                                                                             : wanted);
   }
-  Layout out_layout = make_layout(mesh, out);
+  Layout out_layout(mesh, out);
   if (inplace >= 0) out_layout = ins[inplace].layout;
   for (size_t i = 0; i < num_outputs; ++i) plan.outputs.push_back({out_layout, out_shape});
   return plan;
@@ -189,8 +134,9 @@ OpPlan plan_pointwise(OpCall& call, PartialRule partial, int64_t inplace, size_t
 
 OpPlan plan_replicated(OpCall& call, const std::vector<Shape>& output_shapes) {
   OpPlan plan;
-  for (size_t k = 0; k < call.inputs().size(); ++k) plan.inputs.push_back(replicated(call.mesh()));
-  for (const auto& s : output_shapes) plan.outputs.push_back({replicated(call.mesh()), s});
+  const Layout replicated = Layout::replicated(call.mesh());
+  plan.inputs.assign(call.inputs().size(), replicated);
+  for (const auto& s : output_shapes) plan.outputs.push_back({replicated, s});
   return plan;
 }
 

@@ -4,29 +4,30 @@
 #include <cstdint>
 #include <vector>
 
+#include <c10/util/Exception.h>
+
 #include "hp/tensor/dispatch/sharding_rule.h"
+#include "hp/util/error.h"
 
 namespace hp::dispatch {
 
 inline int64_t wrap_dim(int64_t dim, int64_t ndim) { return dim < 0 ? dim + ndim : dim; }
 
-Layout make_layout(const DeviceMeshPtr& mesh, Placements placements);
-Layout replicated(const DeviceMeshPtr& mesh);
-// `layout` with every Partial placement replaced by Replicate.
-Layout without_partial(const Layout& layout);
-// `layout` with every placement that shards `tensor_dim` replaced by Replicate.
-Layout unshard_dim(const Layout& layout, int64_t tensor_dim);
+// Runs `check` (libtorch's own shape arithmetic, which raises c10::Error on
+// bad sizes) and returns its result; a c10::Error becomes an ArgumentError
+// naming `call` (its inputs' placements and global shapes).
+template <typename Check>
+auto checked_by_torch(const OpCall& call, Check&& check) -> decltype(check()) {
+  try {
+    return check();
+  } catch (const c10::Error& e) {
+    throw_argument_error(cat("DTensor: ", call.describe(), ": ", exception_message(e)));
+  }
+}
 
-// The local shape of a tensor of global `shape` laid out as `layout` on
-// this rank, and its offset.
-Shape local_shape_of(const Shape& shape, const Layout& layout);
-Shape local_offset_of(const Shape& shape, const Layout& layout);
-
-// Broadcast shape of several shapes (numpy rules).
-Shape broadcast_shapes(const std::vector<Shape>& shapes);
-
-// Contiguous strides for `sizes`.
-std::vector<int64_t> contiguous_strides(const Shape& sizes);
+// The broadcast shape of `shapes` (torch's rules, at::infer_size); shapes
+// that do not broadcast raise ArgumentError naming `call` (its inputs' shapes).
+Shape broadcast_shape(const OpCall& call, const std::vector<Shape>& shapes);
 
 // How a pointwise op treats Partial inputs.
 enum class PartialRule {

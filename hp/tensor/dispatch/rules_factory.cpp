@@ -2,6 +2,8 @@
 // template's layout (a Partial dim becomes Replicate: ones_like of a Partial
 // would otherwise sum to n). new_* ops with the template's global size do
 // the same; any other size makes a Replicate tensor of that size.
+#include <c10/util/strides.h>
+
 #include "hp/tensor/dispatch/rule_util.h"
 
 namespace hp::dispatch {
@@ -12,7 +14,7 @@ OpPlan like_rule(OpCall& call) {
   const OpInput& self = call.input(0);
   OpPlan plan;
   plan.inputs = call.input_layouts();
-  plan.outputs.push_back({without_partial(self.layout), self.shape});
+  plan.outputs.push_back({self.layout.without_partial(), self.shape});
   return plan;
 }
 
@@ -21,13 +23,15 @@ OpPlan like_rule(OpCall& call) {
 OpPlan new_rule(OpCall& call) {
   const OpInput& self = call.input(0);
   const Shape size = call.ints_arg(1);
-  Layout out = size == self.shape ? without_partial(self.layout) : replicated(call.mesh());
-  const Shape local = local_shape_of(size, out);
+  Layout out = size == self.shape ? self.layout.without_partial() : Layout::replicated(call.mesh());
+  const Shape local = out.local_shape(size);
   OpPlan plan;
   plan.inputs = call.input_layouts();
   plan.outputs.push_back({out, size});
   call.arg(1) = c10::IValue(local);
-  if (call.name() == "aten::new_empty_strided") call.arg(2) = c10::IValue(contiguous_strides(local));
+  if (call.name() == "aten::new_empty_strided") {
+    call.arg(2) = c10::IValue(c10::IntArrayRef(c10::contiguous_strides(local)).vec());
+  }
   return plan;
 }
 

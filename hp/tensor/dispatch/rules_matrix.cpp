@@ -66,9 +66,9 @@ OpPlan plan_contraction(OpCall& call, size_t ia, size_t ib, int64_t batch, Shape
   auto keep_order = [](const Layout& have, Layout want) {
     return have.placements() == want.placements() ? have : want;
   };
-  plan.inputs[ia] = keep_order(A.layout, make_layout(mesh, pa));
-  plan.inputs[ib] = keep_order(B.layout, make_layout(mesh, pb));
-  plan.outputs.push_back({make_layout(mesh, po), std::move(out_shape)});
+  plan.inputs[ia] = keep_order(A.layout, Layout(mesh, pa));
+  plan.inputs[ib] = keep_order(B.layout, Layout(mesh, pb));
+  plan.outputs.push_back({Layout(mesh, po), std::move(out_shape)});
   return plan;
 }
 
@@ -107,7 +107,7 @@ OpPlan addmm_rule(OpCall& call) {
       pbias[d] = po;
     }
   }
-  Layout want = make_layout(call.mesh(), pbias);
+  Layout want(call.mesh(), pbias);
   plan.inputs[0] = want.placements() == call.input(0).layout.placements() ? call.input(0).layout
                                                                           : want;
   return plan;

@@ -9,6 +9,7 @@
 //    picked values across the shards, so the loss of vocabulary-sharded
 //    logits is computed without gathering them (loss parallel).
 #include <ATen/ATen.h>
+#include <ATen/core/Reduction.h>
 
 #include <limits>
 
@@ -27,7 +28,7 @@ at::Tensor reduce_across(const at::Tensor& local, const DeviceMeshPtr& mesh,
   if (mesh_dims.empty()) return local;
   Placements from(mesh->ndim(), Replicate());
   for (int64_t m : mesh_dims) from[m] = Placement::partial(op);
-  auto plan = plan_redistribute(Layout(mesh, from).spec(), replicated(mesh).spec());
+  auto plan = plan_redistribute(Layout(mesh, from).spec(), Layout::replicated(mesh).spec());
   return execute_redistribute(*plan, local, *mesh, local.sizes().vec());
 }
 
@@ -71,15 +72,15 @@ OpPlan embedding_rule(OpCall& call) {
     }
   }
   OpPlan plan;
-  plan.inputs = {make_layout(mesh, pw), make_layout(mesh, pi)};
+  plan.inputs = {Layout(mesh, pw), Layout(mesh, pi)};
   if (plan.inputs[0].placements() == w.layout.placements()) plan.inputs[0] = w.layout;
   Shape out = idx.shape;
   out.push_back(w.shape[1]);
-  Layout out_layout = make_layout(mesh, po);
+  Layout out_layout(mesh, po);
   plan.outputs.push_back({out_layout, out});
   if (!row_dims.empty()) {
-    const Shape offset = local_offset_of(w.shape, plan.inputs[0]);
-    const Shape rows = local_shape_of(w.shape, plan.inputs[0]);
+    const Shape offset = plan.inputs[0].local_offset(w.shape);
+    const Shape rows = plan.inputs[0].local_shape(w.shape);
     plan.kernel = [lo = offset[0], n = rows[0]](torch::jit::Stack& stack) {
       at::Tensor weight = stack[stack.size() - 5].toTensor();
       at::Tensor ids = stack[stack.size() - 4].toTensor();
@@ -117,8 +118,8 @@ OpPlan embedding_backward_rule(OpCall& call) {
     }
   }
   OpPlan plan;
-  plan.inputs = {make_layout(mesh, pg), make_layout(mesh, pi)};
-  plan.outputs.push_back({make_layout(mesh, po), {call.int_arg(2), g.shape[ng - 1]}});
+  plan.inputs = {Layout(mesh, pg), Layout(mesh, pi)};
+  plan.outputs.push_back({Layout(mesh, po), {call.int_arg(2), g.shape[ng - 1]}});
   return plan;
 }
 
@@ -130,12 +131,12 @@ OpPlan layer_norm_rule(OpCall& call) {
   const OpInput& x = call.input(0);
   const int64_t nd = static_cast<int64_t>(x.shape.size());
   const int64_t axis = nd - static_cast<int64_t>(call.ints_arg(1).size());
-  Layout need = without_partial(x.layout);
-  for (int64_t d = axis; d < nd; ++d) need = unshard_dim(need, d);
+  Layout need = x.layout.without_partial();
+  for (int64_t d = axis; d < nd; ++d) need = need.unshard_dim(d);
   OpPlan plan;
   plan.inputs = call.input_layouts();
   plan.inputs[0] = need;
-  for (size_t k = 1; k < plan.inputs.size(); ++k) plan.inputs[k] = replicated(call.mesh());
+  for (size_t k = 1; k < plan.inputs.size(); ++k) plan.inputs[k] = Layout::replicated(call.mesh());
   Shape stat = x.shape;
   for (int64_t d = axis; d < nd; ++d) stat[d] = 1;
   plan.outputs = {{need, x.shape}, {need, stat}, {need, stat}};
@@ -170,37 +171,46 @@ OpPlan layer_norm_backward_rule(OpCall& call) {
   plan.inputs = call.input_layouts();
   for (size_t k = 0; k < plan.inputs.size(); ++k) {
     const size_t arg = call.inputs()[k].arg;
-    plan.inputs[k] = arg == 0 ? make_layout(mesh, pg)
-                     : (arg == 1 || arg == 3 || arg == 4) ? make_layout(mesh, px)
-                                                          : replicated(mesh);
+    plan.inputs[k] = arg == 0 ? Layout(mesh, pg)
+                     : (arg == 1 || arg == 3 || arg == 4) ? Layout(mesh, px)
+                                                          : Layout::replicated(mesh);
   }
   const OpInput* w = input_at(call, 5);
   Shape wshape = w ? w->shape : Shape(x->shape.begin() + axis, x->shape.end());
-  plan.outputs = {{make_layout(mesh, pin), x->shape},
-                  {make_layout(mesh, pw), wshape},
-                  {make_layout(mesh, pw), wshape}};
+  plan.outputs = {{Layout(mesh, pin), x->shape},
+                  {Layout(mesh, pw), wshape},
+                  {Layout(mesh, pw), wshape}};
   return plan;
 }
 
 // ---- softmax -------------------------------------------------------------------
 
-std::vector<int64_t> mesh_dims_sharding(const Layout& layout, int64_t dim) {
-  return layout.mesh_dims_of(dim);
+// What softmax and its backward share: `num_inputs` inputs laid out like
+// input `like` without Partial, the output alike, and the mesh dims that
+// shard the softmax dim (arg `dim_arg`), across which the kernel reduces.
+struct SoftmaxPlan {
+  OpPlan plan;
+  int64_t dim;
+  std::vector<int64_t> across;
+};
+
+SoftmaxPlan plan_softmax(OpCall& call, size_t like, size_t dim_arg, size_t num_inputs) {
+  const OpInput& x = call.input(like);
+  const int64_t dim = wrap_dim(call.int_arg(dim_arg), static_cast<int64_t>(x.shape.size()));
+  const Layout need = x.layout.without_partial();
+  SoftmaxPlan s{OpPlan{}, dim, need.mesh_dims_of(dim)};
+  s.plan.inputs.assign(num_inputs, need);
+  s.plan.outputs.push_back({need, x.shape});
+  return s;
 }
 
 // _softmax / _log_softmax(self, dim, half_to_float)
 OpPlan softmax_rule(OpCall& call) {
-  const OpInput& x = call.input(0);
-  const int64_t nd = static_cast<int64_t>(x.shape.size());
-  const int64_t dim = wrap_dim(call.int_arg(1), nd);
-  const Layout need = without_partial(x.layout);
-  OpPlan plan;
-  plan.inputs = {need};
-  plan.outputs.push_back({need, x.shape});
-  const auto across = mesh_dims_sharding(need, dim);
-  if (!across.empty()) {
+  SoftmaxPlan s = plan_softmax(call, 0, 1, 1);
+  if (!s.across.empty()) {
     const bool log = call.name() == "aten::_log_softmax";
-    plan.kernel = [dim, across, log, mesh = call.mesh()](torch::jit::Stack& stack) {
+    s.plan.kernel = [dim = s.dim, across = s.across, log,
+                     mesh = call.mesh()](torch::jit::Stack& stack) {
       at::Tensor self = stack[stack.size() - 3].toTensor();
       // A rank whose shard of `dim` is empty (uneven shards) still joins the
       // max: it contributes -inf, which max() refuses to compute for it.
@@ -218,22 +228,16 @@ OpPlan softmax_rule(OpCall& call) {
       replace_args_with(stack, 3, {log ? shifted - sum.log() : shifted.exp() / sum});
     };
   }
-  return plan;
+  return s.plan;
 }
 
 // _softmax_backward_data / _log_softmax_backward_data(grad, output, dim, dtype)
 OpPlan softmax_backward_rule(OpCall& call) {
-  const OpInput& out = call.input(1);
-  const int64_t nd = static_cast<int64_t>(out.shape.size());
-  const int64_t dim = wrap_dim(call.int_arg(2), nd);
-  const Layout need = without_partial(out.layout);
-  OpPlan plan;
-  plan.inputs = {need, need};
-  plan.outputs.push_back({need, out.shape});
-  const auto across = mesh_dims_sharding(need, dim);
-  if (!across.empty()) {
+  SoftmaxPlan s = plan_softmax(call, 1, 2, 2);
+  if (!s.across.empty()) {
     const bool log = call.name() == "aten::_log_softmax_backward_data";
-    plan.kernel = [dim, across, log, mesh = call.mesh()](torch::jit::Stack& stack) {
+    s.plan.kernel = [dim = s.dim, across = s.across, log,
+                     mesh = call.mesh()](torch::jit::Stack& stack) {
       at::Tensor grad = stack[stack.size() - 4].toTensor();
       at::Tensor output = stack[stack.size() - 3].toTensor();
       at::Tensor result;
@@ -248,7 +252,7 @@ OpPlan softmax_backward_rule(OpCall& call) {
       replace_args_with(stack, 4, {result});
     };
   }
-  return plan;
+  return s.plan;
 }
 
 // ---- negative log-likelihood -------------------------------------------------
@@ -263,7 +267,7 @@ struct NllGeometry {
 NllGeometry nll_geometry(const OpCall& call, const OpInput& self) {
   const auto& mesh = call.mesh();
   if (self.shape.size() != 2) {
-    return {replicated(mesh), replicated(mesh), {}, {}};
+    return {Layout::replicated(mesh), Layout::replicated(mesh), {}, {}};
   }
   NllGeometry g;
   Placements ps(mesh->ndim(), Replicate()), pt(mesh->ndim(), Replicate());
@@ -278,8 +282,8 @@ NllGeometry nll_geometry(const OpCall& call, const OpInput& self) {
       g.batch_dims.push_back(m);
     }
   }
-  g.self = make_layout(mesh, ps);
-  g.target = make_layout(mesh, pt);
+  g.self = Layout(mesh, ps);
+  g.target = Layout(mesh, pt);
   return g;
 }
 
@@ -300,8 +304,6 @@ Picked pick(const at::Tensor& self, const at::Tensor& target, int64_t class_offs
   return {values.masked_fill(held.logical_not(), 0), held, valid};
 }
 
-enum Reduction : int64_t { kNone = 0, kMean = 1, kSum = 2 };
-
 // nll_loss_forward(self, target, weight?, reduction, ignore_index)
 //   -> (output, total_weight)
 OpPlan nll_loss_rule(OpCall& call) {
@@ -314,15 +316,15 @@ OpPlan nll_loss_rule(OpCall& call) {
   plan.inputs = {g.self, g.target};
   Placements po(mesh->ndim(), Replicate());
   for (int64_t m : g.class_dims) po[m] = Partial();
-  if (reduction == kNone) {
+  if (reduction == at::Reduction::None) {
     for (int64_t m : g.batch_dims) po[m] = Shard(0);
-    plan.outputs.push_back({make_layout(mesh, po), {self.shape[0]}});
+    plan.outputs.push_back({Layout(mesh, po), {self.shape[0]}});
   } else {
     for (int64_t m : g.batch_dims) po[m] = Partial();
-    plan.outputs.push_back({make_layout(mesh, po), {}});
+    plan.outputs.push_back({Layout(mesh, po), {}});
   }
-  plan.outputs.push_back({replicated(mesh), {}});
-  const int64_t class_offset = self.shape.size() == 2 ? local_offset_of(self.shape, g.self)[1] : 0;
+  plan.outputs.push_back({Layout::replicated(mesh), {}});
+  const int64_t class_offset = self.shape.size() == 2 ? g.self.local_offset(self.shape)[1] : 0;
   plan.kernel = [reduction, class_offset, mesh, batch = g.batch_dims](torch::jit::Stack& stack) {
     at::Tensor x = stack[stack.size() - 5].toTensor();
     at::Tensor t = stack[stack.size() - 4].toTensor();
@@ -336,8 +338,8 @@ OpPlan nll_loss_rule(OpCall& call) {
     at::Tensor count = reduce_across(p.valid.sum().to(x.scalar_type()), mesh, batch,
                                      dist::ReduceOp::kSum);
     at::Tensor loss = p.values.neg();
-    if (reduction == kSum) loss = loss.sum();
-    if (reduction == kMean) loss = loss.sum() / count;
+    if (reduction == at::Reduction::Sum) loss = loss.sum();
+    if (reduction == at::Reduction::Mean) loss = loss.sum() / count;
     replace_args_with(stack, 5, {loss, count});
   };
   return plan;
@@ -357,17 +359,17 @@ OpPlan nll_loss_backward_rule(OpCall& call) {
     const size_t arg = call.inputs()[k].arg;
     if (arg == 1) plan.inputs[k] = g.self;
     else if (arg == 2) plan.inputs[k] = g.target;
-    else if (arg == 0 && reduction == kNone) {
+    else if (arg == 0 && reduction == at::Reduction::None) {
       Placements pg(mesh->ndim(), Replicate());
       for (int64_t m : g.batch_dims) pg[m] = Shard(0);
-      plan.inputs[k] = make_layout(mesh, pg);
+      plan.inputs[k] = Layout(mesh, pg);
     } else {
-      plan.inputs[k] = replicated(mesh);
+      plan.inputs[k] = Layout::replicated(mesh);
     }
   }
   plan.outputs.push_back({g.self, self->shape});
   const int64_t class_offset =
-      self->shape.size() == 2 ? local_offset_of(self->shape, g.self)[1] : 0;
+      self->shape.size() == 2 ? g.self.local_offset(self->shape)[1] : 0;
   plan.kernel = [reduction, class_offset](torch::jit::Stack& stack) {
     at::Tensor grad = stack[stack.size() - 7].toTensor();
     at::Tensor x = stack[stack.size() - 6].toTensor();
@@ -380,8 +382,8 @@ OpPlan nll_loss_backward_rule(OpCall& call) {
       return;
     }
     Picked p = pick(x, t, class_offset, ignore);
-    at::Tensor scale = reduction == kMean ? grad / total : grad;
-    at::Tensor rows = (reduction == kNone ? scale : scale.expand({x.size(0)})).neg();
+    at::Tensor scale = reduction == at::Reduction::Mean ? grad / total : grad;
+    at::Tensor rows = (reduction == at::Reduction::None ? scale : scale.expand({x.size(0)})).neg();
     rows = rows.masked_fill(p.held.logical_not(), 0);
     at::Tensor result = at::zeros_like(x);
     if (x.size(1) > 0) {

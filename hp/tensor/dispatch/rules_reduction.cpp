@@ -48,7 +48,7 @@ Reduction plan_sum(const OpInput& self, const std::vector<int64_t>& dims, bool k
   for (auto& p : spec.placements) {
     if (p.is_partial() && p.reduce_op() != dist::ReduceOp::kSum &&
         p.reduce_op() != dist::ReduceOp::kAvg) {
-      need = without_partial(need);
+      need = need.without_partial();
       p = Replicate();
     } else if (p.is_sharded()) {
       p = reduced(p.dim()) ? Partial() : p.with_dim(map[p.dim()]);
@@ -57,33 +57,39 @@ Reduction plan_sum(const OpInput& self, const std::vector<int64_t>& dims, bool k
   return {need, Layout(self.layout.mesh(), std::move(spec)), out_shape};
 }
 
-OpPlan sum_rule(OpCall& call) {
+// sum(self, dtype) / sum.dim_IntList(self, dims, keepdim, dtype) and mean
+// alike: the reduced dims (all without the `dims_overload`), keepdim, and
+// the plan of their sum.
+struct SumCall {
+  std::vector<int64_t> dims;
+  bool has_dims;
+  bool keepdim;
+  OpPlan plan;
+};
+
+SumCall plan_sum_call(OpCall& call, const char* dims_overload) {
   const OpInput& self = call.input(0);
   const int64_t nd = static_cast<int64_t>(self.shape.size());
-  const bool has_dims = call.overload() == "dim_IntList";
-  auto dims = has_dims ? reduced_dims(call.arg(1), nd) : reduced_dims(c10::IValue(), nd);
-  const bool keepdim = has_dims && call.bool_arg(2);
-  Reduction r = plan_sum(self, dims, keepdim);
-  OpPlan plan;
-  plan.inputs = {r.need};
-  plan.outputs.push_back({r.out, r.out_shape});
-  return plan;
+  SumCall s;
+  s.has_dims = call.overload() == dims_overload;
+  s.dims = s.has_dims ? reduced_dims(call.arg(1), nd) : reduced_dims(c10::IValue(), nd);
+  s.keepdim = s.has_dims && call.bool_arg(2);
+  Reduction r = plan_sum(self, s.dims, s.keepdim);
+  s.plan.inputs = {r.need};
+  s.plan.outputs.push_back({r.out, r.out_shape});
+  return s;
 }
 
+OpPlan sum_rule(OpCall& call) { return plan_sum_call(call, "dim_IntList").plan; }
+
 OpPlan mean_rule(OpCall& call) {
-  const OpInput& self = call.input(0);
-  const int64_t nd = static_cast<int64_t>(self.shape.size());
-  const bool has_dims = call.overload() == "dim";
-  auto dims = has_dims ? reduced_dims(call.arg(1), nd) : reduced_dims(c10::IValue(), nd);
-  const bool keepdim = has_dims && call.bool_arg(2);
-  Reduction r = plan_sum(self, dims, keepdim);
+  SumCall s = plan_sum_call(call, "dim");
+  const Shape& shape = call.input(0).shape;
   int64_t count = 1;
-  for (int64_t d : dims) count *= self.shape[d];
-  OpPlan plan;
-  plan.inputs = {r.need};
-  plan.outputs.push_back({r.out, r.out_shape});
+  for (int64_t d : s.dims) count *= shape[d];
   const size_t n = call.num_args();
-  plan.kernel = [dims, keepdim, count, n, has_dims](torch::jit::Stack& stack) {
+  s.plan.kernel = [dims = s.dims, keepdim = s.keepdim, count, n,
+                   has_dims = s.has_dims](torch::jit::Stack& stack) {
     at::Tensor self = stack[stack.size() - n].toTensor();
     const c10::IValue& dtype = stack.back();
     c10::optional<at::ScalarType> st =
@@ -91,7 +97,7 @@ OpPlan mean_rule(OpCall& call) {
     at::Tensor sum = has_dims ? at::sum(self, dims, keepdim, st) : at::sum(self, st);
     replace_args_with(stack, n, {sum.div_(static_cast<double>(count))});
   };
-  return plan;
+  return s.plan;
 }
 
 // Full-tensor p-norm: sum |x|^p locally, add across shards, take the root.
@@ -105,14 +111,14 @@ OpPlan norm_rule(OpCall& call) {
       static_cast<int64_t>(call.arg(2).toIntVector().size()) != nd) {
     throw_unsupported(call, "norms over some dims are not supported, only over the whole tensor");
   }
-  Layout need = without_partial(self.layout);
+  Layout need = self.layout.without_partial();
   std::vector<int64_t> shard_mesh_dims;
   for (int64_t m = 0; m < need.mesh()->ndim(); ++m) {
     if (need.placements()[m].is_sharded()) shard_mesh_dims.push_back(m);
   }
   OpPlan plan;
   plan.inputs = {need};
-  plan.outputs.push_back({replicated(call.mesh()), {}});
+  plan.outputs.push_back({Layout::replicated(call.mesh()), {}});
   const size_t n = call.num_args();
   const DeviceMeshPtr mesh = call.mesh();
   // linalg_vector_norm's dtype (its 5th argument) sets the computation's.
@@ -132,7 +138,7 @@ OpPlan norm_rule(OpCall& call) {
     }
     at::Tensor total = local;
     if (!shard_mesh_dims.empty()) {
-      auto plan = plan_redistribute(Layout(mesh, partial).spec(), replicated(mesh).spec());
+      auto plan = plan_redistribute(Layout(mesh, partial).spec(), Layout::replicated(mesh).spec());
       total = execute_redistribute(*plan, local, *mesh, {});
     }
     if (!inf) total = total.pow(1.0 / p);
@@ -143,7 +149,7 @@ OpPlan norm_rule(OpCall& call) {
 
 OpPlan local_scalar_rule(OpCall& call) {
   OpPlan plan;
-  plan.inputs = {replicated(call.mesh())};
+  plan.inputs = {Layout::replicated(call.mesh())};
   return plan;
 }
 

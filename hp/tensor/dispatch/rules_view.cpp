@@ -4,6 +4,9 @@
 // dim goes; a dim that is split or merged keeps its shard only where the
 // shard boundaries stay whole rows of the result (the outermost piece,
 // divisible by the number of shards), otherwise it is gathered first.
+#include <ATen/InferSize.h>
+#include <c10/util/accumulate.h>
+
 #include <numeric>
 
 #include "hp/tensor/dispatch/rule_util.h"
@@ -33,19 +36,6 @@ Layout remap(const Layout& in, const std::vector<int64_t>& map) {
   return Layout(in.mesh(), std::move(spec));
 }
 
-Shape infer_size(std::vector<int64_t> size, int64_t numel) {
-  int64_t known = 1, infer = -1;
-  for (size_t i = 0; i < size.size(); ++i) {
-    if (size[i] == -1) {
-      infer = static_cast<int64_t>(i);
-    } else {
-      known *= size[i];
-    }
-  }
-  if (infer >= 0) size[infer] = known == 0 ? 0 : numel / known;
-  return size;
-}
-
 // view / reshape: returns (input layout needed, output layout). Besides
 // the rules above: a shard merged under unsharded outer dims ([B, H] ->
 // [B*H] with H sharded, as matmul folds batch dims) becomes a
@@ -61,7 +51,7 @@ std::pair<Layout, Layout> plan_view(const Layout& in_layout, const Shape& in, co
   while (i < nin || o < nout) {
     // Size-1 dims stand alone.
     if (i < nin && in[i] == 1 && (o >= nout || out[o] != 1)) {
-      need = unshard_dim(need, i);
+      need = need.unshard_dim(i);
       ++i;
       continue;
     }
@@ -109,7 +99,7 @@ std::pair<Layout, Layout> plan_view(const Layout& in_layout, const Shape& in, co
           map[d] = e;
           to_plain.push_back(d);
         } else {
-          need = unshard_dim(need, d);
+          need = need.unshard_dim(d);
         }
       }
     }
@@ -134,7 +124,7 @@ std::pair<Layout, Layout> plan_view(const Layout& in_layout, const Shape& in, co
         const int64_t outer = product(in, i0, d);
         if (outer > 1) to_strided.emplace_back(d, outer);
       } else {
-        need = unshard_dim(need, d);
+        need = need.unshard_dim(d);
       }
     }
   }
@@ -155,19 +145,17 @@ std::pair<Layout, Layout> plan_view(const Layout& in_layout, const Shape& in, co
   return {need, Layout(need.mesh(), std::move(spec))};
 }
 
-int64_t numel_of(const Shape& s) {
-  return std::accumulate(s.begin(), s.end(), int64_t{1}, std::multiplies<int64_t>());
-}
-
 // view, _unsafe_view, _reshape_alias: arg 1 holds the global size.
 OpPlan view_rule(OpCall& call) {
   const OpInput& self = call.input(0);
-  const Shape out = infer_size(call.ints_arg(1), numel_of(self.shape));
+  const Shape size = call.ints_arg(1);
+  const Shape out = checked_by_torch(
+      call, [&] { return at::infer_size(size, c10::multiply_integers(self.shape)); });
   auto [need, out_layout] = plan_view(self.layout, self.shape, out);
   OpPlan plan;
   plan.inputs = {need};
   plan.outputs.push_back({out_layout, out});
-  const Shape local = local_shape_of(out, out_layout);
+  const Shape local = out_layout.local_shape(out);
   if (call.name() == "aten::_reshape_alias") {
     plan.kernel = [local](torch::jit::Stack& stack) {
       at::Tensor self = stack[stack.size() - 3].toTensor();
@@ -188,7 +176,7 @@ OpPlan expand_rule(OpCall& call) {
   Layout need = self.layout;
   for (int64_t d = 0; d < static_cast<int64_t>(self.shape.size()); ++d) {
     if (size[d + off] == -1) size[d + off] = self.shape[d];
-    if (self.shape[d] != size[d + off]) need = unshard_dim(need, d);
+    if (self.shape[d] != size[d + off]) need = need.unshard_dim(d);
   }
   std::vector<int64_t> map(self.shape.size());
   std::iota(map.begin(), map.end(), off);
@@ -196,7 +184,7 @@ OpPlan expand_rule(OpCall& call) {
   OpPlan plan;
   plan.inputs = {need};
   plan.outputs.push_back({out_layout, size});
-  call.arg(1) = c10::IValue(local_shape_of(size, out_layout));
+  call.arg(1) = c10::IValue(out_layout.local_shape(size));
   return plan;
 }
 
@@ -264,7 +252,7 @@ OpPlan remove_dims(OpCall& call, const std::vector<int64_t>& removed) {
   Shape out;
   for (int64_t d = 0; d < nd; ++d) {
     if (std::find(removed.begin(), removed.end(), d) != removed.end()) {
-      need = unshard_dim(need, d);
+      need = need.unshard_dim(d);
     } else {
       map[d] = static_cast<int64_t>(out.size());
       out.push_back(self.shape[d]);
@@ -312,7 +300,7 @@ OpPlan slice_rule(OpCall& call) {
   const int64_t step = call.arg(4).toInt();
   Shape out = self.shape;
   out[dim] = end > start ? (end - start + step - 1) / step : 0;
-  Layout need = unshard_dim(self.layout, dim);
+  Layout need = self.layout.unshard_dim(dim);
   OpPlan plan;
   plan.inputs = {need};
   plan.outputs.push_back({need, out});
@@ -361,7 +349,7 @@ OpPlan split_rule(OpCall& call) {
     }
     return plan;
   }
-  Layout need = unshard_dim(self.layout, dim);
+  Layout need = self.layout.unshard_dim(dim);
   OpPlan plan;
   plan.inputs = {need};
   for (int64_t s : sizes) {
@@ -392,7 +380,7 @@ OpPlan join_rule(OpCall& call, bool stack) {
   const int64_t dim = wrap_dim(call.int_arg(1), stack ? nd + 1 : nd);
   Layout target = ins[0].layout;
   for (const auto& in : ins) {
-    if (in.layout.placements() != target.placements()) target = without_partial(target);
+    if (in.layout.placements() != target.placements()) target = target.without_partial();
   }
   // k equal blocks, each plainly and evenly sharded along the joined dim on
   // one mesh dim: their local pieces joined are exactly a
@@ -418,7 +406,7 @@ OpPlan join_rule(OpCall& call, bool stack) {
       return plan;
     }
   }
-  if (!stack) target = unshard_dim(target, dim);
+  if (!stack) target = target.unshard_dim(dim);
   OpPlan plan;
   Shape out = ins[0].shape;
   plan.inputs.assign(ins.size(), target);

@@ -27,7 +27,7 @@ OpPlan select_backward_rule(OpCall& call) {
   OpPlan plan;
   plan.inputs = {grad.layout};
   plan.outputs.push_back({out, sizes});
-  call.arg(1) = c10::IValue(local_shape_of(sizes, out));
+  call.arg(1) = c10::IValue(out.local_shape(sizes));
   return plan;
 }
 
@@ -36,11 +36,11 @@ OpPlan slice_backward_rule(OpCall& call) {
   const OpInput& grad = call.input(0);
   const Shape sizes = call.ints_arg(1);
   const int64_t dim = wrap_dim(call.int_arg(2), static_cast<int64_t>(sizes.size()));
-  const Layout need = unshard_dim(grad.layout, dim);
+  const Layout need = grad.layout.unshard_dim(dim);
   OpPlan plan;
   plan.inputs = {need};
   plan.outputs.push_back({need, sizes});
-  call.arg(1) = c10::IValue(local_shape_of(sizes, need));
+  call.arg(1) = c10::IValue(need.local_shape(sizes));
   return plan;
 }
 
