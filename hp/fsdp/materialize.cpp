@@ -11,7 +11,6 @@
 #include "hp/fsdp/unit.h"
 #include "hp/nn/meta_device.h"
 #include "hp/nn/replace_parameter.h"
-#include "hp/tensor/dispatch/dtensor_impl.h"
 #include "hp/tensor/dtensor.h"
 #include "hp/tensor/dtensor_tensor.h"
 #include "hp/tensor/shard_spec.h"
@@ -115,7 +114,7 @@ std::vector<std::string> to_empty(nn::Module& model, std::optional<c10::Device> 
       const Layout& layout = layout_of(param);
       at::Tensor local = at::empty(local_of(param).sizes(),
                                    local_of(param).options().device(layout.mesh()->device()));
-      param.set_data(dispatch::wrap_local(local, layout, param.sizes().vec()));
+      param.set_data(wrap_local_shard(local, layout, param.sizes().vec()));
     } else {
       nn::replace_parameter(model, item.key(), empty_like_on(param, where));
     }
