@@ -18,9 +18,11 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <iostream>
 #include <exception>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "bench/bench_config.h"
 #include "bench/bench_driver.h"
@@ -28,6 +30,7 @@
 #include "bench/rows.h"
 #include "hp/util/error.h"
 #include "hp/util/format.h"
+#include "tools/common/command_line.h"
 
 namespace {
 
@@ -116,7 +119,17 @@ int main(int argc, char** argv) {
   app.add_option("--worker", worker, "(internal) run one row's worker")->group("");
   app.add_option("--tokens", c.tokens_path, "(internal) token file")->group("");
   app.add_option("--worker-steps", c.steps, "(internal) timed steps of this worker")->group("");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    const hp::tools::ParsedCommandLine parsed = hp::tools::parse_command_line(
+        app, std::vector<std::string>(argv + 1, argv + argc), "see hp-bench --help");
+    if (parsed.help_requested) {
+      std::cout << parsed.help_text;
+      return 0;
+    }
+  } catch (const hp::tools::CommandLineError& e) {
+    std::fprintf(stderr, "hp-bench: error: %s\n", e.what());
+    return 2;
+  }
 
   try {
     o.hook_overhead = !no_hook;

@@ -2,6 +2,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "tools/common/command_line.h"
+
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -109,24 +111,19 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
       ->type_name("SECONDS")
       ->check(kSeconds);
 
-  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11's convention
   try {
-    app.parse(reversed);
-  } catch (const CLI::CallForHelp&) {
-    result.help_requested = true;
-    result.help_text = app.help();
-    return result;
-  } catch (const CLI::ValidationError& e) {
-    // CLI11 writes "--nnodes: must be ..."; the option starts our sentence.
-    std::string message = e.what();
-    const size_t colon = message.find(": ");
-    if (colon != std::string::npos) message.replace(colon, 2, " ");
+    const tools::ParsedCommandLine parsed = tools::parse_command_line(app, args, kUsage);
+    if (parsed.help_requested) {
+      result.help_requested = true;
+      result.help_text = parsed.help_text;
+      return result;
+    }
+  } catch (const tools::CommandLineError& e) {
     // CLI11 names an option by its long name; usage and docs write -n.
+    std::string message = e.what();
     const std::string nproc = "--nproc-per-node ";
     if (message.compare(0, nproc.size(), nproc) == 0) message.replace(0, nproc.size() - 1, "-n");
     throw UsageError(message);
-  } catch (const CLI::ParseError& e) {
-    throw UsageError(std::string(e.what()) + "; " + kUsage);
   }
 
   o.command = app.remaining();
