@@ -228,10 +228,15 @@ void set_backward_flags(Sharded& s, const Pattern& p, bool last) {
   }
 }
 
-void operator+=(Counts& a, const dist::CommStats& b) {
-  a.all_gather += b[dist::OpType::kAllGather];
-  a.reduce_scatter += b[dist::OpType::kReduceScatter];
-  a.all_reduce += b[dist::OpType::kAllReduce];
+Counts counts_of(const dist::CommStats& s) {
+  return {s[dist::OpType::kAllGather], s[dist::OpType::kReduceScatter],
+          s[dist::OpType::kAllReduce]};
+}
+
+void operator+=(Counts& a, const Counts& b) {
+  a.all_gather += b.all_gather;
+  a.reduce_scatter += b.reduce_scatter;
+  a.all_reduce += b.all_reduce;
 }
 
 // Drops (set to none) or zeroes in place every gradient of `model`.
@@ -274,7 +279,7 @@ TEST(GradientAccumulation, CollectivesAndParityPerPattern) {
         at::Tensor loss = torch::mse_loss(s.model(test::rows_for(x, dp_rank, world)),
                                           test::rows_for(y, dp_rank, world));
         loss.backward();
-        counted += dist::comm_stats() - before;
+        counted += counts_of(dist::comm_stats() - before);
         EXPECT_TRUE(test::within_bound(test::world_mean(loss.item<double>()), ref_loss.item<double>(),
                                  test::loss_bound(ref_loss, world)))
             << "loss of micro-batch " << micro;
@@ -338,7 +343,7 @@ TEST(GradientAccumulation, KeptCopyAfterAnOptimizerStepIsGatheredAgain) {
           });
       const dist::CommStats before = dist::comm_stats();
       at::Tensor out = s.model(test::rows_for(x, rank, world));
-      const Counts forward = dist::comm_stats() - before;
+      const Counts forward = counts_of(dist::comm_stats() - before);
       // Every unit gathers in forward: at step 0 nothing was kept, after
       // that every kept copy predates the optimizer's step.
       EXPECT_EQ(forward.all_gather, kBlocks * per_unit + (fused ? 1 : kRootParams));
@@ -393,7 +398,7 @@ TEST(GradientAccumulation, KeptCopyWithoutAStepIsUsedAsItIs) {
                                    });
       const dist::CommStats before = dist::comm_stats();
       at::Tensor out = s.model(test::rows_for(x, rank, world));
-      const Counts forward = dist::comm_stats() - before;
+      const Counts forward = counts_of(dist::comm_stats() - before);
       if (micro == 1) {
         EXPECT_EQ(forward.all_gather, 0);
       }
@@ -408,7 +413,7 @@ TEST(GradientAccumulation, KeptCopyWithoutAStepIsUsedAsItIs) {
       at::NoGradGuard no_grad;
       s.model(test::rows_for(test::global_batch(0).first, rank, world));
     }
-    EXPECT_GT((dist::comm_stats() - before).all_gather, 0);
+    EXPECT_GT((dist::comm_stats() - before)[dist::OpType::kAllGather], 0);
   }
 }
 
@@ -435,7 +440,7 @@ TEST(ReshardAfterForwardDefault, RootKeepsUnlessAskedExplicitly) {
     loss.backward();
     // Backward gathers every block's 4 parameters, and the root's 3 when it
     // freed them.
-    EXPECT_EQ((dist::comm_stats() - before).all_gather,
+    EXPECT_EQ((dist::comm_stats() - before)[dist::OpType::kAllGather],
               kBlocks * kBlockParams + (raf ? kRootParams : 0));
   }
 }

@@ -86,6 +86,29 @@ TEST(FullyShardStateDict, RoundTripsInEveryModeAndValueKind) {
   }
 }
 
+// cpu_offload copies a GPU model's values to the host; values already on
+// the CPU are handed out as they are (no copy), sharded or whole.
+TEST(FullyShardStateDict, CpuOffloadOfCpuValuesCopiesNothing) {
+  auto model = test::make_gpt();
+  FSDPModule root = test::shard_gpt(model, {});
+  StateDictOptions offload;
+  offload.cpu_offload = true;
+  const StateDict plain = get_model_state_dict(*model);
+  const StateDict offloaded = get_model_state_dict(*model, offload);
+  ASSERT_EQ(offloaded.size(), plain.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    ASSERT_EQ(offloaded[i].first, plain[i].first);
+    auto local = [](const StateValue& v) {
+      return std::holds_alternative<DTensor>(v) ? std::get<DTensor>(v).local()
+                                                : std::get<at::Tensor>(v);
+    };
+    EXPECT_TRUE(local(offloaded[i].second).is_cpu()) << plain[i].first;
+    // The same memory: nothing was copied.
+    EXPECT_EQ(local(offloaded[i].second).data_ptr(), local(plain[i].second).data_ptr())
+        << plain[i].first;
+  }
+}
+
 TEST(FullyShardStateDict, Rank0OnlyAndStrictKeys) {
   auto model = test::make_gpt();
   FSDPModule root = test::shard_gpt(model, {});

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <regex>
@@ -75,6 +76,20 @@ std::vector<long> wait_for_pids(const TempDir& dir, int ranks) {
   }
   return pids;
 }
+
+// hprun on `ranks` ranks that each start a background child and wait
+// (after `before_wait`), with every pid once all have started.
+struct WaitingRanks {
+  explicit WaitingRanks(int ranks, const std::string& before_wait = "")
+      : process(hprun_sh(ranks, pid_writing_script(dir, before_wait))),
+        pids(wait_for_pids(dir, ranks)) {}
+  bool started() const {
+    return std::all_of(pids.begin(), pids.end(), [](long pid) { return pid > 0; });
+  }
+  TempDir dir;
+  RunningProcess process;
+  std::vector<long> pids;
+};
 
 TEST(Hprun, AllRanksSucceedingExitsZero) {
   ProcessResult r = run_process(hprun({"-n", "4", "true"}));
@@ -354,65 +369,57 @@ TEST(Hprun, ProgramThatCannotBeExecutedFailsTheJob) {
 }
 
 TEST(Hprun, SigtermIsForwardedAndNoProcessSurvives) {
-  TempDir dir;
-  RunningProcess process(hprun_sh(3, pid_writing_script(dir)));
-  std::vector<long> pids = wait_for_pids(dir, 3);
-  for (long pid : pids) ASSERT_GT(pid, 0) << "ranks did not start";
-  ::kill(process.pid(), SIGTERM);
-  ProcessResult r = process.wait(20);
+  WaitingRanks job(3);
+  ASSERT_TRUE(job.started()) << "ranks did not start";
+  ::kill(job.process.pid(), SIGTERM);
+  ProcessResult r = job.process.wait(20);
   ASSERT_FALSE(r.timed_out) << describe(r);
   EXPECT_TRUE(r.exited && r.exit_code != 0) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("received SIGTERM")) << describe(r);
-  expect_all_dead(pids);
+  expect_all_dead(job.pids);
 }
 
 TEST(Hprun, RanksThatHandleTheForwardedSignalCanEndCleanly) {
-  TempDir dir;
-  RunningProcess process(hprun_sh(2, pid_writing_script(dir, "trap 'exit 0' TERM; ")));
-  std::vector<long> pids = wait_for_pids(dir, 2);
-  for (long pid : pids) ASSERT_GT(pid, 0) << "ranks did not start";
-  ::kill(process.pid(), SIGTERM);
-  ProcessResult r = process.wait(20);
+  WaitingRanks job(2, "trap 'exit 0' TERM; ");
+  ASSERT_TRUE(job.started()) << "ranks did not start";
+  ::kill(job.process.pid(), SIGTERM);
+  ProcessResult r = job.process.wait(20);
   ASSERT_FALSE(r.timed_out) << describe(r);
   EXPECT_LT(r.seconds, 10) << describe(r);
   EXPECT_TRUE(r.exited && r.exit_code == 0) << describe(r);
-  expect_all_dead(pids);
+  expect_all_dead(job.pids);
 }
 
 TEST(Hprun, SecondSigintEscalatesToSigkill) {
-  TempDir dir;
   // The ranks ignore SIGINT, so only the escalation can stop them.
-  RunningProcess process(hprun_sh(2, pid_writing_script(dir, "trap '' INT; ")));
-  std::vector<long> pids = wait_for_pids(dir, 2);
-  for (long pid : pids) ASSERT_GT(pid, 0) << "ranks did not start";
-  ::kill(process.pid(), SIGINT);
+  WaitingRanks job(2, "trap '' INT; ");
+  ASSERT_TRUE(job.started()) << "ranks did not start";
+  ::kill(job.process.pid(), SIGINT);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   double second = now_seconds();
-  ::kill(process.pid(), SIGINT);
-  ProcessResult r = process.wait(20);
+  ::kill(job.process.pid(), SIGINT);
+  ProcessResult r = job.process.wait(20);
   ASSERT_FALSE(r.timed_out) << describe(r);
   EXPECT_TRUE(r.exited && r.exit_code == 128 + SIGINT) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("sending SIGKILL")) << describe(r);
   // Well inside the 3 s SIGTERM grace: the second signal did the killing.
   EXPECT_LT(now_seconds() - second, 2.5) << describe(r);
-  expect_all_dead(pids);
+  expect_all_dead(job.pids);
 }
 
 // The grace message names the signal hprun forwarded, not always SIGTERM.
 TEST(Hprun, ForwardedSigintIsNamedWhenItsGraceRunsOut) {
-  TempDir dir;
   // The ranks ignore SIGINT: only the SIGKILL after the 3 s grace stops them.
-  RunningProcess process(hprun_sh(2, pid_writing_script(dir, "trap '' INT; ")));
-  std::vector<long> pids = wait_for_pids(dir, 2);
-  for (long pid : pids) ASSERT_GT(pid, 0) << "ranks did not start";
-  ::kill(process.pid(), SIGINT);
-  ProcessResult r = process.wait(20);
+  WaitingRanks job(2, "trap '' INT; ");
+  ASSERT_TRUE(job.started()) << "ranks did not start";
+  ::kill(job.process.pid(), SIGINT);
+  ProcessResult r = job.process.wait(20);
   ASSERT_FALSE(r.timed_out) << describe(r);
   EXPECT_TRUE(r.exited && r.exit_code == 128 + SIGINT) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("received SIGINT; forwarding it to 2 ranks")) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("still running 3 s after SIGINT; sending SIGKILL")) << describe(r);
   EXPECT_THAT(r.err, Not(HasSubstr("after SIGTERM"))) << describe(r);
-  expect_all_dead(pids);
+  expect_all_dead(job.pids);
 }
 
 TEST(Hprun, HelpGivesTimeoutsDefaultAndExitStatus) {
