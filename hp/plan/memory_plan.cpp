@@ -15,8 +15,6 @@
 
 namespace hp::plan {
 
-int64_t element_size(Dtype dtype) { return dtype == Dtype::kFloat32 ? 4 : 2; }
-
 const char* term_name(Term term) {
   switch (term) {
     case Term::kParameters: return "parameters";
@@ -1399,74 +1397,33 @@ Setup make_setup(const PlanOptions& o) {
                " must be at least 1");
   HP_CHECK_ARG(o.seq >= 1 && o.seq <= s.context, "plan_memory: seq ", o.seq,
                " must be in [1, context ", s.context, "]");
-  for (int64_t m : o.mesh) {
-    HP_CHECK_ARG(m >= 1, "plan_memory: mesh ", to_string(o.mesh), " has a size below 1");
-  }
+  const ParallelLayout& layout = o.layout;
   s.N = o.batch_per_rank * o.seq;
-  s.ec = element_size(o.param_dtype);
-  s.er = element_size(o.reduce_dtype);
-  auto expect_dims = [&](size_t dims, const char* what) {
-    HP_CHECK_ARG(o.mesh.size() == dims, "plan_memory: mode ", what, " takes a ", dims,
-                 "-D mesh but got ", to_string(o.mesh));
-  };
-  int64_t world = 1;
-  switch (o.mode) {
-    case ParallelMode::kNone:
-      HP_CHECK_ARG(o.mesh.empty(), "plan_memory: mode none takes no mesh but got ", to_string(o.mesh));
-      HP_CHECK_ARG(o.param_dtype == Dtype::kFloat32, "plan_memory: mode none computes in fp32");
-      s.er = s.ec;
-      break;
-    case ParallelMode::kFSDP:
-      expect_dims(1, "fsdp");
-      s.fsdp = true;
-      s.shards = o.mesh[0];
-      break;
-    case ParallelMode::kHSDP:
-      expect_dims(2, "hsdp");
-      s.fsdp = true;
-      s.replicas = o.mesh[0];
-      s.shards = o.mesh[1];
-      break;
-    case ParallelMode::kDDP:
-      expect_dims(1, "ddp");
-      s.fsdp = true;
-      s.replicas = o.mesh[0];
-      break;
-    case ParallelMode::kTP:
-      expect_dims(1, "tp");
-      s.tp = o.mesh[0];
-      s.fsdp = o.tp_units;
-      if (!o.tp_units) {
-        HP_CHECK_ARG(o.param_dtype == Dtype::kFloat32,
-                     "plan_memory: mode tp without units computes in fp32");
-        s.er = s.ec;
-      }
-      break;
-    case ParallelMode::kFSDPTP:
-      expect_dims(2, "fsdp_tp");
-      s.fsdp = true;
-      s.shards = o.mesh[0];
-      s.tp = o.mesh[1];
-      break;
+  s.ec = element_size(layout.param_dtype);
+  s.er = element_size(layout.effective_reduce_dtype());
+  s.fsdp = layout.uses_fully_shard();
+  if (!s.fsdp) {
+    HP_CHECK_ARG(layout.param_dtype == Dtype::kFloat32, "plan_memory: mode ",
+                 mode_name(layout.mode), " without fully_shard units computes in fp32");
+    s.er = s.ec;
   }
+  s.shards = layout.shard_size();
+  s.replicas = layout.replicate_size();
+  s.tp = layout.tp_size();
   HP_CHECK_ARG(s.heads % s.tp == 0, "plan_memory: n_head ", s.heads,
                " is not divisible by the tensor-parallel size ", s.tp);
   HP_CHECK_ARG(s.kv_heads % s.tp == 0, "plan_memory: n_kv_head ", s.kv_heads,
                " is not divisible by the tensor-parallel size ", s.tp);
-  for (int64_t m : o.mesh) world *= m;
+  const int64_t world = layout.world_size();
   HP_CHECK_ARG(o.rank >= 0 && o.rank < world, "plan_memory: rank ", o.rank,
                " is outside the mesh's ", world, " ranks");
-  s.shard_rank = (o.rank / s.tp) % s.shards;
-  // The mesh is row-major with tp innermost: tp rank = rank % T.
-  s.tp_rank = o.rank % s.tp;
+  s.shard_rank = layout.shard_rank(o.rank);
+  s.tp_rank = layout.tp_rank(o.rank);
   if (s.fsdp) {
-    const int64_t raf = o.reshard_after_forward;
-    HP_CHECK_ARG(raf == -1 || raf >= 0, "plan_memory: reshard_after_forward ", raf,
-                 " must be -1 (true), 0 (false) or a group size");
-    s.keep_over = raf == -1 ? s.shards : raf == 0 ? 1 : raf;
+    s.keep_over = ranks_after_forward(layout.reshard_after_forward, s.shards);
     HP_CHECK_ARG(s.keep_over >= 1 && s.shards % s.keep_over == 0,
-                 "plan_memory: reshard_after_forward ", raf, " must divide the shard size ",
-                 s.shards);
+                 "plan_memory: reshard_after_forward ", describe(layout.reshard_after_forward),
+                 " must divide the shard size ", s.shards);
   }
   return s;
 }
