@@ -6,19 +6,19 @@ namespace hp::plan::detail {
 
 BlockActs StepSimulator::gpt_block_forward() {
   BlockActs a;
-  a.mean1 = alloc_activation(2 * s_.tokens * s_.compute_dtype_size);
-  a.a1 = alloc_activation(hidden_bytes());
+  a.norm1_stats = alloc_activation(2 * s_.tokens * s_.compute_dtype_size);
+  a.norm1_out = alloc_activation(hidden_bytes());
   Id qkv = alloc_activation(3 * split_hidden_bytes());
   attention_forward(a);
   Id z = alloc_activation(hidden_bytes());
   tp_all_reduce(hidden_bytes());
   t_.free(qkv);
-  a.h = alloc_activation(hidden_bytes());
+  a.residual = alloc_activation(hidden_bytes());
   t_.free(z);
-  a.mean2 = alloc_activation(2 * s_.tokens * s_.compute_dtype_size);
-  a.a2 = alloc_activation(hidden_bytes());
-  a.f = alloc_activation(4 * split_hidden_bytes());
-  a.g = alloc_activation(4 * split_hidden_bytes());
+  a.norm2_stats = alloc_activation(2 * s_.tokens * s_.compute_dtype_size);
+  a.norm2_out = alloc_activation(hidden_bytes());
+  a.fc_out = alloc_activation(4 * split_hidden_bytes());
+  a.mlp_hidden = alloc_activation(4 * split_hidden_bytes());
   a.out = alloc_activation(hidden_bytes());
   return a;
 }
@@ -51,24 +51,24 @@ void StepSimulator::gpt_block_backward(size_t index, BlockActs& a, Id& grad_out)
   Id dg = alloc_activation(4 * split_hidden_bytes());
   param_grad(u, "mlp.c_proj.weight");
   param_grad(u, "mlp.c_proj.bias");
-  t_.free(a.g);
+  t_.free(a.mlp_hidden);
   // gelu
   Id df = alloc_activation(4 * split_hidden_bytes());
-  t_.free(a.f);
+  t_.free(a.fc_out);
   t_.free(dg);
   // mlp.c_fc
   Id da2 = alloc_activation(hidden_bytes());
   param_grad(u, "mlp.c_fc.weight");
   param_grad(u, "mlp.c_fc.bias");
-  t_.free(a.a2);
+  t_.free(a.norm2_out);
   t_.free(df);
   tp_all_reduce(hidden_bytes());
   // ln_2, then the residual's two gradients added
   Id dh_ln = alloc_activation(hidden_bytes());
   param_grad(u, "ln_2.weight");
   param_grad(u, "ln_2.bias");
-  t_.free(a.h);
-  t_.free(a.mean2);
+  t_.free(a.residual);
+  t_.free(a.norm2_stats);
   t_.free(da2);
   Id dh = add_residual_grads(dh_ln, grad_out);
   auto [dq, dk, dv] = attention_backward(a, u, {"attn.c_proj.weight", "attn.c_proj.bias"});
@@ -81,7 +81,7 @@ void StepSimulator::gpt_block_backward(size_t index, BlockActs& a, Id& grad_out)
   Id da1 = alloc_activation(hidden_bytes());
   param_grad(u, "attn.c_attn.weight");
   param_grad(u, "attn.c_attn.bias");
-  t_.free(a.a1);
+  t_.free(a.norm1_out);
   t_.free(dqkv);
   tp_all_reduce(hidden_bytes());
   // ln_1, then the residual
@@ -89,7 +89,7 @@ void StepSimulator::gpt_block_backward(size_t index, BlockActs& a, Id& grad_out)
   param_grad(u, "ln_1.weight");
   param_grad(u, "ln_1.bias");
   t_.free(outputs_[index - 1]);  // this block's input
-  t_.free(a.mean1);
+  t_.free(a.norm1_stats);
   t_.free(da1);
   end_block_backward(index, dx_ln, dh, recomputed, grad_out);
 }

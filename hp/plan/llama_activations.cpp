@@ -122,7 +122,7 @@ void StepSimulator::rotary_tables(BlockActs& a) {
 BlockActs StepSimulator::llama_block_forward() {
   const bool gqa = s_.kv_heads != s_.heads;
   BlockActs a;
-  a.a1 = rms_forward(a.n1);
+  a.norm1_out = rms_forward(a.norm1);
   Id q = alloc_activation(query_bytes());
   Id k = alloc_activation(kv_bytes());
   Id v = alloc_activation(kv_bytes());
@@ -143,14 +143,14 @@ BlockActs StepSimulator::llama_block_forward() {
   t_.free(q);
   t_.free(k);
   t_.free(v);
-  a.h = alloc_activation(hidden_bytes());
+  a.residual = alloc_activation(hidden_bytes());
   t_.free(z);
-  a.a2 = rms_forward(a.n2);
-  if (low_precision()) t_.free(a.h);  // the norm keeps its fp32 copy
+  a.norm2_out = rms_forward(a.norm2);
+  if (low_precision()) t_.free(a.residual);  // the norm keeps its fp32 copy
   a.gate = alloc_activation(mlp_bytes());
   a.silu = alloc_activation(mlp_bytes());
   a.up = alloc_activation(mlp_bytes());
-  a.g = alloc_activation(mlp_bytes());
+  a.mlp_hidden = alloc_activation(mlp_bytes());
   Id mlp = alloc_activation(hidden_bytes());
   tp_all_reduce(hidden_bytes());
   a.out = alloc_activation(hidden_bytes());
@@ -178,7 +178,7 @@ void StepSimulator::llama_block_backward(size_t index, BlockActs& a, Id& grad_ou
   // mlp.down_proj, then silu(gate) * up
   Id dg = alloc_activation(mlp_bytes());
   param_grad(u, "mlp.down_proj.weight");
-  t_.free(a.g);
+  t_.free(a.mlp_hidden);
   Id dsilu = alloc_activation(mlp_bytes());
   Id dup = alloc_activation(mlp_bytes());
   t_.free(dg);
@@ -193,14 +193,14 @@ void StepSimulator::llama_block_backward(size_t index, BlockActs& a, Id& grad_ou
   Id dx_gate = alloc_activation(hidden_bytes());
   param_grad(u, "mlp.gate_proj.weight");
   t_.free(dgate);
-  t_.free(a.a2);
+  t_.free(a.norm2_out);
   Id da2 = alloc_activation(hidden_bytes());
   t_.free(dx_up);
   t_.free(dx_gate);
   tp_all_reduce(hidden_bytes());
   // post_attention_layernorm, then the residual's two gradients added
-  Id dh_norm = rms_backward(a.n2, da2, u, "post_attention_layernorm.weight");
-  t_.free(a.h);
+  Id dh_norm = rms_backward(a.norm2, da2, u, "post_attention_layernorm.weight");
+  t_.free(a.residual);
   Id dh = add_residual_grads(dh_norm, grad_out);
   auto [dq, dk, dv] = attention_backward(a, u, {"self_attn.o_proj.weight"});
   rotary_backward(dk, kv_bytes());
@@ -220,13 +220,13 @@ void StepSimulator::llama_block_backward(size_t index, BlockActs& a, Id& grad_ou
   Id dx_q = alloc_activation(hidden_bytes());
   param_grad(u, "self_attn.q_proj.weight");
   t_.free(dq);
-  t_.free(a.a1);
+  t_.free(a.norm1_out);
   Id da1 = alloc_activation(hidden_bytes());
   t_.free(dx_vk);
   t_.free(dx_q);
   tp_all_reduce(hidden_bytes());
   // input_layernorm, then the residual
-  Id dx_norm = rms_backward(a.n1, da1, u, "input_layernorm.weight");
+  Id dx_norm = rms_backward(a.norm1, da1, u, "input_layernorm.weight");
   t_.free(outputs_[index - 1]);  // this block's input
   end_block_backward(index, dx_norm, dh, recomputed, grad_out);
 }

@@ -67,12 +67,12 @@ void StepSimulator::attention_forward(BlockActs& a) {
   a.mask = alloc_activation(seq * seq);
   t_.free(ones);
   Id masked = alloc_activation(scores_bytes());
-  a.p = alloc_activation(scores_bytes());
+  a.probs = alloc_activation(scores_bytes());
   t_.free(masked);
   t_.free(scaled);
   if (!gqa) a.v = alloc_activation(query_bytes());
   Id o = alloc_activation(query_bytes());
-  a.y = alloc_activation(query_bytes());
+  a.attn_out = alloc_activation(query_bytes());
   t_.free(o);
 }
 
@@ -84,7 +84,7 @@ AttentionGrads StepSimulator::attention_backward(
   // The output projection, then heads back to [B, heads, T, hd]: a copy.
   Id dy = alloc_activation(query_bytes());
   for (const char* name : output_projection) param_grad(u, name);
-  t_.free(a.y);
+  t_.free(a.attn_out);
   Id dout = alloc_activation(query_bytes());
   t_.free(dy);
   // att @ v
@@ -101,7 +101,7 @@ AttentionGrads StepSimulator::attention_backward(
   t_.free(dv_heads);
   // softmax, mask, scale
   Id ds = alloc_activation(scores_bytes());
-  t_.free(a.p);
+  t_.free(a.probs);
   t_.free(dp);
   Id dm = alloc_activation(scores_bytes());
   t_.free(ds);
@@ -133,10 +133,10 @@ void StepSimulator::tp_all_reduce(int64_t bytes) {
 }
 
 void StepSimulator::free_block(BlockActs& a) {
-  for (Id* id : {&a.mean1,     &a.a1,         &a.q,       &a.k,         &a.v,          &a.p,
-                 &a.mask,      &a.y,          &a.h,       &a.mean2,     &a.a2,         &a.f,
-                 &a.g,         &a.n1.input32, &a.n1.rstd, &a.n1.normed, &a.n2.input32, &a.n2.rstd,
-                 &a.n2.normed, &a.cos,        &a.sin,     &a.gate,      &a.silu,       &a.up}) {
+  for (Id* id : {&a.norm1_stats, &a.norm1_out, &a.q, &a.k, &a.v, &a.probs, &a.mask, &a.attn_out,
+                 &a.residual, &a.norm2_stats, &a.norm2_out, &a.fc_out, &a.mlp_hidden,
+                 &a.norm1.input32, &a.norm1.rstd, &a.norm1.normed, &a.norm2.input32,
+                 &a.norm2.rstd, &a.norm2.normed, &a.cos, &a.sin, &a.gate, &a.silu, &a.up}) {
     t_.free(*id);
   }
 }

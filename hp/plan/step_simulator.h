@@ -63,22 +63,31 @@ struct Reduction {
   int stages_left = 1;      // HSDP/DDP: the all-reduce over replicas follows
 };
 
-// What a block's forward keeps for backward (docs/design.md, "Memory
-// plan"), beside its input (the previous block's output).
-// An RMSNorm's saved tensors (hp/nn/rms_norm.cpp): 1/rms per token, the
-// normalised input; computing in bf16 it also keeps its input's fp32 copy.
+// The gradients of attention's q, k and v (attention_backward).
 struct AttentionGrads {
   Id dq, dk, dv;
 };
+
+// An RMSNorm's saved tensors (hp/nn/rms_norm.cpp): 1/rms per token, the
+// normalised input; computing in bf16 it also keeps its input's fp32 copy.
 struct NormActs {
   Id input32 = -1, rstd = -1, normed = -1;
 };
+
+// What a block's forward keeps for backward (docs/design.md, "Memory
+// plan"), beside its input (the previous block's output).
 struct BlockActs {
-  Id mean1 = -1, a1 = -1, q = -1, k = -1, v = -1, p = -1, mask = -1, y = -1, h = -1, mean2 = -1,
-     a2 = -1, f = -1, g = -1;
+  // The GPT's LayerNorms: mean and rstd per token, and their outputs.
+  Id norm1_stats = -1, norm1_out = -1, norm2_stats = -1, norm2_out = -1;
+  // Attention: q, k, v as matmul takes them, the causal mask, the softmax
+  // probabilities, the heads' output merged; then the residual after it.
+  Id q = -1, k = -1, v = -1, mask = -1, probs = -1, attn_out = -1, residual = -1;
+  // The MLP: the GPT's c_fc output; the input of the output projection
+  // (gelu(c_fc) in the GPT, silu(gate) * up in the Llama).
+  Id fc_out = -1, mlp_hidden = -1;
   // The Llama's besides: its norms, the rotary tables, the SwiGLU's
-  // gate, silu(gate), up and their product, and the block's output.
-  NormActs n1, n2;
+  // gate, silu(gate) and up, and the block's output (both models').
+  NormActs norm1, norm2;
   Id cos = -1, sin = -1, gate = -1, silu = -1, up = -1, out = -1;
 };
 
