@@ -27,6 +27,7 @@
 #include "hp/mesh/device_mesh.h"
 #include "hp/nn/gpt.h"
 #include "hp/nn/loss.h"
+#include "hp/plan/parallel_layout.h"
 #include "hp/util/error.h"
 #include "hp/util/memory_stats.h"
 #include "tools/hp_train/batches.h"
@@ -61,37 +62,42 @@ int64_t peak_rss_bytes() {
 
 using Clock = std::chrono::steady_clock;
 
+// A row's layout (hp/plan/parallel_layout.h) and the fully_shard options
+// it runs with.
 struct RowSpec {
-  std::vector<int64_t> shape;
-  std::vector<std::string> names;
+  plan::ParallelLayout layout;
   bool fusion = false;
   bool prefetch = true;
   bool activation_checkpointing = false;  // every block (hp-train's "blocks")
 };
 
 RowSpec row_spec(const std::string& row, int world) {
+  using plan::ParallelLayout;
+  using plan::ParallelMode;
+  const int64_t n = world;
   // Our DDP buckets its all-reduces: with comm_fusion, one per unit (DDP's
   // buckets); the unbucketed path is the diagnostic row ddp_unfused.
-  if (row == "ddp") return {{world, 1}, {"replicate", "shard"}, true, true};
-  if (row == "ddp_unfused") return {{world, 1}, {"replicate", "shard"}, false, true};
-  if (row == "fsdp") return {{world}, {"shard"}, false, false};
-  if (row == "fsdp_ac") return {{world}, {"shard"}, false, false, true};
-  if (row == "fsdp_prefetch") return {{world}, {"shard"}, false, true};
-  if (row == "fsdp_fused") return {{world}, {"shard"}, true, false};
-  if (row == "fsdp_fused_prefetch") return {{world}, {"shard"}, true, true};
+  if (row == "ddp") return {ParallelLayout(ParallelMode::kDDP, {n, 1}), true, true};
+  if (row == "ddp_unfused") return {ParallelLayout(ParallelMode::kDDP, {n, 1}), false, true};
+  const ParallelLayout fsdp(ParallelMode::kFSDP, {n});
+  if (row == "fsdp") return {fsdp, false, false};
+  if (row == "fsdp_ac") return {fsdp, false, false, true};
+  if (row == "fsdp_prefetch") return {fsdp, false, true};
+  if (row == "fsdp_fused") return {fsdp, true, false};
+  if (row == "fsdp_fused_prefetch") return {fsdp, true, true};
   // Tensor parallelism: every layer split over the ranks, which all read
   // the same samples (the single row's batch, not one per rank).
-  if (row == "tp") return {{world}, {"tp"}, false, false};
+  if (row == "tp") return {ParallelLayout(ParallelMode::kTP, {n}), false, false};
   // Tensor parallelism in pairs of ranks, fully_shard over the pairs (with
   // fusion and prefetch, the fastest fully_shard setting).
   if (row == "fsdp_tp") {
     HP_CHECK_ARG(world % 2 == 0, "--worker fsdp_tp needs an even world size, got ", world);
-    return {{world / 2, 2}, {"dp", "tp"}, true, true};
+    return {ParallelLayout(ParallelMode::kFSDPTP, {n / 2, 2}), true, true};
   }
   if (row == "hsdp_fused_prefetch") {
     HP_CHECK_ARG(world % 2 == 0, "--worker hsdp_fused_prefetch needs an even world size, got ",
                  world);
-    return {hsdp_mesh(world), {"replicate", "shard"}, true, true};
+    return {ParallelLayout(ParallelMode::kHSDP, hsdp_mesh(world)), true, true};
   }
   throw ArgumentError(cat("--worker ", row, " is not a GPT row of ours; expected one of ",
                           to_string(row_names()), " (but the torch_ rows) or ",
@@ -127,21 +133,11 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
 
   std::optional<FSDPModule> root;
   // hp-train's recipe for this row; also what the memory plan is asked about.
-  train::Parallelism parallelism;
+  const plan::ParallelLayout& parallelism = spec.layout;
   train::TrainOptions recipe;
   if (distributed) {
     // hp-train's own recipe (each block a unit, then the root), so the
     // benchmark measures what the training program runs.
-    parallelism.mode = spec.names == std::vector<std::string>{"tp"} ? train::Mode::kTP
-                       : spec.names.front() == "dp"                  ? train::Mode::kFSDPTP
-                       : spec.names.size() == 1                      ? train::Mode::kFSDP
-                       : spec.shape[1] == 1                          ? train::Mode::kDDP
-                                                                     : train::Mode::kHSDP;
-    parallelism.mesh_shape = spec.shape;
-    parallelism.mesh_names = spec.names;
-    parallelism.dp_size = parallelism.mode == train::Mode::kTP       ? 1
-                          : parallelism.mode == train::Mode::kFSDPTP ? spec.shape[0]
-                                                                     : world;
     recipe.comm_fusion = spec.fusion;
     recipe.prefetch = spec.prefetch;
     if (spec.activation_checkpointing) recipe.activation_checkpointing = "blocks";
@@ -151,7 +147,7 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
                                                          .betas({c.beta1, c.beta2})
                                                          .eps(c.eps)
                                                          .weight_decay(c.weight_decay));
-  const int64_t dp_rank = parallelism.dp_rank(rank), dp_size = parallelism.dp_size;
+  const int64_t dp_rank = parallelism.dp_rank(rank), dp_size = parallelism.dp_size();
   const int64_t global_batch = c.batch * dp_size;
 
   auto step = [&](int64_t s) {
@@ -229,8 +225,9 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
     nlohmann::json out;
     out["row"] = row;
     out["ranks"] = world;
-    out["mesh"] = distributed ? nlohmann::json(spec.shape) : nlohmann::json(nullptr);
-    out["mesh_names"] = distributed ? nlohmann::json(spec.names) : nlohmann::json(nullptr);
+    out["mesh"] = distributed ? nlohmann::json(parallelism.mesh_shape) : nlohmann::json(nullptr);
+    out["mesh_names"] =
+        distributed ? nlohmann::json(parallelism.mesh_names) : nlohmann::json(nullptr);
     out["comm_fusion"] = spec.fusion && distributed;
     out["prefetch"] = spec.prefetch && distributed;
     out["activation_checkpointing"] = spec.activation_checkpointing && distributed;

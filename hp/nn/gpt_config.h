@@ -6,6 +6,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hp/nn/parameter_shape.h"
 
 namespace hp::nn {
 
@@ -22,6 +26,12 @@ struct GPTConfig {
   // Throws hp::ArgumentError naming the field, its value and the
   // expectation, e.g. "GPTConfig.n_embd 65 must be divisible by n_head 4".
   void validate() const;
+
+  // Every parameter of the GPT this config builds (hp/nn/gpt.h), in
+  // named_parameters() order: wte, wpe, each block h.<i>, ln_f, lm_head.
+  std::vector<ParameterShape> parameter_shapes() const;
+  // The name prefix of block i's parameters: "h.<i>.".
+  static std::string block_prefix(int64_t i);
 };
 
 }  // namespace hp::nn

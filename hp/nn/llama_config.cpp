@@ -1,6 +1,7 @@
 #include "hp/nn/llama_config.h"
 
 #include <cmath>
+#include <utility>
 
 #include "hp/util/error.h"
 
@@ -30,6 +31,35 @@ void LlamaConfig::validate() const {
   HP_CHECK_ARG(initializer_range > 0 && std::isfinite(initializer_range),
                "LlamaConfig.initializer_range ", initializer_range,
                " must be positive and finite");
+}
+
+std::vector<ParameterShape> LlamaConfig::parameter_shapes() const {
+  const int64_t d = n_embd, hd = head_dim(), m = intermediate_size;
+  std::vector<ParameterShape> shapes = {{"model.embed_tokens.weight", {vocab_size, d}}};
+  for (int64_t i = 0; i < n_layer; ++i) {
+    const std::string layer = block_prefix(i);
+    for (ParameterShape p : std::vector<ParameterShape>{
+             {"self_attn.q_proj.weight", {n_head * hd, d}},
+             {"self_attn.k_proj.weight", {n_kv_head * hd, d}},
+             {"self_attn.v_proj.weight", {n_kv_head * hd, d}},
+             {"self_attn.o_proj.weight", {d, n_head * hd}},
+             {"mlp.gate_proj.weight", {m, d}},
+             {"mlp.up_proj.weight", {m, d}},
+             {"mlp.down_proj.weight", {d, m}},
+             {"input_layernorm.weight", {d}},
+             {"post_attention_layernorm.weight", {d}},
+         }) {
+      p.name = layer + p.name;
+      shapes.push_back(std::move(p));
+    }
+  }
+  shapes.push_back({"model.norm.weight", {d}});
+  shapes.push_back({"lm_head.weight", {vocab_size, d}});
+  return shapes;
+}
+
+std::string LlamaConfig::block_prefix(int64_t i) {
+  return "model.layers." + std::to_string(i) + ".";
 }
 
 int64_t llama_intermediate_size(int64_t n_embd) {

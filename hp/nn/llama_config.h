@@ -5,6 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hp/nn/parameter_shape.h"
 
 namespace hp::nn {
 
@@ -25,6 +29,13 @@ struct LlamaConfig {
   // Throws hp::ArgumentError naming the field, its value and the
   // expectation, e.g. "LlamaConfig.n_head 4 must be divisible by n_kv_head 3".
   void validate() const;
+
+  // Every parameter of the Llama this config builds (hp/nn/llama.h), in
+  // named_parameters() order: the embedding, each decoder layer
+  // model.layers.<i>, the final norm, lm_head.
+  std::vector<ParameterShape> parameter_shapes() const;
+  // The name prefix of decoder layer i's parameters: "model.layers.<i>.".
+  static std::string block_prefix(int64_t i);
 };
 
 // The MLP width hp-train gives a Llama of hidden size `n_embd`: Meta's rule,

@@ -26,21 +26,9 @@
 
 #include "hp/nn/gpt_config.h"
 #include "hp/nn/llama_config.h"
+#include "hp/plan/parallel_layout.h"
 
 namespace hp::plan {
-
-// The modes of hp-train's --mode. A mode is how its mesh splits the work:
-// the tensor-parallel size (each parameter becomes its local tensor under
-// the model's plan, hp/tp/gpt_plan.h or hp/tp/llama_plan.h), fully_shard's
-// shard and replicate sizes (applied to whatever tensor the parameter is
-// then) and the data-parallel batch. A new
-// mode is a new enumerator plus its case in memory_plan.cpp's make_setup;
-// FSDP over the dp dim of tensor-parallel parameters on a (dp, tp) mesh
-// sets all three.
-enum class ParallelMode { kNone, kFSDP, kHSDP, kDDP, kTP, kFSDPTP };
-
-enum class Dtype { kFloat32, kBFloat16, kFloat16 };
-int64_t element_size(Dtype dtype);
 
 // Activation checkpointing: none, or every block recomputes its forward in
 // backward and keeps only its input meanwhile.
@@ -50,23 +38,14 @@ struct PlanOptions {
   // The model hp-train builds: the step's blocks, root and tensor-parallel
   // layout follow from which config this holds.
   std::variant<nn::GPTConfig, nn::LlamaConfig> model;
-  ParallelMode mode = ParallelMode::kNone;
-  // The mesh as hp-train builds it: fsdp {S}; hsdp {R, S}; ddp {N} (built
-  // as [N, 1]); tp {T}; fsdp_tp {D, T} (dp, tp); none {}.
-  std::vector<int64_t> mesh;
+  // The mesh, fully_shard's reshard policy and dtypes (hp/plan/parallel_layout.h).
+  ParallelLayout layout;
   int64_t rank = 0;            // global rank (uneven shards differ by rank)
   int64_t batch_per_rank = 1;  // samples this rank's forward takes
   int64_t seq = 1;             // tokens per sample
-  Dtype param_dtype = Dtype::kFloat32;   // compute and all-gather dtype
-  Dtype reduce_dtype = Dtype::kFloat32;  // gradient collectives
   bool comm_fusion = true;
   bool prefetch = true;
-  // -1: true (reshard), 0: false (keep gathered), N: keep pieces for N ranks.
-  int64_t reshard_after_forward = -1;
   Checkpointing checkpointing = Checkpointing::kNone;
-  // Tensor parallelism with fully_shard's units over a dp dim of one rank
-  // (hp-train's --mode tp given fully_shard's flags: mixed precision, fusion).
-  bool tp_units = false;
   bool grad_clip = true;  // hp::clip_grad_norm_ before the optimizer step
 };
 

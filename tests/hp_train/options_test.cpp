@@ -57,14 +57,14 @@ std::string check(const Args& args, const World& world) {
 TEST(Flags, DefaultsFollowTheWorld) {
   const TrainOptions defaults = parse_command_line({}).options;
   Parallelism alone = resolve_parallelism(defaults, kAlone);
-  EXPECT_EQ(alone.mode, Mode::kNone);
-  EXPECT_EQ(alone.dp_size, 1);
+  EXPECT_EQ(alone.mode, plan::ParallelMode::kNone);
+  EXPECT_EQ(alone.dp_size(), 1);
   EXPECT_TRUE(alone.mesh_shape.empty());
 
   Parallelism two = resolve_parallelism(defaults, launched(2));
-  EXPECT_EQ(two.mode, Mode::kFSDP);
+  EXPECT_EQ(two.mode, plan::ParallelMode::kFSDP);
   EXPECT_EQ(two.mesh_shape, (std::vector<int64_t>{2}));
-  EXPECT_EQ(two.dp_size, 2);
+  EXPECT_EQ(two.dp_size(), 2);
 
   const TrainOptions ddp = parse_command_line({"--mode", "ddp"}).options;
   Parallelism d = resolve_parallelism(ddp, launched(2));
@@ -74,7 +74,7 @@ TEST(Flags, DefaultsFollowTheWorld) {
   const TrainOptions hsdp = parse_command_line({"--mode", "hsdp", "--mesh", "2x2"}).options;
   Parallelism h = resolve_parallelism(hsdp, launched(4));
   EXPECT_EQ(h.mesh_shape, (std::vector<int64_t>{2, 2}));
-  EXPECT_EQ(h.dp_size, 4);
+  EXPECT_EQ(h.dp_size(), 4);
   EXPECT_THAT(h.describe(), HasSubstr("2 replicas, each sharded over 2 ranks"));
 
   // Tensor parallelism: one data-parallel copy over the whole mesh.
@@ -82,7 +82,7 @@ TEST(Flags, DefaultsFollowTheWorld) {
                                       launched(2));
   EXPECT_EQ(t.mesh_shape, (std::vector<int64_t>{2}));
   EXPECT_EQ(t.mesh_names, (std::vector<std::string>{"tp"}));
-  EXPECT_EQ(t.dp_size, 1);
+  EXPECT_EQ(t.dp_size(), 1);
   EXPECT_EQ(t.dp_rank(1), 0);
 
   // fsdp_tp: D data-parallel groups of T adjacent ranks.
@@ -90,7 +90,7 @@ TEST(Flags, DefaultsFollowTheWorld) {
       parse_command_line({"--mode", "fsdp_tp", "--mesh", "2x3"}).options, launched(6));
   EXPECT_EQ(ft.mesh_shape, (std::vector<int64_t>{2, 3}));
   EXPECT_EQ(ft.mesh_names, (std::vector<std::string>{"dp", "tp"}));
-  EXPECT_EQ(ft.dp_size, 2);
+  EXPECT_EQ(ft.dp_size(), 2);
   EXPECT_EQ(ft.dp_rank(2), 0);
   EXPECT_EQ(ft.dp_rank(3), 1);
   EXPECT_THAT(ft.describe(), HasSubstr("every layer split over 3 ranks, its pieces sharded over "
@@ -98,7 +98,7 @@ TEST(Flags, DefaultsFollowTheWorld) {
 
   // A launched world of one may still train without a process group.
   EXPECT_EQ(resolve_parallelism(parse_command_line({"--mode", "none"}).options, launched(1)).mode,
-            Mode::kNone);
+            plan::ParallelMode::kNone);
 }
 
 TEST(Flags, ValuesAreParsed) {
@@ -137,9 +137,9 @@ TEST(Flags, ValuesAreParsed) {
   const TrainOptions defaults = parse_command_line({}).options;
   EXPECT_TRUE(defaults.comm_fusion);
   EXPECT_TRUE(defaults.prefetch);
-  EXPECT_EQ(defaults.reshard_after_forward, -1);
-  EXPECT_EQ(defaults.param_dtype, "fp32");
-  EXPECT_EQ(defaults.reduce_dtype, "");
+  EXPECT_EQ(defaults.reshard_after_forward, std::nullopt);  // fully_shard's default
+  EXPECT_EQ(defaults.param_dtype, plan::Dtype::kFloat32);
+  EXPECT_EQ(defaults.reduce_dtype, std::nullopt);
   EXPECT_EQ(defaults.activation_checkpointing, "none");
   EXPECT_EQ(parse_command_line({"--activation-checkpointing", "blocks"})
                 .options.activation_checkpointing,
@@ -151,14 +151,14 @@ TEST(Flags, ValuesAreParsed) {
           .options;
   EXPECT_FALSE(perf.comm_fusion);
   EXPECT_FALSE(perf.prefetch);
-  EXPECT_EQ(perf.reshard_after_forward, 2);
-  EXPECT_EQ(perf.param_dtype, "bf16");
-  EXPECT_EQ(perf.reduce_dtype, "fp32");
+  EXPECT_EQ(perf.reshard_after_forward, ReshardAfterForward(int64_t{2}));
+  EXPECT_EQ(perf.param_dtype, plan::Dtype::kBFloat16);
+  EXPECT_EQ(perf.reduce_dtype, plan::Dtype::kFloat32);
   EXPECT_EQ(perf.trace, "t.json");
   EXPECT_EQ(parse_command_line({"--reshard-after-forward", "false"}).options.reshard_after_forward,
-            0);
+            ReshardAfterForward(false));
   EXPECT_EQ(parse_command_line({"--reshard-after-forward", "true"}).options.reshard_after_forward,
-            -1);
+            ReshardAfterForward(true));
   // The last of a repeated flag wins.
   EXPECT_EQ(parse_command_line({"--steps", "3", "--steps", "9"}).options.steps, 9);
   EXPECT_TRUE(parse_command_line({"--no-comm-fusion", "--comm-fusion"}).options.comm_fusion);

@@ -99,10 +99,10 @@ Measured run_steps(const TrainOptions& options, const Parallelism& parallelism,
     torch::manual_seed(options.seed);
     TrainModel model = TrainModel::build(options, kVocab);
     std::optional<FSDPModule> fsdp = parallelize(model, parallelism, options);
-    const bool distributed = parallelism.mode != Mode::kNone;
+    const bool distributed = parallelism.mode != plan::ParallelMode::kNone;
     const int64_t dp_rank = parallelism.dp_rank(world.rank);
     Trainer trainer(model, fsdp, distributed ? dist::world_group() : nullptr, dp_rank,
-                    parallelism.dp_size, tokens, options);
+                    parallelism.dp_size(), tokens, options);
     measured.first = trainer.step(0).rank_peak_bytes.at(distributed ? world.rank : 0) - base;
     for (int64_t step = 1; step <= kSteadySteps; ++step) {
       measured.steady = std::max(
@@ -276,16 +276,12 @@ TEST_F(MemoryPlanTest, LlamaTensorParallel) {
 
 TEST(MemoryPlanOptions, BadOptionsNameTheArgument) {
   plan::PlanOptions options;
-  options.mode = plan::ParallelMode::kHSDP;
-  options.mesh = {4};
-  EXPECT_THAT([&] { plan::plan_memory(options); },
+  EXPECT_THAT([&] { options.layout = plan::ParallelLayout(plan::ParallelMode::kHSDP, {4}); },
               ThrowsMessage<ArgumentError>(HasSubstr("takes a 2-D mesh but got [4]")));
-  options.mode = plan::ParallelMode::kTP;
-  options.mesh = {3};
+  options.layout = plan::ParallelLayout(plan::ParallelMode::kTP, {3});
   EXPECT_THAT([&] { plan::plan_memory(options); },
               ThrowsMessage<ArgumentError>(HasSubstr("n_head 4 is not divisible")));
-  options.mode = plan::ParallelMode::kNone;
-  options.mesh = {};
+  options.layout = plan::ParallelLayout();
   options.batch_per_rank = 0;
   EXPECT_THAT([&] { plan::plan_memory(options); },
               ThrowsMessage<ArgumentError>(HasSubstr("batch_per_rank 0 must be at least 1")));

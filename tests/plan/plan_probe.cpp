@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
 
   torch::manual_seed(o.seed);
   TrainModel model = TrainModel::build(o, kVocab);
-  const bool distributed = parallelism.mode != Mode::kNone;
+  const bool distributed = parallelism.mode != hp::plan::ParallelMode::kNone;
   if (distributed) hp::dist::init_process_group();
   std::optional<hp::FSDPModule> fsdp = parallelize(model, parallelism, o);
   torch::optim::AdamW optimizer(
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
       model.module().zero_grad(/*set_to_none=*/true);
     }
     const int64_t zeroed = current();
-    Batch batch = batch_for_step(tokens, s, o.batch, o.seq, dp_rank, parallelism.dp_size);
+    Batch batch = batch_for_step(tokens, s, o.batch, o.seq, dp_rank, parallelism.dp_size());
     at::Tensor logits = model(batch.inputs);
     const int64_t forward = peak();
     at::Tensor loss = hp::nn::cross_entropy(logits, batch.targets);

@@ -25,6 +25,7 @@
 
 #include <fmt/format.h>
 
+#include "hp/plan/parallel_layout.h"
 #include "hp/dist/collectives.h"
 #include "hp/dist/comm_stats.h"
 #include "hp/dist/launch_env.h"
@@ -96,7 +97,7 @@ int dry_run(const TrainOptions& options, const Parallelism& parallelism, const W
         hp::plan::plan_memory(plan_options(options, parallelism, vocab_size, r));
     if (r == world.rank) {
       std::cout << fmt::format("{}, {} x {} tokens per rank\n{}", parallelism.describe(),
-                               options.batch / parallelism.dp_size, options.seq,
+                               options.batch / parallelism.dp_size(), options.seq,
                                hp::plan::format_plan(plan))
                 << std::endl;
     }
@@ -147,7 +148,7 @@ int run(const TrainOptions& options) {
   if (!trace_file.empty()) open_output_file("--trace", trace_file);
 
   // --- communication starts here ---
-  const bool distributed = parallelism.mode != Mode::kNone;
+  const bool distributed = parallelism.mode != hp::plan::ParallelMode::kNone;
   if (distributed) hp::dist::init_process_group();
   std::optional<hp::FSDPModule> fsdp = parallelize(model, parallelism, options);
   const std::string init_line = materialize_model(model, options, meta_init);
@@ -166,7 +167,7 @@ int run(const TrainOptions& options) {
   // tensor-parallel ranks (of one data-parallel group) read the same samples.
   const int64_t dp_rank = parallelism.dp_rank(world.rank);
   Trainer trainer(model, fsdp, distributed ? hp::dist::world_group() : nullptr, dp_rank,
-                  parallelism.dp_size, corpus.tokens, options);
+                  parallelism.dp_size(), corpus.tokens, options);
 
   say(root, header_text(options, parallelism, corpus, parameters));
   if (!init_line.empty()) say(root, init_line);
@@ -232,8 +233,7 @@ int run(const TrainOptions& options) {
       // same tokens.
       // Tensor parallelism: sampling (top-k, multinomial) has no sharding
       // rules, so every rank samples from a whole copy of the model.
-      const bool tensor_parallel =
-          parallelism.mode == Mode::kTP || parallelism.mode == Mode::kFSDPTP;
+      const bool tensor_parallel = parallelism.tensor_parallel();
       std::optional<GatheredForInference> gathered;
       if (fsdp && !tensor_parallel) {
         gathered.emplace(fully_shard_units(model, *fsdp));

@@ -2,23 +2,12 @@
 
 #include <torch/torch.h>
 
+#include "hp/plan/parallel_layout.h"
 #include "hp/mesh/device_mesh.h"
 #include "hp/nn/activation_checkpoint.h"
 #include "hp/tp/shard_module.h"
 
 namespace hp::train {
-
-namespace {
-
-// "bf16" -> kBFloat16, "fp16" -> kHalf (--reduce-dtype only), "fp32" ->
-// kFloat (validated by the flag parser).
-at::ScalarType dtype_of(const std::string& name) {
-  if (name == "bf16") return at::kBFloat16;
-  if (name == "fp16") return at::kHalf;
-  return at::kFloat;
-}
-
-}  // namespace
 
 std::optional<FSDPModule> parallelize(TrainModel& model, const Parallelism& parallelism,
                                       const TrainOptions& train) {
@@ -27,20 +16,19 @@ std::optional<FSDPModule> parallelize(TrainModel& model, const Parallelism& para
   if (train.activation_checkpointing == "blocks") {
     for (const auto& block : model.blocks()) nn::set_activation_checkpointing(*block);
   }
-  if (parallelism.mode == Mode::kNone) return std::nullopt;
-  if (parallelism.mode == Mode::kTP && train.fully_shard_flags.empty()) {
+  using plan::ParallelMode;
+  if (parallelism.mode == ParallelMode::kNone) return std::nullopt;
+  if (!parallelism.uses_fully_shard()) {  // tensor parallelism alone
     auto mesh = init_device_mesh("cpu", parallelism.mesh_shape, parallelism.mesh_names);
     shard_module(model.root(), mesh, model.tensor_parallel_plan(*mesh, "tp"));
     return std::nullopt;
   }
   FullyShardOptions options;
-  if (parallelism.mode == Mode::kTP || parallelism.mode == Mode::kFSDPTP) {
+  if (parallelism.tensor_parallel()) {
     // Tensor parallel over mesh["tp"], then fully_shard over mesh["dp"]
     // (of one rank under --mode tp: units that only carry mixed precision).
-    const std::vector<int64_t> shape = parallelism.mode == Mode::kTP
-                                           ? std::vector<int64_t>{1, parallelism.mesh_shape[0]}
-                                           : parallelism.mesh_shape;
-    auto mesh = init_device_mesh("cpu", shape, {"dp", "tp"});
+    auto mesh = init_device_mesh("cpu", {parallelism.dp_size(), parallelism.tp_size()},
+                                 {"dp", "tp"});
     auto tp = (*mesh)["tp"];
     shard_module(model.root(), tp, model.tensor_parallel_plan(*tp, "tp"));
     options.mesh = (*mesh)["dp"];
@@ -48,14 +36,12 @@ std::optional<FSDPModule> parallelize(TrainModel& model, const Parallelism& para
     options.mesh = init_device_mesh("cpu", parallelism.mesh_shape, parallelism.mesh_names);
   }
   options.comm_fusion = train.comm_fusion;
-  if (train.reshard_after_forward == 0) {
-    options.reshard_after_forward = false;
-  } else if (train.reshard_after_forward > 0) {
-    options.reshard_after_forward = train.reshard_after_forward;
-  }
-  const at::ScalarType param = dtype_of(train.param_dtype);
+  options.reshard_after_forward = parallelism.reshard_after_forward;
+  const at::ScalarType param = plan::scalar_type(parallelism.param_dtype);
   if (param != at::kFloat) options.mp_policy.param_dtype = param;
-  if (!train.reduce_dtype.empty()) options.mp_policy.reduce_dtype = dtype_of(train.reduce_dtype);
+  if (parallelism.reduce_dtype) {
+    options.mp_policy.reduce_dtype = plan::scalar_type(*parallelism.reduce_dtype);
+  }
   for (const auto& block : model.blocks()) fully_shard(block, options);
   // The loss is computed on the root's output: fp32 logits whatever the
   // compute dtype (blocks pass activations to each other in it).

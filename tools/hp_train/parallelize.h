@@ -10,21 +10,21 @@
 
 namespace hp::train {
 
-// Collective (needs the process group) except for Mode::kNone, which leaves
-// the model alone and returns nullopt. Mode::kTP shards every layer with
+// Collective (needs the process group) except for mode none, which leaves
+// the model alone and returns nullopt. Mode tp shards every layer with
 // the model's tensor-parallel plan (TrainModel::tensor_parallel_plan) and
 // returns nullopt;
-// with fully_shard flags given (mixed precision, fusion) it goes on as
-// Mode::kFSDPTP on a 1xT mesh. Mode::kFSDPTP builds the (dp, tp) mesh,
+// with fully_shard flags given (mixed precision, fusion: the layout's
+// tp_units) it goes on as fsdp_tp on a 1xT mesh. fsdp_tp builds the (dp, tp) mesh,
 // shards every layer over "tp" and then makes the units below over "dp".
 // Otherwise builds the mesh and makes
 // every block a fully_shard unit, then the root (embeddings, final norm,
 // head), inner-first as fully_shard requires; returns the root's handle.
 // The mesh decides the mode: 1-D shards (FSDP), (replicate, shard) is HSDP,
 // a shard dim of one is DDP.
-// The performance flags (--comm-fusion, --no-prefetch,
-// --reshard-after-forward, --param-dtype, --reduce-dtype) set every unit's
-// options; with a low-precision param dtype the root returns fp32 logits.
+// The layout's reshard policy and dtypes and the options' --comm-fusion and
+// --no-prefetch set every unit's options; with a low-precision param dtype
+// the root returns fp32 logits.
 // --activation-checkpointing blocks checkpoints every block, in every mode.
 std::optional<FSDPModule> parallelize(TrainModel& model, const Parallelism& parallelism,
                                       const TrainOptions& options);

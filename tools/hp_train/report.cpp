@@ -10,7 +10,7 @@ namespace hp::train {
 
 std::string header_text(const TrainOptions& o, const Parallelism& parallelism,
                         const Corpus& corpus, int64_t parameter_count) {
-  const int64_t per_rank = o.batch / parallelism.dp_size;
+  const int64_t per_rank = o.batch / parallelism.dp_size();
   std::string text = fmt::format(
       "hp-train: {} {}, d {}, {}, ctx {}, vocab {}: {} parameters ({}), {}\n",
       o.model == "llama" ? "Llama" : "GPT", plural(o.layers, "layer"), o.d,
@@ -22,17 +22,14 @@ std::string header_text(const TrainOptions& o, const Parallelism& parallelism,
       o.init_from.empty() ? fmt::format("seed {}", o.seed)
                           : fmt::format("weights from {}", o.init_from));
   text += fmt::format("  mode:   {}\n", parallelism.describe());
-  if (parallelism.mode != Mode::kNone &&
-      (parallelism.mode != Mode::kTP || !o.fully_shard_flags.empty())) {
-    const std::string reshard = o.reshard_after_forward < 0    ? "true"
-                                : o.reshard_after_forward == 0 ? "false"
-                                                               : fmt::format("to groups of {}",
-                                                                             o.reshard_after_forward);
+  if (parallelism.uses_fully_shard()) {
     text += fmt::format(
         "  fsdp:   comm fusion {}, prefetch {}, reshard after forward {}, param dtype {}, "
         "reduce dtype {}\n",
         o.comm_fusion ? "on" : "off (per-parameter collectives)", o.prefetch ? "on" : "off",
-        reshard, o.param_dtype, o.reduce_dtype.empty() ? o.param_dtype : o.reduce_dtype);
+        plan::describe(parallelism.reshard_after_forward),
+        plan::dtype_name(parallelism.param_dtype),
+        plan::dtype_name(parallelism.effective_reduce_dtype()));
   }
   if (o.activation_checkpointing == "blocks") {
     text += "  blocks: activation checkpointing (each recomputed in backward)\n";

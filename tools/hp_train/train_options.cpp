@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <numeric>
+#include <variant>
 
 #include "hp/util/error.h"
 #include "hp/util/format.h"
@@ -85,15 +86,6 @@ const CLI::Validator kFileName(
       return value.empty() ? "must name a file, got ''" : "";
     },
     "", "file_name");
-
-Mode parse_mode(const std::string& value) {
-  if (value == "none") return Mode::kNone;
-  if (value == "hsdp") return Mode::kHSDP;
-  if (value == "ddp") return Mode::kDDP;
-  if (value == "tp") return Mode::kTP;
-  if (value == "fsdp_tp") return Mode::kFSDPTP;
-  return Mode::kFSDP;  // the validator admits nothing else
-}
 
 // "4" -> {4}, "2x2" -> {2, 2}; empty when `value` is not of that form.
 std::vector<int64_t> mesh_shape_of(const std::string& value) {
@@ -195,24 +187,6 @@ std::string unknown_argument_message(const CLI::App& app) {
 
 }  // namespace
 
-const char* mode_name(Mode mode) {
-  switch (mode) {
-    case Mode::kNone:
-      return "none";
-    case Mode::kFSDP:
-      return "fsdp";
-    case Mode::kHSDP:
-      return "hsdp";
-    case Mode::kDDP:
-      return "ddp";
-    case Mode::kTP:
-      return "tp";
-    case Mode::kFSDPTP:
-      return "fsdp_tp";
-  }
-  return "?";
-}
-
 CommandLine parse_command_line(const std::vector<std::string>& args) {
   CLI::App app{"Trains a GPT or a Llama with AdamW on a real corpus (Debian's fortunes by "
                "default), on one process or on the ranks of hprun with FSDP, HSDP or DDP.",
@@ -227,7 +201,7 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   CommandLine result;
   TrainOptions& o = result.options;
   const TrainOptions defaults;
-  std::string mode, reshard_after_forward;
+  std::string mode, reshard_after_forward, param_dtype = "fp32", reduce_dtype;
 
   // A repeated flag takes its last value, so a script can append overrides.
   auto option = [&](const std::string& name, auto& field, const std::string& help,
@@ -286,7 +260,7 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
          "fsdp | hsdp | ddp | tp | fsdp_tp | none (default: fsdp under a launcher, else none); "
          "tp is tensor parallelism over --mesh T ranks, fsdp_tp FSDP over D data-parallel "
          "ranks of tensor-parallel groups of T (--mesh DxT)",
-         "M", one_of({"fsdp", "hsdp", "ddp", "tp", "fsdp_tp", "none"}));
+         "M", one_of(plan::mode_names()));
   option("--mesh", o.mesh,
          "mesh shape: N ranks, or RxS = R replicas (data-parallel copies) x S shards each, for "
          "--mode hsdp, or DxT for --mode fsdp_tp; its product is the world size (default: the "
@@ -361,9 +335,9 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
          "after forward, the blocks free their gathered parameters (true, default), keep them "
          "(false), or keep them gathered within groups of N ranks; the root keeps its own",
          "true|false|N", kReshardAfterForward);
-  option("--param-dtype", o.param_dtype, "compute and all-gather dtype (default fp32)",
+  option("--param-dtype", param_dtype, "compute and all-gather dtype (default fp32)",
          "bf16|fp32", kComputeDtype);
-  option("--reduce-dtype", o.reduce_dtype, "gradient reduction dtype (default: --param-dtype)",
+  option("--reduce-dtype", reduce_dtype, "gradient reduction dtype (default: --param-dtype)",
          "bf16|fp16|fp32", one_of({"bf16", "fp16", "fp32"}));
   option("--activation-checkpointing", o.activation_checkpointing,
          "blocks: keep only each block's input from forward and recompute the block in "
@@ -395,17 +369,16 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   }
 
   if (!mode.empty()) {
-    o.mode = parse_mode(mode);
+    o.mode = plan::parse_mode(mode, "--mode");
     o.mode_given = true;
   }
   o.prefetch = no_prefetch->count() == 0;
-  if (reshard_after_forward == "true") {
-    o.reshard_after_forward = -1;
-  } else if (reshard_after_forward == "false") {
-    o.reshard_after_forward = 0;
-  } else if (!reshard_after_forward.empty()) {
-    CLI::detail::lexical_cast(reshard_after_forward, o.reshard_after_forward);
+  if (!reshard_after_forward.empty()) {
+    o.reshard_after_forward =
+        plan::parse_reshard_after_forward(reshard_after_forward, "--reshard-after-forward");
   }
+  o.param_dtype = plan::parse_dtype(param_dtype, "--param-dtype");
+  if (!reduce_dtype.empty()) o.reduce_dtype = plan::parse_dtype(reduce_dtype, "--reduce-dtype");
   if (comm_fusion->count() > 0) {
     o.fully_shard_flags.push_back(o.comm_fusion ? "--comm-fusion" : "--no-comm-fusion");
   }
@@ -413,77 +386,44 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
     if (app.count(name) > 0) o.fully_shard_flags.push_back(name);
   }
   // fp32 is what one process computes in anyway.
-  if (o.param_dtype != "fp32") o.fully_shard_flags.push_back("--param-dtype");
+  if (o.param_dtype != plan::Dtype::kFloat32) o.fully_shard_flags.push_back("--param-dtype");
   return result;
 }
 
-std::string Parallelism::describe() const {
-  if (mode == Mode::kNone) return "none (one process, no process group)";
-  std::string text = fmt::format("{} on mesh {} {}", mode_name(mode), to_string(mesh_shape),
-                                 to_string(mesh_names));
-  switch (mode) {
-    case Mode::kFSDP:
-      text += fmt::format(": parameters sharded over {}", plural(mesh_shape[0], "rank"));
-      break;
-    case Mode::kHSDP:
-      text += fmt::format(": {}, each sharded over {}", plural(mesh_shape[0], "replica"),
-                          plural(mesh_shape[1], "rank"));
-      break;
-    case Mode::kDDP:
-      text += fmt::format(": parameters replicated on {}", plural(mesh_shape[0], "rank"));
-      break;
-    case Mode::kTP:
-      text += fmt::format(": every layer split over {}", plural(mesh_shape[0], "rank"));
-      break;
-    case Mode::kFSDPTP:
-      text += fmt::format(": every layer split over {}, its pieces sharded over {}",
-                          plural(mesh_shape[1], "rank"),
-                          plural(mesh_shape[0], "data-parallel rank"));
-      break;
-    case Mode::kNone:
-      break;
-  }
-  return text + fmt::format(", data-parallel size {}", dp_size);
-}
+namespace {
 
-int64_t Parallelism::dp_rank(int rank) const {
-  if (dp_size == 1) return 0;
-  // Row-major (dp, tp): the T ranks of one data-parallel group are adjacent.
-  if (mode == Mode::kFSDPTP) return rank / mesh_shape[1];
-  return rank;
-}
-
-Parallelism resolve_parallelism(const TrainOptions& options, const World& world) {
-  Parallelism p;
-  p.mode = options.mode_given ? options.mode : (world.launched ? Mode::kFSDP : Mode::kNone);
-  const std::string mode = mode_name(p.mode);
+// The mesh init_device_mesh builds for `mode` from --mesh (or the world),
+// checked against the world; empty for --mode none.
+std::vector<int64_t> resolve_mesh(plan::ParallelMode mode, const TrainOptions& options,
+                                  const World& world) {
+  using plan::ParallelMode;
+  const std::string name = plan::mode_name(mode);
   const std::vector<int64_t> shape = options.mesh.empty()
                                          ? std::vector<int64_t>{world.size}
                                          : mesh_shape_of(options.mesh);
-
-  if (p.mode == Mode::kNone) {
+  if (mode == ParallelMode::kNone) {
     HP_CHECK_ARG(world.size == 1, "--mode none trains in one process, but WORLD_SIZE is ",
                  world.size, "; use --mode fsdp, hsdp or ddp with several ranks, or start one "
                  "process");
     HP_CHECK_ARG(shape == std::vector<int64_t>{1}, "--mesh ", options.mesh,
                  " does not apply to --mode none, which runs one process; leave --mesh out");
-    return p;
+    return {};
   }
-  HP_CHECK_ARG(world.launched, "--mode ", mode,
+  HP_CHECK_ARG(world.launched, "--mode ", name,
                " needs one process per rank started by a launcher (hprun -n N hp-train ...: "
                "RANK and WORLD_SIZE are not set); use --mode none for a single process");
-  if (p.mode == Mode::kHSDP) {
+  if (mode == ParallelMode::kHSDP) {
     HP_CHECK_ARG(!options.mesh.empty(), "--mode hsdp needs --mesh RxS (replicas x shards, "
                  "R*S = the world size ", world.size, ")");
     HP_CHECK_ARG(shape.size() == 2, "--mode hsdp needs a 2-D mesh RxS (replicas x shards), got "
                  "--mesh ", options.mesh);
-  } else if (p.mode == Mode::kFSDPTP) {
+  } else if (mode == ParallelMode::kFSDPTP) {
     HP_CHECK_ARG(!options.mesh.empty(), "--mode fsdp_tp needs --mesh DxT (data-parallel x "
                  "tensor-parallel ranks, D*T = the world size ", world.size, ")");
     HP_CHECK_ARG(shape.size() == 2, "--mode fsdp_tp needs a 2-D mesh DxT (data-parallel x "
                  "tensor-parallel ranks), got --mesh ", options.mesh);
   } else {
-    HP_CHECK_ARG(shape.size() == 1, "--mode ", mode, " needs a 1-D mesh N, got --mesh ",
+    HP_CHECK_ARG(shape.size() == 1, "--mode ", name, " needs a 1-D mesh N, got --mesh ",
                  options.mesh, " (a 2-D mesh RxS is --mode hsdp)");
   }
   const int64_t product = std::accumulate(shape.begin(), shape.end(), int64_t{1},
@@ -491,34 +431,23 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
   HP_CHECK_ARG(product == world.size, "--mesh ", fmt::format("{}", fmt::join(shape, "x")),
                " holds ", plural(product, "rank"), ", but the world has ", world.size,
                " (WORLD_SIZE); the mesh's product must equal the world size");
-  switch (p.mode) {
-    case Mode::kFSDP:
-      p.mesh_shape = shape;
-      p.mesh_names = {"shard"};
-      break;
-    case Mode::kHSDP:
-      p.mesh_shape = shape;
-      p.mesh_names = {"replicate", "shard"};
-      break;
-    case Mode::kDDP:
-      // fully_shard's DDP: a replicate dim over every rank, a shard dim of one.
-      p.mesh_shape = {shape[0], 1};
-      p.mesh_names = {"replicate", "shard"};
-      break;
-    case Mode::kTP:
-      p.mesh_shape = shape;
-      p.mesh_names = {"tp"};
-      p.dp_size = 1;
-      return p;
-    case Mode::kFSDPTP:
-      p.mesh_shape = shape;
-      p.mesh_names = {"dp", "tp"};
-      p.dp_size = shape[0];
-      return p;
-    case Mode::kNone:
-      break;
-  }
-  p.dp_size = world.size;
+  // fully_shard's DDP: a replicate dim over every rank, a shard dim of one.
+  if (mode == ParallelMode::kDDP) return {shape[0], 1};
+  return shape;
+}
+
+}  // namespace
+
+Parallelism resolve_parallelism(const TrainOptions& options, const World& world) {
+  using plan::ParallelMode;
+  const ParallelMode mode = options.mode_given
+                                ? options.mode
+                                : (world.launched ? ParallelMode::kFSDP : ParallelMode::kNone);
+  Parallelism p(mode, resolve_mesh(mode, options, world));
+  p.reshard_after_forward = options.reshard_after_forward;
+  p.param_dtype = options.param_dtype;
+  p.reduce_dtype = options.reduce_dtype;
+  p.tp_units = mode == ParallelMode::kTP && !options.fully_shard_flags.empty();
   return p;
 }
 
@@ -539,41 +468,37 @@ void validate_options(const TrainOptions& o, const Parallelism& parallelism) {
   }
   HP_CHECK_ARG(o.seq <= o.ctx, "--seq ", o.seq, " must be at most --ctx ", o.ctx,
                " (the model's context length)");
-  HP_CHECK_ARG(o.batch % parallelism.dp_size == 0, "--batch ", o.batch,
-               " (the global batch) must be divisible by the data-parallel size ",
-               parallelism.dp_size, " (", mode_name(parallelism.mode), " on ",
-               plural(parallelism.dp_size, "rank"), ")");
-  if (parallelism.mode == Mode::kNone) {
+  using plan::ParallelMode;
+  const char* mode = plan::mode_name(parallelism.mode);
+  const int64_t dp_size = parallelism.dp_size();
+  HP_CHECK_ARG(o.batch % dp_size == 0, "--batch ", o.batch,
+               " (the global batch) must be divisible by the data-parallel size ", dp_size,
+               " (", mode, " on ", plural(dp_size, "rank"), ")");
+  if (parallelism.mode == ParallelMode::kNone) {
     // These configure fully_shard; a single process has none, and taking
     // them silently would train in another precision than asked for.
     HP_CHECK_ARG(o.fully_shard_flags.empty(), o.fully_shard_flags.front(),
                  " configures fully_shard and does not apply to --mode none (no fully_shard "
                  "units); leave it out, or use --mode fsdp, hsdp, ddp, tp or fsdp_tp");
   }
-  if (parallelism.mode == Mode::kTP || parallelism.mode == Mode::kFSDPTP) {
-    const int64_t tp = parallelism.mesh_shape.back();
-    HP_CHECK_ARG(o.heads % tp == 0, "--heads ", o.heads, " must be divisible by the "
-                 "tensor-parallel size ", tp, " (--mode ", mode_name(parallelism.mode),
-                 " --mesh ", fmt::format("{}", fmt::join(parallelism.mesh_shape, "x")),
-                 "): each rank computes whole heads");
-    const int64_t kv_heads = o.kv_heads > 0 ? o.kv_heads : o.heads;
-    HP_CHECK_ARG(kv_heads % tp == 0, "--kv-heads ", kv_heads, " must be divisible by the "
-                 "tensor-parallel size ", tp, " (--mode ", mode_name(parallelism.mode),
-                 " --mesh ", fmt::format("{}", fmt::join(parallelism.mesh_shape, "x")),
-                 "): each rank holds whole key/value heads");
-  }
-  if (o.reshard_after_forward > 0 && parallelism.mode != Mode::kNone) {
+  const int64_t tp = parallelism.tp_size();
+  const std::string mesh = fmt::format("{}", fmt::join(parallelism.mesh_shape, "x"));
+  HP_CHECK_ARG(o.heads % tp == 0, "--heads ", o.heads, " must be divisible by the "
+               "tensor-parallel size ", tp, " (--mode ", mode, " --mesh ", mesh,
+               "): each rank computes whole heads");
+  const int64_t kv_heads = o.kv_heads > 0 ? o.kv_heads : o.heads;
+  HP_CHECK_ARG(kv_heads % tp == 0, "--kv-heads ", kv_heads, " must be divisible by the "
+               "tensor-parallel size ", tp, " (--mode ", mode, " --mesh ", mesh,
+               "): each rank holds whole key/value heads");
+  const auto& reshard = parallelism.reshard_after_forward;
+  const int64_t* group = reshard ? std::get_if<int64_t>(&*reshard) : nullptr;
+  if (group && parallelism.mode != ParallelMode::kNone) {
     // The ranks fully_shard shards over: the mesh's last dim, the
     // data-parallel dim of fsdp_tp, none under DDP or tensor parallelism.
-    const int64_t shard_size = parallelism.mode == Mode::kDDP || parallelism.mode == Mode::kTP
-                                   ? 1
-                               : parallelism.mode == Mode::kFSDPTP ? parallelism.mesh_shape[0]
-                                                                   : parallelism.mesh_shape.back();
-    HP_CHECK_ARG(shard_size % o.reshard_after_forward == 0 &&
-                     o.reshard_after_forward <= shard_size,
-                 "--reshard-after-forward ", o.reshard_after_forward,
-                 " must divide the shard group size ", shard_size, " of ",
-                 mode_name(parallelism.mode), " on mesh ", to_string(parallelism.mesh_shape));
+    const int64_t shard_size = parallelism.shard_size();
+    HP_CHECK_ARG(shard_size % *group == 0 && *group <= shard_size, "--reshard-after-forward ",
+                 *group, " must divide the shard group size ", shard_size, " of ", mode,
+                 " on mesh ", to_string(parallelism.mesh_shape));
   }
   if (o.data_file.empty()) {
     HP_CHECK_ARG(o.vocab == 0 || o.vocab == 256, "--vocab ", o.vocab,
@@ -588,7 +513,8 @@ void validate_options(const TrainOptions& o, const Parallelism& parallelism) {
 bool uses_meta_init(const TrainOptions& o, const Parallelism& parallelism) {
   if (!o.init.empty()) return o.init == "meta";
   // Whole copies everywhere (one process, DDP): meta saves nothing.
-  return parallelism.mode != Mode::kNone && parallelism.mode != Mode::kDDP;
+  return parallelism.mode != plan::ParallelMode::kNone &&
+         parallelism.mode != plan::ParallelMode::kDDP;
 }
 
 void validate_corpus(const TrainOptions& o, const Corpus& corpus) {

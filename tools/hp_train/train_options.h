@@ -10,17 +10,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "hp/plan/parallel_layout.h"
 #include "tools/hp_train/corpus.h"
 
 namespace hp::train {
-
-enum class Mode { kNone, kFSDP, kHSDP, kDDP, kTP, kFSDPTP };
-
-// "none", "fsdp", "hsdp", "ddp", "tp", "fsdp_tp".
-const char* mode_name(Mode mode);
 
 // --resume's value for "the newest checkpoint in --save-dir, if any".
 inline constexpr const char* kResumeAuto = "auto";
@@ -55,7 +52,7 @@ struct TrainOptions {
 
   // Parallelism. mode_given / mesh empty mean "the default" (see resolve).
   bool mode_given = false;
-  Mode mode = Mode::kFSDP;
+  plan::ParallelMode mode = plan::ParallelMode::kFSDP;
   std::string mesh;  // "N" or "RxS"
 
   // --init eager|meta (F17); empty: meta where it saves memory, i.e. in the
@@ -83,9 +80,9 @@ struct TrainOptions {
   // this one computes.
   bool comm_fusion = true;           // --no-comm-fusion clears it
   bool prefetch = true;              // --no-prefetch clears it
-  int64_t reshard_after_forward = -1;  // -1: true; 0: false; N: groups of N ranks
-  std::string param_dtype = "fp32";  // --param-dtype bf16|fp16|fp32
-  std::string reduce_dtype;          // --reduce-dtype (default: the param dtype)
+  ReshardAfterForward reshard_after_forward;  // --reshard-after-forward true|false|N
+  plan::Dtype param_dtype = plan::Dtype::kFloat32;  // --param-dtype bf16|fp32
+  std::optional<plan::Dtype> reduce_dtype;          // --reduce-dtype (default: the param dtype)
   std::string trace;                 // --trace FILE: Chrome trace per rank
   // The fully_shard flags given on the command line, as written (e.g.
   // "--no-comm-fusion"): --mode none refuses them rather than ignore them;
@@ -121,23 +118,13 @@ struct World {
   int size = 1;
 };
 
-// The mesh and mode after defaults. The data-parallel size is the world size
-// in the fully_shard modes (the mesh is row-major, so data-parallel rank =
-// global rank), 1 under tensor parallelism (every rank sees the same
+// The mesh and mode after defaults, with fully_shard's reshard policy and
+// dtypes (hp/plan/parallel_layout.h). The data-parallel size is the world
+// size in the fully_shard modes (the mesh is row-major, so data-parallel
+// rank = global rank), 1 under tensor parallelism (every rank sees the same
 // samples) and D on fsdp_tp's DxT mesh (the T ranks of one data-parallel
 // group see the same samples).
-struct Parallelism {
-  Mode mode = Mode::kNone;
-  std::vector<int64_t> mesh_shape;      // init_device_mesh's shape; empty for kNone
-  std::vector<std::string> mesh_names;  // its dim names
-  int64_t dp_size = 1;
-
-  // The data-parallel coordinate of global rank `rank`.
-  int64_t dp_rank(int rank) const;
-
-  // "fsdp on mesh [2] (shard)", "none (one process)".
-  std::string describe() const;
-};
+using Parallelism = plan::ParallelLayout;
 
 // Defaults: --mode fsdp --mesh <world size> under a launcher, --mode none
 // for a process started on its own (a process group needs a launcher's

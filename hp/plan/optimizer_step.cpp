@@ -1,0 +1,33 @@
+// After backward: hp::clip_grad_norm_'s fp64 copies and AdamW's moments
+// and temporaries.
+#include "hp/plan/step_simulator.h"
+
+#include <algorithm>
+
+namespace hp::plan::detail {
+
+void StepSimulator::clip() {
+  if (!s_.options.grad_clip) return;
+  t_.at("clip_grad_norm_");
+  // Each gradient's norm is taken in fp64: a double copy of it (a
+  // DTensor gradient's local piece).
+  int64_t largest = 0;
+  for (const Unit& u : units_) {
+    for (const auto& p : u.params) largest = std::max(largest, local_numel(p));
+  }
+  t_.spike(Term::kSlack, largest * kFp64);
+}
+
+void StepSimulator::optimizer_step() {
+  t_.at("optimizer step");
+  // AdamW, per parameter in model->parameters() order: the moments are
+  // created on the first step; sqrt(exp_avg_sq) and its scaled copy are
+  // the step's temporaries.
+  for (const auto& [unit, index] : optimizer_order_) {
+    const int64_t bytes = local_numel(units_[unit].params[index]) * s_.model_dtype_size;
+    if (first_) adam_.push_back(t_.alloc(Term::kOptimizer, 2 * bytes));
+    t_.spike(Term::kOptimizer, 2 * bytes);
+  }
+}
+
+}  // namespace hp::plan::detail
