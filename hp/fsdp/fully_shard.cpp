@@ -311,15 +311,13 @@ void move_states_to(const std::vector<std::shared_ptr<nn::Module>>& roots,
   }
 }
 
-// The ranks an explicit reshard_after_forward keeps the parameters spread
-// over (UnitFlags); the shard size for the default, resolved per unit later.
+}  // namespace
+
 int64_t ranks_after_forward(const ReshardAfterForward& setting, int64_t shard_size) {
   if (!setting) return shard_size;
   if (const bool* reshard = std::get_if<bool>(&*setting)) return *reshard ? shard_size : 1;
   return std::get<int64_t>(*setting);
 }
-
-}  // namespace
 
 FSDPModule fully_shard(const std::shared_ptr<nn::Module>& module,
                        const FullyShardOptions& options) {

@@ -65,6 +65,10 @@ struct OffloadPolicy {
 // A forward without backward (no grad) frees them unless the setting is an
 // explicit false: the root's reason to keep them does not hold there.
 using ReshardAfterForward = std::optional<std::variant<bool, int64_t>>;
+// The ranks a setting keeps a unit's parameters spread over after forward:
+// the shard size (nullopt: the default for every unit but the root; true),
+// 1 (false) or N. The root's default (it keeps them) is the unit's to apply.
+int64_t ranks_after_forward(const ReshardAfterForward& setting, int64_t shard_size);
 
 struct FullyShardOptions {
   // 1-D mesh: FSDP over its ranks; 2-D (replicate, shard): HSDP; a 2-D mesh

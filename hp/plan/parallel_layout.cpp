@@ -107,12 +107,6 @@ ReshardAfterForward parse_reshard_after_forward(const std::string& text,
   return ranks;
 }
 
-int64_t ranks_after_forward(const ReshardAfterForward& setting, int64_t shard_size) {
-  if (!setting) return shard_size;
-  if (const bool* reshard = std::get_if<bool>(&*setting)) return *reshard ? shard_size : 1;
-  return std::get<int64_t>(*setting);
-}
-
 std::string describe(const ReshardAfterForward& setting) {
   if (!setting) return "true";
   if (const bool* reshard = std::get_if<bool>(&*setting)) return *reshard ? "true" : "false";

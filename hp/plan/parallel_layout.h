@@ -45,9 +45,6 @@ c10::ScalarType scalar_type(Dtype dtype);
 // false or a group of N ranks.
 // "true" | "false" | a positive N; throws naming `what` otherwise.
 ReshardAfterForward parse_reshard_after_forward(const std::string& text, const std::string& what);
-// The ranks a unit's parameters stay spread over after forward: the shard
-// size (nullopt, true), 1 (false) or N. Not the root's (it keeps them).
-int64_t ranks_after_forward(const ReshardAfterForward& setting, int64_t shard_size);
 // "true", "false", "to groups of N".
 std::string describe(const ReshardAfterForward& setting);
 

@@ -13,6 +13,7 @@
 
 #include "hp/util/error.h"
 #include "hp/util/format.h"
+#include "tools/common/command_line.h"
 #include "tools/hp_train/progress.h"
 
 namespace hp::train {
@@ -140,50 +141,6 @@ const CLI::Validator kComputeDtype(
       return fmt::format("must be one of bf16, fp32, got '{}'", value);
     },
     "", "compute_dtype");
-
-// The edit distance between a and b (insertions, deletions, substitutions).
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  std::iota(row.begin(), row.end(), size_t{0});
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t substitution = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
-      diagonal = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, substitution});
-    }
-  }
-  return row[b.size()];
-}
-
-// CLI11 reports every argument it could not place ("The following arguments
-// were not expected: 10 --step"); name the first unknown flag instead and
-// the known one it most likely meant.
-std::string unknown_argument_message(const CLI::App& app) {
-  const std::vector<std::string> extras = app.remaining();
-  const auto flag = std::find_if(extras.begin(), extras.end(), [](const std::string& a) {
-    return a.size() > 1 && a[0] == '-';
-  });
-  if (flag == extras.end()) {
-    return fmt::format("unexpected argument '{}' (hp-train takes flags only)", extras.at(0));
-  }
-  const std::string name = flag->substr(0, flag->find('='));
-  std::string best;
-  size_t best_distance = std::max<size_t>(2, name.size() / 3) + 1;  // a typo, not another word
-  for (const CLI::Option* option : app.get_options()) {
-    for (const std::string& long_name : option->get_lnames()) {
-      const std::string candidate = "--" + long_name;
-      const size_t distance = edit_distance(name, candidate);
-      if (distance < best_distance) {
-        best = candidate;
-        best_distance = distance;
-      }
-    }
-  }
-  return best.empty() ? fmt::format("unknown flag '{}'", name)
-                      : fmt::format("unknown flag '{}' (did you mean {}?)", name, best);
-}
 
 }  // namespace
 
@@ -349,23 +306,16 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
          "timestamps count from the same instant",
          "FILE", kFileName);
 
-  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11's convention
   try {
-    app.parse(reversed);
-  } catch (const CLI::CallForHelp&) {
-    result.help_requested = true;
-    result.help_text = app.help();
-    return result;
-  } catch (const CLI::ExtrasError&) {
-    throw_argument_error(fmt::format("{}; see hp-train --help", unknown_argument_message(app)));
-  } catch (const CLI::ValidationError& e) {
-    // CLI11 writes "--batch: must be ..."; the flag starts our sentence.
-    std::string message = e.what();
-    const size_t colon = message.find(": ");
-    if (colon != std::string::npos) message.replace(colon, 2, " ");
-    throw_argument_error(message);
-  } catch (const CLI::ParseError& e) {
-    throw_argument_error(fmt::format("{}; see hp-train --help", e.what()));
+    const tools::ParsedCommandLine parsed =
+        tools::parse_command_line(app, args, "see hp-train --help");
+    if (parsed.help_requested) {
+      result.help_requested = true;
+      result.help_text = parsed.help_text;
+      return result;
+    }
+  } catch (const tools::CommandLineError& e) {
+    throw_argument_error(e.what());
   }
 
   if (!mode.empty()) {
