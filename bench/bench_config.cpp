@@ -11,6 +11,16 @@ std::string str(double v) { return fmt::format("{}", v); }
 
 }  // namespace
 
+nn::GPTConfig BenchConfig::gpt_config(int64_t layers, int64_t d) const {
+  nn::GPTConfig config;
+  config.vocab_size = vocab;
+  config.context = ctx;
+  config.n_layer = layers;
+  config.n_head = heads;
+  config.n_embd = d;
+  return config;
+}
+
 std::vector<std::string> BenchConfig::worker_args() const {
   return {"--vocab",        std::to_string(vocab),
           "--seq",          std::to_string(seq),

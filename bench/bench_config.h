@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "hp/nn/gpt_config.h"
+
 namespace hp::bench {
 
 // The names of the standard rows and of the extras --rows also accepts, in
@@ -55,6 +57,10 @@ struct BenchConfig {
   int64_t ckpt_d = 768;
   std::string ckpt_dir = "/tmp";
   int ckpt_repeats = 2;
+
+  // The GPT of this vocabulary, context and heads with `layers` blocks of
+  // width `d` (the rows': layers, d; the checkpoint row's: ckpt_layers, ckpt_d).
+  nn::GPTConfig gpt_config(int64_t layers, int64_t d) const;
 
   // Flags that reproduce this configuration on a worker's command line.
   std::vector<std::string> worker_args() const;

@@ -119,12 +119,7 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
 
   enable_memory_tracking();
   const int64_t rss_before_model = current_rss_bytes();
-  nn::GPTConfig config;
-  config.vocab_size = c.vocab;
-  config.context = c.ctx;
-  config.n_layer = c.layers;
-  config.n_head = c.heads;
-  config.n_embd = c.d;
+  const nn::GPTConfig config = c.gpt_config(c.layers, c.d);
   torch::manual_seed(c.seed);
   nn::GPT model(config);
   int64_t parameters = 0, block_bytes = 0;

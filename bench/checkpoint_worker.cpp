@@ -155,12 +155,7 @@ int run_checkpoint_worker(const BenchConfig& c) {
   const int world = dist::get_world_size();
   enable_memory_tracking();
 
-  nn::GPTConfig config;
-  config.vocab_size = c.vocab;
-  config.context = c.ctx;
-  config.n_layer = c.ckpt_layers;
-  config.n_head = c.heads;
-  config.n_embd = c.ckpt_d;
+  const nn::GPTConfig config = c.gpt_config(c.ckpt_layers, c.ckpt_d);
   torch::manual_seed(c.seed);
   nn::GPT model(config);
   int64_t parameters = 0;
