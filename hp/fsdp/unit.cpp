@@ -290,7 +290,7 @@ std::optional<nn::TensorList> Unit::pre_forward(nn::Module& module, const nn::Te
     }
     context_->note_pre_forward(this);
     context_->record_forward(this);
-    trace::Span span("unshard " + name_, "fsdp", "compute");
+    trace::Span span("unshard ", name_, "fsdp", "compute");
     begin_unshard();
     prefetch(forward_prefetch_, +1);
     wait_unshard();
@@ -390,7 +390,7 @@ void Unit::pre_backward() {
   context_->check_usable();
   context_->ensure_end_of_backward();
   in_backward("the backward", [&] {
-    trace::Span span("unshard " + name_, "fsdp", "compute");
+    trace::Span span("unshard ", name_, "fsdp", "compute");
     begin_unshard();
     prefetch(backward_prefetch_, -1);
     wait_unshard();

@@ -88,6 +88,15 @@ Span::Span(std::string name, const char* category, const char* lane)
   }
 }
 
+Span::Span(const char* prefix, const std::string& subject, const char* category,
+           const char* lane)
+    : active_(enabled()), category_(category), lane_(lane), start_(0) {
+  if (active_) {
+    name_ = prefix + subject;
+    start_ = now_us();
+  }
+}
+
 Span::~Span() {
   if (active_) record(std::move(name_), category_, lane_, start_, now_us());
 }

@@ -49,6 +49,10 @@ void record(std::string name, std::string category, std::string lane, int64_t st
 class Span {
  public:
   Span(std::string name, const char* category, const char* lane);
+  // Named `prefix` + `subject`, the name built only when tracing is on: for
+  // spans on a hot path (every unit, every step), which must not allocate
+  // when nobody records them.
+  Span(const char* prefix, const std::string& subject, const char* category, const char* lane);
   ~Span();
   Span(const Span&) = delete;
   Span& operator=(const Span&) = delete;

@@ -12,6 +12,7 @@
 #include "hp/nn/gpt.h"
 #include "hp/nn/llama.h"
 #include "hp/nn/parameter_shape.h"
+#include "tests/support/model_configs.h"
 
 namespace hp::nn {
 namespace {
@@ -33,12 +34,8 @@ NamedShapes of_config(const std::vector<ParameterShape>& shapes) {
 }
 
 TEST(ParameterShapes, GPTConfigListsTheBuiltGPTsParameters) {
-  GPTConfig c;
-  c.vocab_size = 50;
-  c.context = 12;
-  c.n_layer = 3;
-  c.n_head = 2;
-  c.n_embd = 8;
+  const GPTConfig c =
+      test::gpt_config({/*vocab=*/50, /*context=*/12, /*layers=*/3, /*heads=*/2, /*width=*/8});
   GPT model(c, at::kMeta);  // shapes only
   EXPECT_EQ(of_config(c.parameter_shapes()), of_model(*model));
   EXPECT_EQ(GPTConfig::block_prefix(2), "h.2.");
