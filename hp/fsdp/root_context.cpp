@@ -54,19 +54,36 @@ std::shared_ptr<RootContext> RootContext::create(Unit& root) {
   return context;
 }
 
-void RootContext::record_forward(Unit* unit) {
-  if (forward_order_recorded_) return;
-  if (std::find(forward_order_.begin(), forward_order_.end(), unit) == forward_order_.end()) {
-    forward_order_.push_back(unit);
-  }
+namespace {
+
+void record_once(std::vector<Unit*>& order, Unit* unit) {
+  if (std::find(order.begin(), order.end(), unit) == order.end()) order.push_back(unit);
 }
 
-Unit* RootContext::neighbour(const Unit* unit, int offset) const {
-  auto it = std::find(forward_order_.begin(), forward_order_.end(), unit);
-  if (it == forward_order_.end()) return nullptr;
-  const auto index = (it - forward_order_.begin()) + offset;
-  if (index < 0 || index >= static_cast<int64_t>(forward_order_.size())) return nullptr;
-  return forward_order_[index];
+Unit* neighbour(const std::vector<Unit*>& order, const Unit* unit, int offset) {
+  auto it = std::find(order.begin(), order.end(), unit);
+  if (it == order.end()) return nullptr;
+  const auto index = (it - order.begin()) + offset;
+  if (index < 0 || index >= static_cast<int64_t>(order.size())) return nullptr;
+  return order[index];
+}
+
+}  // namespace
+
+void RootContext::record_forward(Unit* unit) {
+  if (!forward_order_recorded_) record_once(forward_order_, unit);
+}
+
+void RootContext::record_post_forward(Unit* unit) {
+  if (!forward_order_recorded_) record_once(post_forward_order_, unit);
+}
+
+Unit* RootContext::next_in_forward(const Unit* unit) const {
+  return neighbour(forward_order_, unit, +1);
+}
+
+Unit* RootContext::next_in_backward(const Unit* unit) const {
+  return neighbour(post_forward_order_, unit, -1);
 }
 
 void RootContext::check_hooks_ran(const nn::TensorList& outputs) {
@@ -198,7 +215,10 @@ void RootContext::reset_units(bool drop_grads) noexcept {
   for (auto& weak : units_) {
     if (auto unit = weak.lock()) waited = unit->reset_after_failure(drop_grads) && waited;
   }
-  if (!forward_order_recorded_) forward_order_.clear();
+  if (!forward_order_recorded_) {
+    forward_order_.clear();
+    post_forward_order_.clear();
+  }
   if (!waited && unusable_reason_.empty()) {
     unusable_reason_ = cat("fully_shard: the units of ", root_->name(),
                            " are unusable: a gather in flight could not be completed after a "

@@ -59,12 +59,19 @@ class RootContext : public std::enable_shared_from_this<RootContext> {
   // of backward).
   bool has_other_units() const { return units_.size() > 1; }
 
-  // --- forward order (recorded during the first forward) ---
+  // --- execution order (recorded during the first forward) ---
+  // Each unit's pre-forward and post-forward, in the order they ran.
   void record_forward(Unit* unit);
+  void record_post_forward(Unit* unit);
   void finish_recording() { forward_order_recorded_ = true; }
   bool forward_order_recorded() const { return forward_order_recorded_; }
-  // The unit after (offset 1) or before (-1) `unit` in forward order.
-  Unit* neighbour(const Unit* unit, int offset) const;
+  // The unit whose forward starts after `unit`'s: forward prefetch.
+  Unit* next_in_forward(const Unit* unit) const;
+  // The unit whose forward ended just before `unit`'s: backward runs in
+  // reverse post-forward order, so that unit's backward comes next. The root,
+  // whose forward ends last, thus starts the last block's gather when its
+  // own backward begins (the head's backward hides it), not the block itself.
+  Unit* next_in_backward(const Unit* unit) const;
 
   // --- the first training forward: did every unit it used run its hooks? ---
   // (hook_check.h) The root's pre-forward starts a forward, every unit's
@@ -122,6 +129,7 @@ class RootContext : public std::enable_shared_from_this<RootContext> {
   Unit* root_ = nullptr;
   std::vector<std::weak_ptr<Unit>> units_;
   std::vector<Unit*> forward_order_;
+  std::vector<Unit*> post_forward_order_;
   bool forward_order_recorded_ = false;
   bool backward_in_flight_ = false;
   bool is_last_backward_ = true;

@@ -275,7 +275,8 @@ void Unit::prefetch(const std::vector<std::weak_ptr<Unit>>& explicit_units, int 
     return;
   }
   if (!flags_.implicit_prefetch || !context_->forward_order_recorded()) return;
-  if (Unit* next = context_->neighbour(this, offset)) start(next);
+  Unit* next = offset > 0 ? context_->next_in_forward(this) : context_->next_in_backward(this);
+  if (next) start(next);
 }
 
 std::optional<nn::TensorList> Unit::pre_forward(nn::Module& module, const nn::TensorList& inputs) {
@@ -331,6 +332,7 @@ std::optional<nn::TensorList> Unit::post_forward(nn::Module& module,
       at::GradMode::is_enabled() &&
       std::any_of(result.begin(), result.end(),
                   [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
+  context_->record_post_forward(this);
   if (is_root()) context_->finish_recording();
   if (!communicates_) {
     state_ = State::kIdle;

@@ -60,11 +60,20 @@ struct ProbeModelImpl : nn::Module {
   at::Tensor forward(const at::Tensor& x) {
     at::Tensor h = embed(x);
     for (auto& b : block_list) h = b(h);
+    if (head_probe && h.requires_grad()) {
+      // A view of the last block's output: its hook runs once the head's
+      // backward is done, after the root's pre-backward and before the last
+      // block's (hooked on the block's output itself).
+      h = h.view_as(h);
+      auto run = head_probe;
+      h.register_hook([run](const at::Tensor&) { run(); });
+    }
     return head(h);
   }
   torch::nn::Linear embed{nullptr}, head{nullptr};
   torch::nn::ModuleList blocks{nullptr};
   std::vector<ProbeBlock> block_list;
+  std::function<void()> head_probe;
 };
 HP_MODULE(ProbeModel);
 
@@ -175,32 +184,41 @@ TEST(BackwardPrefetch, NextUnitIsGatheredBeforeItsBackwardStarts) {
 
     // All-gathers of the backward only: counted from the end of forward.
     int64_t start = 0;
+    auto observe = [&](BackwardObservation& seen) {
+      seen.gathers = dist::comm_stats()[dist::OpType::kAllGather] - start;
+      for (auto& block : model->block_list) {
+        seen.gathered.push_back(fsdp::storage_is_allocated(block->fc1->weight) &&
+                                block->fc1->weight.size(0) == 14);
+      }
+    };
     std::vector<BackwardObservation> seen(3);
-    for (size_t i = 0; i < 3; ++i) {
-      model->block_list[i]->probe = [&, i] {
-        seen[i].gathers = dist::comm_stats()[dist::OpType::kAllGather] - start;
-        for (auto& block : model->block_list) {
-          seen[i].gathered.push_back(fsdp::storage_is_allocated(block->fc1->weight) &&
-                                     block->fc1->weight.size(0) == 14);
-        }
-      };
-    }
+    BackwardObservation in_root;  // the root's backward, before block 2's
+    for (size_t i = 0; i < 3; ++i) model->block_list[i]->probe = [&, i] { observe(seen[i]); };
+    model->head_probe = [&] { observe(in_root); };
     // Prefetching changes when gathers happen, not the gradients.
     expect_step_matches(model, reference, /*step=*/1,
                         [&] { start = dist::comm_stats()[dist::OpType::kAllGather]; });
     for (auto& block : model->block_list) block->probe = nullptr;
+    model->head_probe = nullptr;
 
     // A block unit has 4 parameters, gathered one all-gather each. Backward
-    // runs block 2, 1, 0; the root kept its own parameters from forward.
+    // runs the root's head, then block 2, 1, 0; the root kept its own
+    // parameters from forward.
     const int64_t unit = 4;
     std::vector<int64_t> expected;
     std::vector<std::vector<bool>> gathered;
+    int64_t expected_in_root = 0;
+    std::vector<bool> gathered_in_root{false, false, false};
     switch (mode) {
       case Mode::kNone:  // each block gathers in its own pre-backward
         expected = {3 * unit, 2 * unit, unit};
         gathered = {{true, false, false}, {false, true, false}, {false, false, true}};
         break;
-      case Mode::kImplicit:  // block k's pre-backward also starts block k-1
+      case Mode::kImplicit:
+        // The root's pre-backward starts block 2 (its forward ended last
+        // before the root's), block k's starts block k-1.
+        expected_in_root = unit;
+        gathered_in_root = {false, false, true};
         expected = {3 * unit, 3 * unit, 2 * unit};
         gathered = {{true, false, false}, {true, true, false}, {false, true, true}};
         break;
@@ -209,6 +227,8 @@ TEST(BackwardPrefetch, NextUnitIsGatheredBeforeItsBackwardStarts) {
         gathered = {{true, false, false}, {true, true, false}, {true, false, true}};
         break;
     }
+    EXPECT_EQ(in_root.gathers, expected_in_root) << "all-gathers before the head's backward ends";
+    EXPECT_EQ(in_root.gathered, gathered_in_root) << "blocks gathered during the root's backward";
     for (size_t i = 0; i < 3; ++i) {
       EXPECT_EQ(seen[i].gathers, expected[i]) << "all-gathers before block " << i << "'s backward";
       EXPECT_EQ(seen[i].gathered, gathered[i]) << "blocks gathered during block " << i
