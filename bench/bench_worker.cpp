@@ -24,6 +24,7 @@
 #include "hp/dist/comm_stats.h"
 #include "hp/dist/world.h"
 #include "hp/fsdp/fully_shard.h"
+#include "hp/optim/fused_adamw.h"
 #include "hp/mesh/device_mesh.h"
 #include "hp/nn/gpt.h"
 #include "hp/nn/loss.h"
@@ -138,10 +139,11 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
     if (spec.activation_checkpointing) recipe.activation_checkpointing = "blocks";
     root = train::parallelize(model, parallelism, recipe);
   }
-  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(c.lr)
-                                                         .betas({c.beta1, c.beta2})
-                                                         .eps(c.eps)
-                                                         .weight_decay(c.weight_decay));
+  // hp-train's optimizer: AdamW, one fused pass per parameter.
+  optim::FusedAdamW optimizer(model->parameters(), torch::optim::AdamWOptions(c.lr)
+                                                       .betas({c.beta1, c.beta2})
+                                                       .eps(c.eps)
+                                                       .weight_decay(c.weight_decay));
   const int64_t dp_rank = parallelism.dp_rank(rank), dp_size = parallelism.dp_size();
   const int64_t global_batch = c.batch * dp_size;
 

@@ -8,6 +8,7 @@
 #include "hp/dist/collectives.h"
 #include "hp/fsdp/clip_grad.h"
 #include "hp/nn/loss.h"
+#include "hp/optim/fused_adamw.h"
 #include "hp/util/memory_stats.h"
 #include "tools/hp_train/batches.h"
 
@@ -22,7 +23,8 @@ Trainer::Trainer(TrainModel model, std::optional<FSDPModule> root, dist::GroupPt
       options_(options),
       dp_rank_(dp_rank),
       dp_size_(dp_size) {
-  optimizer_ = std::make_unique<torch::optim::AdamW>(
+  // AdamW with one fused pass per parameter (hp/optim/fused_adamw.h).
+  optimizer_ = std::make_unique<optim::FusedAdamW>(
       model_.module().parameters(), torch::optim::AdamWOptions(options_.lr)
                                 .betas({0.9, 0.95})
                                 .eps(1e-8)
