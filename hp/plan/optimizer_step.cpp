@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "hp/optim/fused_adamw.h"
+
 namespace hp::plan::detail {
 
 void StepSimulator::clip() {
@@ -20,13 +22,16 @@ void StepSimulator::clip() {
 
 void StepSimulator::optimizer_step() {
   t_.at("optimizer step");
-  // AdamW, per parameter in model->parameters() order: the moments are
-  // created on the first step; sqrt(exp_avg_sq) and its scaled copy are
-  // the step's temporaries.
+  // hp-train's AdamW (hp/optim/fused_adamw.h), per parameter in
+  // model->parameters() order: the moments are created on the first step.
+  // libtorch's fused kernel then updates in place; where this libtorch has
+  // none, AdamW's own step makes sqrt(exp_avg_sq) and its scaled copy, the
+  // step's temporaries.
+  const bool fused = optim::FusedAdamW::available();
   for (const auto& [unit, index] : optimizer_order_) {
     const int64_t bytes = local_numel(units_[unit].params[index]) * s_.model_dtype_size;
     if (first_) adam_.push_back(t_.alloc(Term::kOptimizer, 2 * bytes));
-    t_.spike(Term::kOptimizer, 2 * bytes);
+    if (!fused) t_.spike(Term::kOptimizer, 2 * bytes);
   }
 }
 
