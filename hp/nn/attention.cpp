@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "hp/nn/linear.h"
 #include "hp/util/error.h"
 
 namespace hp::nn {
@@ -24,7 +25,7 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t nh = config_.n_head, hd = config_.head_dim();
 
-  auto qkv = c_attn(x).split(d, /*dim=*/2);
+  auto qkv = linear(c_attn, x).split(d, /*dim=*/2);
   // [B, T, d] -> [B, nh, T, hd]
   auto heads = [&](const at::Tensor& t) { return t.view({B, T, nh, hd}).transpose(1, 2); };
   at::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
@@ -36,7 +37,7 @@ at::Tensor CausalSelfAttentionImpl::forward(const at::Tensor& x) {
   if (drop) att = torch::dropout(att, config_.dropout, /*train=*/true);
 
   at::Tensor y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, d});
-  y = c_proj(y);
+  y = linear(c_proj, y);
   if (drop) y = torch::dropout(y, config_.dropout, /*train=*/true);
   return y;
 }

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "hp/nn/linear.h"
 #include "hp/nn/meta_device.h"
 #include "hp/nn/sample_tokens.h"
 #include "hp/util/error.h"
@@ -97,7 +98,7 @@ at::Tensor GPTImpl::forward(const at::Tensor& idx) {
   at::Tensor x = wte(idx) + wpe(torch::arange(T, idx.options()));
   if (config_.dropout > 0 && is_training()) x = torch::dropout(x, config_.dropout, /*train=*/true);
   for (auto& block : blocks_) x = block(x);
-  return lm_head(ln_f(x));
+  return linear(lm_head, ln_f(x));
 }
 
 at::Tensor GPTImpl::generate(at::Tensor idx, int64_t max_new_tokens, double temperature,

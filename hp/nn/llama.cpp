@@ -5,6 +5,7 @@
 
 #include <mutex>
 
+#include "hp/nn/linear.h"
 #include "hp/nn/meta_device.h"
 #include "hp/nn/sample_tokens.h"
 #include "hp/util/error.h"
@@ -104,7 +105,7 @@ at::Tensor LlamaImpl::forward(const at::Tensor& idx) {
                  "Llama.forward: token ids must be in [0, ", config_.vocab_size, ") but got ",
                  (min_id < 0 ? min_id : max_id));
   }
-  return lm_head(model(idx));
+  return linear(lm_head, model(idx));
 }
 
 at::Tensor LlamaImpl::generate(at::Tensor idx, int64_t max_new_tokens, double temperature,

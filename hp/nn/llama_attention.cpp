@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "hp/nn/linear.h"
 #include "hp/nn/rotary.h"
 #include "hp/util/error.h"
 
@@ -40,7 +41,8 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x) {
   auto heads = [&](const at::Tensor& t, int64_t n) {
     return t.view({B, T, n, hd}).transpose(1, 2);
   };
-  at::Tensor q = heads(q_proj(x), nh), k = heads(k_proj(x), nkv), v = heads(v_proj(x), nkv);
+  at::Tensor q = heads(linear(q_proj, x), nh), k = heads(linear(k_proj, x), nkv),
+             v = heads(linear(v_proj, x), nkv);
   auto [cos, sin] = rotary_tables(T, hd, config_.rope_theta, q.options());
   q = apply_rotary(q, cos, sin);
   k = apply_rotary(k, cos, sin);
@@ -62,7 +64,7 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x) {
   at::Tensor future = torch::ones({T, T}, x.options().dtype(torch::kBool)).triu(1);
   att = att.masked_fill(future, -std::numeric_limits<double>::infinity()).softmax(-1);
   at::Tensor y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, nh * hd});
-  return o_proj(y);
+  return linear(o_proj, y);
 }
 
 }  // namespace hp::nn

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "hp/nn/linear.h"
+
 namespace hp::nn {
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& config) : Module("LlamaMLP") {
@@ -16,7 +18,7 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& config) : Module("LlamaMLP") {
 }
 
 at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
-  return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+  return linear(down_proj, torch::silu(linear(gate_proj, x)) * linear(up_proj, x));
 }
 
 }  // namespace hp::nn

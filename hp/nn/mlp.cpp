@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "hp/nn/linear.h"
+
 namespace hp::nn {
 
 MLPImpl::MLPImpl(const GPTConfig& config) : Module("MLP"), dropout_(config.dropout) {
@@ -13,7 +15,7 @@ MLPImpl::MLPImpl(const GPTConfig& config) : Module("MLP"), dropout_(config.dropo
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
   // torch::gelu's default approximation is "none": the exact erf form.
-  at::Tensor y = c_proj(torch::gelu(c_fc(x)));
+  at::Tensor y = linear(c_proj, torch::gelu(linear(c_fc, x)));
   if (dropout_ > 0 && is_training()) y = torch::dropout(y, dropout_, /*train=*/true);
   return y;
 }
