@@ -131,6 +131,12 @@ OpComparison compare_ops(const std::string& ours_row, const json& ours,
   c.ours_row = ours_row;
   c.torch_row = torch_row;
   c.totals.name = "total";
+  const auto wall_ms = [](const json& p) {
+    return p.contains("wall_us") && p["wall_us"].is_number() ? p["wall_us"].get<double>() / 1e3
+                                                             : -1.0;
+  };
+  c.ours_wall_ms = wall_ms(ours);
+  c.torch_wall_ms = wall_ms(theirs);
   std::map<std::string, OpDelta> by_name;
   for (const auto& [name, s] : a) {
     OpDelta& d = by_name[name];
@@ -160,14 +166,17 @@ OpComparison compare_ops(const std::string& ours_row, const json& ours,
 std::string format_comparison(const OpComparison& c, size_t top) {
   std::string out = fmt::format("{} vs {}: per step, ops by |self ms difference|\n", c.ours_row,
                                 c.torch_row);
-  const auto line = [](const std::string& name, double a, double b, double d, double ca,
-                       double cb) {
-    return fmt::format("  {:<48} {:>10.3f} {:>10.3f} {:>+10.3f} {:>9.1f} {:>9.1f}\n", name, a, b,
-                       d, ca, cb);
-  };
-  out += fmt::format("  {:<48} {:>10} {:>10} {:>10} {:>9} {:>9}\n", "op", "ours ms",
-                     "torch ms", "diff ms", "ours #", "torch #");
   const size_t n = std::min(top, c.ops.size());
+  const std::string total_label = "total (self time of every op; calls)";
+  size_t width = total_label.size();  // the op column fits every name shown
+  for (size_t i = 0; i < n; ++i) width = std::max(width, c.ops[i].name.size());
+  const auto line = [&](const std::string& name, double a, double b, double d, double ca,
+                        double cb) {
+    return fmt::format("  {:<{}} {:>10.3f} {:>10.3f} {:>+10.3f} {:>9.1f} {:>9.1f}\n", name, width,
+                       a, b, d, ca, cb);
+  };
+  out += fmt::format("  {:<{}} {:>10} {:>10} {:>10} {:>9} {:>9}\n", "op", width, "ours ms",
+                     "torch ms", "diff ms", "ours #", "torch #");
   for (size_t i = 0; i < n; ++i) {
     const OpDelta& d = c.ops[i];
     out += line(d.name, d.ours_self_ms, d.torch_self_ms, d.diff_ms(), d.ours_calls,
@@ -175,8 +184,12 @@ std::string format_comparison(const OpComparison& c, size_t top) {
   }
   if (n < c.ops.size()) out += fmt::format("  ({} more ops)\n", c.ops.size() - n);
   const OpDelta& t = c.totals;
-  out += line("total (self time of every op; calls)", t.ours_self_ms, t.torch_self_ms,
-              t.diff_ms(), t.ours_calls, t.torch_calls);
+  out += line(total_label, t.ours_self_ms, t.torch_self_ms, t.diff_ms(), t.ours_calls,
+              t.torch_calls);
+  if (c.ours_wall_ms >= 0 && c.torch_wall_ms >= 0) {
+    out += fmt::format("  profiled step wall time: ours {:.3f} ms, torch {:.3f} ms\n",
+                       c.ours_wall_ms, c.torch_wall_ms);
+  }
   return out;
 }
 

@@ -60,6 +60,8 @@ struct OpComparison {
   std::string ours_row, torch_row;
   std::vector<OpDelta> ops;  // every op of either side, by |diff_ms| largest first
   OpDelta totals;            // sums over all ops (name "total")
+  // The profiles' "wall_us" per step in ms (profiler start to stop); -1 when absent.
+  double ours_wall_ms = -1, torch_wall_ms = -1;
 };
 
 // Pairs the ops of two per-step profiles by name. ArgumentError when either

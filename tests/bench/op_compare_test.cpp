@@ -47,6 +47,7 @@ TEST(OpCompare, PairsByNameAndSortsByAbsoluteDifference) {
   EXPECT_DOUBLE_EQ(c.totals.torch_self_ms, 2.1);
   EXPECT_EQ(c.totals.ours_calls, 15);
   EXPECT_EQ(c.totals.torch_calls, 14);
+  EXPECT_EQ(c.ours_wall_ms, -1);  // no wall_us in these profiles
 
   const std::string text = format_comparison(c, 2);
   EXPECT_THAT(text, HasSubstr("single vs torch_single"));
@@ -127,6 +128,7 @@ TEST(OpCompare, WritesPerStepFilesOfTheSameSchema) {
   EXPECT_EQ(j["ops"][0]["cpu_time_total"], 75.0);
   // The comparison reads what was written.
   EXPECT_EQ(compare_ops("ddp", j, "torch_ddp", j).totals.diff_ms(), 0);
+  EXPECT_EQ(compare_ops("ddp", j, "torch_ddp", j).ours_wall_ms, 0.1);
   // A second round of the same row adds its steps to the file.
   total.ops = {OpStats{"aten::mm", 2, 20, 30, 0}};
   write_ops_file(dir.string(), "ddp", 1, 2, total);
