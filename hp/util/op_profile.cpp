@@ -55,10 +55,15 @@ struct ThreadTable {
   // since a user scope's name may be freed and its address reused.
   std::unordered_map<const char*, std::pair<const std::string*, Totals*>> by_address;
 
+  static constexpr size_t kMaxAddresses = 4096;
+
   Totals& entry(const char* name) {
     auto hit = by_address.find(name);
     if (hit != by_address.end() && *hit->second.first == name) return *hit->second.second;
     auto it = by_name.try_emplace(name).first;  // node-based: the pointers stay valid
+    // Names built per call (the autograd engine's) may come at ever new
+    // addresses: the cache is bounded, the names are not lost.
+    if (by_address.size() >= kMaxAddresses) by_address.clear();
     by_address[name] = {&it->first, &it->second};
     return it->second;
   }

@@ -60,6 +60,28 @@ TEST(OpProfile, SelfTimeLeavesOutNestedOps) {
   EXPECT_LE(linear->total_us, r.wall_us);
 }
 
+TEST(OpProfile, CountsUserScopesAndBackwardFunctions) {
+  const at::Tensor w = at::randn({8, 8}).requires_grad_(true);
+  const at::Tensor x = at::randn({4, 8});
+  OpProfile profile;
+  profile.start();
+  {
+    RECORD_USER_SCOPE("hp_test_scope");
+    at::mm(x, w).sum().backward();
+  }
+  const OpProfileResult r = profile.stop();
+  const OpStats* scope = find_op(r, "hp_test_scope");
+  ASSERT_NE(scope, nullptr) << r.table();
+  EXPECT_EQ(scope->calls, 1);
+  EXPECT_NE(find_op(r, "MmBackward0"), nullptr) << r.table();  // BACKWARD_FUNCTION scope
+  // Autograd ran the backward on this thread, inside the scope: its ops are
+  // the scope's children, so their self times and the scope's add up to the
+  // scope's total (exact in ns; see SelfTimeLeavesOutNestedOps).
+  double self_sum = 0;
+  for (const auto& op : r.ops) self_sum += op.self_us;
+  EXPECT_NEAR(self_sum, scope->total_us, 1e-6);
+}
+
 TEST(OpProfile, CountsOpsOfEveryThread) {
   const at::Tensor a = at::ones({4});
   OpProfile profile;
