@@ -137,6 +137,9 @@ OpComparison compare_ops(const std::string& ours_row, const json& ours,
   };
   c.ours_wall_ms = wall_ms(ours);
   c.torch_wall_ms = wall_ms(theirs);
+  if (ours.contains("allocations") && ours["allocations"].is_number()) {
+    c.ours_allocations = ours["allocations"].get<double>();
+  }
   std::map<std::string, OpDelta> by_name;
   for (const auto& [name, s] : a) {
     OpDelta& d = by_name[name];
@@ -189,6 +192,11 @@ std::string format_comparison(const OpComparison& c, size_t top) {
   if (c.ours_wall_ms >= 0 && c.torch_wall_ms >= 0) {
     out += fmt::format("  profiled step wall time: ours {:.3f} ms, torch {:.3f} ms\n",
                        c.ours_wall_ms, c.torch_wall_ms);
+  }
+  if (c.ours_allocations >= 0) {
+    out += fmt::format("  our CPU allocations per step: {:.1f} (per op in {}'s file; PyTorch's "
+                       "profile counts none)\n",
+                       c.ours_allocations, c.ours_row);
   }
   return out;
 }

@@ -62,6 +62,8 @@ struct OpComparison {
   OpDelta totals;            // sums over all ops (name "total")
   // The profiles' "wall_us" per step in ms (profiler start to stop); -1 when absent.
   double ours_wall_ms = -1, torch_wall_ms = -1;
+  // Our profile's "allocations" per step (torch.profiler counts none); -1 when null.
+  double ours_allocations = -1;
 };
 
 // Pairs the ops of two per-step profiles by name. ArgumentError when either

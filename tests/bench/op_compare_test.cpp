@@ -48,6 +48,7 @@ TEST(OpCompare, PairsByNameAndSortsByAbsoluteDifference) {
   EXPECT_EQ(c.totals.ours_calls, 15);
   EXPECT_EQ(c.totals.torch_calls, 14);
   EXPECT_EQ(c.ours_wall_ms, -1);  // no wall_us in these profiles
+  EXPECT_EQ(c.ours_allocations, -1);
 
   const std::string text = format_comparison(c, 2);
   EXPECT_THAT(text, HasSubstr("single vs torch_single"));
@@ -55,6 +56,12 @@ TEST(OpCompare, PairsByNameAndSortsByAbsoluteDifference) {
   EXPECT_THAT(text, HasSubstr("(2 more ops)"));
   EXPECT_THAT(text, ::testing::Not(HasSubstr("hp_only")));
   EXPECT_THAT(text, HasSubstr("total"));
+
+  json counted = ours;
+  counted["allocations"] = 6;
+  const OpComparison with_allocations = compare_ops("single", counted, "torch_single", theirs);
+  EXPECT_EQ(with_allocations.ours_allocations, 6);
+  EXPECT_THAT(format_comparison(with_allocations), HasSubstr("our CPU allocations per step: 6.0"));
 }
 
 TEST(OpCompare, RefusesAProfileWithoutOps) {
@@ -129,6 +136,7 @@ TEST(OpCompare, WritesPerStepFilesOfTheSameSchema) {
   // The comparison reads what was written.
   EXPECT_EQ(compare_ops("ddp", j, "torch_ddp", j).totals.diff_ms(), 0);
   EXPECT_EQ(compare_ops("ddp", j, "torch_ddp", j).ours_wall_ms, 0.1);
+  EXPECT_EQ(compare_ops("ddp", j, "torch_ddp", j).ours_allocations, -1);  // not counted
   // A second round of the same row adds its steps to the file.
   total.ops = {OpStats{"aten::mm", 2, 20, 30, 0}};
   write_ops_file(dir.string(), "ddp", 1, 2, total);
