@@ -12,7 +12,10 @@
 // table under its own (uncontended) mutex and stop() merges the tables, so
 // a profile costs no shared lock per op. start(), stop() and the destructor
 // must not race with each other (call them from one thread); an op still
-// running when stop() is called is not counted.
+// running when stop() is called is not counted. Ops of other threads overlap
+// the caller's (Gloo records each collective as "gloo:<op>" on its own
+// thread, from issue to completion), so self times may add up to more than
+// the wall time.
 //
 // Allocations: with hp::enable_memory_tracking() on, each op also gets the
 // number of blocks the CPU allocator handed out on its thread while it ran
