@@ -22,7 +22,8 @@ nn::GPTConfig BenchConfig::gpt_config(int64_t layers, int64_t d) const {
 }
 
 std::vector<std::string> BenchConfig::worker_args() const {
-  return {"--vocab",        std::to_string(vocab),
+  std::vector<std::string> args;
+  args = {"--vocab",        std::to_string(vocab),
           "--seq",          std::to_string(seq),
           "--d",            std::to_string(d),
           "--heads",        std::to_string(heads),
@@ -46,6 +47,11 @@ std::vector<std::string> BenchConfig::worker_args() const {
           "--ckpt-d",       std::to_string(ckpt_d),
           "--ckpt-dir",     ckpt_dir,
           "--ckpt-repeats", std::to_string(ckpt_repeats)};
+  if (!profile_ops_dir.empty()) {
+    args.push_back("--profile-ops");
+    args.push_back(profile_ops_dir);
+  }
+  return args;
 }
 
 }  // namespace hp::bench

@@ -57,6 +57,9 @@ struct BenchConfig {
   int64_t ckpt_d = 768;
   std::string ckpt_dir = "/tmp";
   int ckpt_repeats = 2;
+  // --profile-ops: the directory where every GPT row's worker writes the
+  // per-op profile of its timed steps (bench/op_compare.h); empty: none.
+  std::string profile_ops_dir;
 
   // The GPT of this vocabulary, context and heads with `layers` blocks of
   // width `d` (the rows': layers, d; the checkpoint row's: ckpt_layers, ckpt_d).

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bench/median.h"
+#include "bench/op_compare.h"
 #include "bench/report_print.h"
 #include "bench/row_launch.h"
 #include "bench/row_summary.h"
@@ -254,6 +255,29 @@ fs::path prepare_run(BenchConfig& c) {
   return tmp;
 }
 
+// --profile-ops: our rows' op profiles against their PyTorch peers', printed
+// and written to DIR/compare.txt. Returns false when that failed.
+bool write_op_comparison(const std::string& dir) {
+  try {
+    const std::string text = compare_profile_dir(dir);
+    if (text.empty()) {
+      std::cout << "\n--profile-ops: no pair of rows to compare (single/torch_single, "
+                   "ddp/torch_ddp, fsdp_fused_prefetch/torch_fsdp2); profiles in "
+                << dir << std::endl;
+      return true;
+    }
+    const std::string path = (fs::path(dir) / "compare.txt").string();
+    std::ofstream out(path);
+    out << text;
+    if (!out) throw std::runtime_error("cannot write " + path);
+    std::cout << "\n" << text << "wrote " << path << std::endl;
+    return true;
+  } catch (const std::exception& e) {
+    std::cerr << "[hp-bench] op comparison failed: " << e.what() << std::endl;
+    return false;
+  }
+}
+
 // Rows run once per round (into `step_rows`); the checkpoint row, no
 // step-time row, runs once after them: returned, or nullptr.
 const Row* split_rows(const std::vector<std::string>& names, std::vector<const Row*>& step_rows) {
@@ -280,6 +304,20 @@ int run_driver(DriverOptions o) {
   c.steps = (o.total_steps + o.rounds - 1) / o.rounds;
   const fs::path tmp = prepare_run(c);
   json config = config_json(c, o.rounds);
+  if (!c.profile_ops_dir.empty()) {
+    fs::create_directories(c.profile_ops_dir);
+    // The workers add each round to the file of their row and rank: an
+    // earlier run's files would be counted too.
+    for (const auto& entry : fs::directory_iterator(c.profile_ops_dir)) {
+      const std::string name = entry.path().filename().string();
+      const std::string suffix = ".ops.json";
+      const bool profile = name.size() > suffix.size() &&
+                           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+      if (profile || name == "compare.txt") fs::remove(entry.path());
+    }
+    config["profile_ops"] = {{"dir", c.profile_ops_dir}, {"note", kProfiledStepsNote}};
+    std::cerr << "[hp-bench] --profile-ops: " << kProfiledStepsNote << std::endl;
+  }
 
   RoundResults results = run_rounds(o, launcher, step_rows);
   const json rows = report_rows(step_rows, results, c);
@@ -310,12 +348,15 @@ int run_driver(DriverOptions o) {
   fs::remove_all(tmp, ec);
   write_json(o.json_path, report);
   const bool plot_failed = !o.png_path.empty() && !write_plot(o);
+  const bool compare_failed =
+      !c.profile_ops_dir.empty() && !write_op_comparison(c.profile_ops_dir);
 
   std::vector<std::string> failed;
   for (const auto& [row, e] : results.errors) failed.push_back(row);
   if (hook_failed) failed.push_back("hook_overhead");
   if (dispatch_failed) failed.push_back("dispatch_overhead");
   if (plot_failed) failed.push_back("plot");
+  if (compare_failed) failed.push_back("op comparison");
   if (failed.empty()) return 0;
   std::cerr << "[hp-bench] failed:";
   for (const auto& what : failed) std::cerr << " " << what;

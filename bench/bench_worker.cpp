@@ -20,6 +20,7 @@
 #include <optional>
 #include <sstream>
 
+#include "bench/op_compare.h"
 #include "hp/dist/collectives.h"
 #include "hp/dist/comm_stats.h"
 #include "hp/dist/world.h"
@@ -31,6 +32,7 @@
 #include "hp/plan/parallel_layout.h"
 #include "hp/util/error.h"
 #include "hp/util/memory_stats.h"
+#include "hp/util/op_profile.h"
 #include "tools/hp_train/batches.h"
 #include "tools/hp_train/corpus.h"
 #include "tools/hp_train/dry_run.h"
@@ -170,6 +172,8 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
   // --- the measured region: nothing but training steps ---
   dist::reset_comm_stats();
   reset_peak_memory();
+  OpProfile op_profile;  // --profile-ops: the timed steps' ops, not the warm-up's
+  if (!c.profile_ops_dir.empty()) op_profile.start();
   std::vector<double> times, losses;
   for (int64_t i = 0; i < c.steps; ++i) {
     const auto t0 = Clock::now();
@@ -178,10 +182,13 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
     losses.push_back(loss.item<double>());
     if (c.warmup == 0 && i == 0) first_loss = losses.back();
   }
+  std::optional<OpProfileResult> ops;
+  if (op_profile.active()) ops = op_profile.stop();
   const dist::CommStats stats = dist::comm_stats();
   const MemoryStats memory = memory_stats();
   const int64_t rss_delta = peak_rss_bytes() - rss_before_model;
   // --- end of the measured region ---
+  if (ops) write_ops_file(c.profile_ops_dir, row, rank, c.steps, *ops);
 
   std::vector<double> mine = times;
   mine.insert(mine.end(), losses.begin(), losses.end());

@@ -105,6 +105,11 @@ int main(int argc, char** argv) {
       ->check(CLI::ExistingDirectory);
   app.add_option("--ckpt-repeats", c.ckpt_repeats, "checkpoint row: save/load repeats (2)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--profile-ops", c.profile_ops_dir,
+                 "write each GPT row's per-op CPU profile of its timed steps (all rounds) to "
+                 "DIR/<row>.rank<r>.ops.json (earlier ones there are removed) and our rows "
+                 "against PyTorch's to DIR/compare.txt; profiled step times are not the "
+                 "benchmark's");
   app.add_option("--hprun", o.hprun, "the launcher (default: tools/hprun/hprun of this build)");
   app.add_option("--python", o.python,
                  "Python with PyTorch, for the torch_ rows (default: " HP_PYTHON ")");

@@ -12,7 +12,10 @@ rest, so every PyTorch row trains and is measured the same way:
   batch slice + forward + loss + backward + AdamW step (perf_counter, no
   barrier); after them the ranks gather their times (a step's time is the max
   over ranks), losses and memory (peak RSS growth since before the model was
-  built), and rank 0 prints one line "HPBENCH_RESULT {json}".
+  built), and rank 0 prints one line "HPBENCH_RESULT {json}";
+- with --profile-ops DIR, torch.profiler (CPU ops, no shapes or stacks) over
+  the timed steps, written per step as DIR/<row>.rank<r>.ops.json in the
+  schema of our rows' files (bench/op_compare.h), so hp-bench compares them.
 
 A baseline is run as run(Baseline(...)); unknown flags (hp-bench passes its
 whole worker configuration) are ignored. Launched under hprun, which sets
@@ -37,6 +40,9 @@ except ImportError as e:
     sys.exit(3)
 
 MARKER = "HPBENCH_RESULT "
+# bench/op_compare.h's kProfiledStepsNote.
+PROFILED_STEPS_NOTE = ("step times of a run with --profile-ops include the profiler's cost: "
+                       "they are not the benchmark's")
 
 
 class Baseline:
@@ -122,12 +128,14 @@ def parse_args(description):
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--worker-steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--profile-ops", default="", help="directory of the per-op profiles")
     args, _unknown = p.parse_known_args()
     return args
 
 
-def timed_steps(step, warmup, steps, after_warmup):
-    """Runs warmup + steps steps; returns (first loss, timed seconds, timed losses)."""
+def timed_steps(step, warmup, steps, after_warmup, profiler=None):
+    """Runs warmup + steps steps, the timed ones under `profiler` if any; returns
+    (first loss, timed seconds, timed losses, seconds of the whole timed loop)."""
     first_loss = float("nan")
     for s in range(warmup):
         loss = step(s)
@@ -135,6 +143,9 @@ def timed_steps(step, warmup, steps, after_warmup):
             first_loss = loss.item()
     after_warmup()
     times, losses = [], []
+    if profiler is not None:
+        profiler.start()
+    t_start = time.perf_counter()
     for i in range(steps):
         t0 = time.perf_counter()
         loss = step(warmup + i)
@@ -142,7 +153,63 @@ def timed_steps(step, warmup, steps, after_warmup):
         losses.append(loss.item())
         if warmup == 0 and i == 0:
             first_loss = losses[-1]
-    return first_loss, times, losses
+    timed_s = time.perf_counter() - t_start
+    if profiler is not None:
+        profiler.stop()
+    return first_loss, times, losses, timed_s
+
+
+def op_profiler(directory):
+    """torch.profiler over the CPU ops (no shapes, stacks or memory); None without a directory."""
+    if not directory:
+        return None
+    return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                  record_shapes=False, with_stack=False, profile_memory=False)
+
+
+def merge_per_step(a, b):
+    """bench/op_compare.h's merge_per_step: two per-step profiles as one of their summed
+    steps (steps-weighted means; an op missing on one side is 0 there; None stays None)."""
+    na, nb = a["steps"], b["steps"]
+
+    def mean(x, y, key):
+        vx = 0.0 if x is None else x.get(key)
+        vy = 0.0 if y is None else y.get(key)
+        return None if vx is None or vy is None else (vx * na + vy * nb) / (na + nb)
+
+    by_a = {o["name"]: o for o in a["ops"]}
+    by_b = {o["name"]: o for o in b["ops"]}
+    out = dict(b)
+    out["steps"] = na + nb
+    out["wall_us"] = mean(a, b, "wall_us")
+    out["allocations"] = mean(a, b, "allocations")
+    keys = ("count", "self_cpu_time", "cpu_time_total", "self_allocations")
+    out["ops"] = [{"name": name, **{k: mean(by_a.get(name), by_b.get(name), k) for k in keys}}
+                  for name in sorted(by_a.keys() | by_b.keys())]
+    out["ops"].sort(key=lambda o: -o["self_cpu_time"])
+    return out
+
+
+def write_ops_file(directory, row, rank, steps, profiler, wall_s):
+    """DIR/<row>.rank<r>.ops.json, per step, in the schema of hp::OpProfileResult::to_json()
+    plus bench/op_compare.h's fields: key_averages()'s count, self_cpu_time_total and
+    cpu_time_total (us) divided by the timed steps. Allocations are not counted here. A file
+    already there (an earlier round of the run) is merged in, as our workers do."""
+    ops = [{"name": e.key, "count": e.count / steps,
+            "self_cpu_time": e.self_cpu_time_total / steps,
+            "cpu_time_total": e.cpu_time_total / steps, "self_allocations": None}
+           for e in profiler.key_averages()]
+    ops.sort(key=lambda o: (-o["self_cpu_time"], o["name"]))
+    out = {"time_unit": "us", "wall_us": wall_s * 1e6 / steps, "allocations": None, "ops": ops,
+           "row": row, "rank": rank, "steps": steps, "source": "torch " + torch.__version__,
+           "per": "step", "note": PROFILED_STEPS_NOTE}
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"{row}.rank{rank}.ops.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            out = merge_per_step(json.load(f), out)
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
 
 
 def gather_rows(mine, world, distributed):
@@ -185,10 +252,14 @@ def run(baseline, description):
         opt.step()
         return loss.detach()
 
-    first_loss, times, losses = timed_steps(step, args.warmup, args.worker_steps,
-                                            baseline.after_warmup)
+    profiler = op_profiler(args.profile_ops)
+    first_loss, times, losses, profiled_s = timed_steps(step, args.warmup, args.worker_steps,
+                                                        baseline.after_warmup, profiler)
     extra = baseline.result_fields(wrapped, args.worker_steps)
     rss_delta = peak_rss_bytes() - rss_before_model
+    if profiler is not None:  # after the measurements: reading the events allocates
+        write_ops_file(args.profile_ops, baseline.row, rank, args.worker_steps, profiler,
+                       profiled_s)
     mine = torch.tensor(times + losses + [float(rss_delta), first_loss], dtype=torch.float64)
     allr = gather_rows(mine, world, baseline.distributed)
     if rank == 0:

@@ -65,6 +65,7 @@ struct Tracker {
 
 // Never destroyed: tensors are still freed during static destruction.
 Tracker* g_tracker = nullptr;
+thread_local int64_t t_thread_allocations = 0;
 std::atomic<bool> g_enabled{false};
 std::once_flag g_install_once;
 
@@ -111,6 +112,7 @@ class CountingAllocator final : public compat::CountingAllocatorBase {
     // From here on the block is freed through counting_delete only.
     inner.release_context();
     t.add(block.bytes);
+    ++t_thread_allocations;
     return {data, data, &counting_delete, device};
   }
 
@@ -127,6 +129,8 @@ Tracker& enabled_tracker(const char* caller) {
 }
 
 }  // namespace
+
+int64_t thread_allocation_count() { return t_thread_allocations; }
 
 void enable_memory_tracking() {
   std::call_once(g_install_once, [] {

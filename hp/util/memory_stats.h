@@ -33,4 +33,9 @@ MemoryStats memory_stats();
 // step, a forward). Throws as memory_stats() does when tracking is off.
 void reset_peak_memory();
 
+// Blocks handed out on the calling thread since enabling (0 while tracking
+// is off), for observers that attribute allocations to the code running on
+// a thread (hp/util/op_profile.h). Never throws.
+int64_t thread_allocation_count();
+
 }  // namespace hp

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """hp-bench's PyTorch rows through their shared harness (bench/torch_baseline_common.py):
-each baseline prints one result line with the keys the driver reads, and
+each baseline prints one result line with the keys the driver reads,
 torch_single's first loss is the reference GPT's loss on the single row's
-first batch.
+first batch, and --profile-ops writes the per-step op profile of our rows'
+schema (bench/op_compare.h), rounds merged weighted by their steps.
 
 Usage: torch_baselines_test.py HPRUN   (run by the build's Python, HP_PYTHON)
 A tiny model and two timed steps keep it to a few seconds per row.
@@ -50,6 +51,37 @@ def check_result(r, row, ranks):
     assert "method" in r["collectives"], r
 
 
+def check_op_profile(directory):
+    path = os.path.join(directory, "torch_single.rank0.ops.json")
+    with open(path) as f:
+        p = json.load(f)
+    assert p["row"] == "torch_single" and p["rank"] == 0, p
+    assert p["steps"] == FLAGS["--worker-steps"] and p["time_unit"] == "us", p
+    assert p["note"] == common.PROFILED_STEPS_NOTE, p
+    names = {o["name"]: o for o in p["ops"]}
+    # Every linear of the reference GPT runs an addmm or a matmul each step.
+    assert "aten::addmm" in names or "aten::mm" in names, sorted(names)
+    for o in p["ops"]:
+        assert set(o) == {"name", "count", "self_cpu_time", "cpu_time_total",
+                          "self_allocations"}, o
+        assert o["self_cpu_time"] <= o["cpu_time_total"] + 1e-9, o
+    selfs = [o["self_cpu_time"] for o in p["ops"]]
+    assert selfs == sorted(selfs, reverse=True), "ops not sorted by self time"
+    a = {"steps": 2, "wall_us": 100, "allocations": None,
+         "ops": [{"name": "aten::mm", "count": 1, "self_cpu_time": 10, "cpu_time_total": 10,
+                  "self_allocations": None}]}
+    b = {"steps": 1, "wall_us": 400, "allocations": None,
+         "ops": [{"name": "aten::mm", "count": 4, "self_cpu_time": 40, "cpu_time_total": 40,
+                  "self_allocations": None},
+                 {"name": "aten::add", "count": 3, "self_cpu_time": 30, "cpu_time_total": 30,
+                  "self_allocations": None}]}
+    m = common.merge_per_step(a, b)
+    assert m["steps"] == 3 and m["wall_us"] == 200, m  # (2 * 100 + 400) / 3
+    assert m["ops"][0] == {"name": "aten::mm", "count": 2, "self_cpu_time": 20,
+                           "cpu_time_total": 20, "self_allocations": None}, m
+    assert m["ops"][1]["count"] == 1 and m["ops"][1]["self_cpu_time"] == 10, m
+
+
 def reference_first_loss(tokens_path):
     """The single row's first step: rank 0 of 1 takes the first --batch samples."""
     torch.set_num_threads(1)
@@ -84,6 +116,10 @@ def main():
         # The same model, data and kernels on one thread: the same loss, exactly.
         assert single["first_loss"] == reference_first_loss(tokens_path), \
             (single["first_loss"], reference_first_loss(tokens_path))
+        profile_dir = os.path.join(tmp, "ops")
+        check_result(result_of([sys.executable, script_of("single"), *flags,
+                                "--profile-ops", profile_dir]), "torch_single", 1)
+        check_op_profile(profile_dir)
         ddp = result_of([hprun, "-n", "2", "--timeout", "120", sys.executable, script_of("ddp"),
                          *flags])
         check_result(ddp, "torch_ddp", 2)
