@@ -10,8 +10,9 @@ shared with torch_single and torch_ddp: the GPT of tests/nn/gpt_reference.py
 with the same seed, the same token file and batch rule, per-rank batch, AdamW
 hyper-parameters, one intra-op thread, and the same timing. The model is wrapped as FSDP2 is meant
 to be used: fully_shard on each block, then on the root, over a 1-D CPU
-device mesh of all ranks (defaults: reshard after forward, no mixed
-precision). Collectives are counted by wrapping torch.distributed's
+device mesh of all ranks (no mixed precision; every block but the last
+reshards after forward, the last keeps its parameters for the backward that
+follows at once, as torchtitan applies FSDP2 and as our rows run). Collectives are counted by wrapping torch.distributed's
 all_gather_into_tensor and reduce_scatter_tensor, which FSDP2 calls.
 
 FSDP2 (torch.distributed.fsdp.fully_shard, CPU meshes included) needs
@@ -89,8 +90,8 @@ class Fsdp2Baseline(common.Baseline):
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh("cpu", (world,))
-        for block in model.h:
-            fully_shard(block, mesh=mesh)
+        for i, block in enumerate(model.h):
+            fully_shard(block, mesh=mesh, reshard_after_forward=i + 1 < len(model.h))
         fully_shard(model, mesh=mesh)
         self.units = len(model.h) + 1
         self.counter = CollectiveCounter()

@@ -147,7 +147,12 @@ void StepSimulator::pre_forward(size_t index) {
 
 void StepSimulator::post_forward(size_t index) {
   Unit& u = units_[index];
-  if (!needs_unshard() || u.is_root || s_.ranks_after_forward == 1) return;
+  if (!needs_unshard() || u.is_root) return;
+  // The blocks are units 1.. in forward order; the last keeps its parameters.
+  const int64_t blocks = static_cast<int64_t>(units_.size()) - 1;
+  const ReshardAfterForward setting =
+      s_.options.layout.block_reshard_after_forward(static_cast<int64_t>(index) - 1, blocks);
+  if (ranks_after_forward(setting, s_.shards) == 1) return;
   if (s_.ranks_after_forward > 1 && s_.ranks_after_forward < s_.shards) {
     for (const auto& p : u.params) {
       u.pieces.push_back(

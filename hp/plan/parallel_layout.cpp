@@ -149,6 +149,14 @@ bool ParallelLayout::tensor_parallel() const {
   return std::find(mesh_names.begin(), mesh_names.end(), "tp") != mesh_names.end();
 }
 
+ReshardAfterForward ParallelLayout::block_reshard_after_forward(int64_t block,
+                                                                int64_t blocks) const {
+  HP_CHECK_ARG(block >= 0 && block < blocks, "ParallelLayout::block_reshard_after_forward: "
+               "block ", block, " is not one of ", blocks, " blocks");
+  if (block + 1 == blocks) return false;
+  return reshard_after_forward;
+}
+
 bool ParallelLayout::uses_fully_shard() const {
   return mode != ParallelMode::kNone && (mode != ParallelMode::kTP || tp_units);
 }

@@ -61,7 +61,8 @@ struct ParallelLayout {
   std::vector<std::string> mesh_names;  // its dim names
 
   // fully_shard's settings for the blocks (the root keeps its parameters
-  // after forward whatever this says) and its mixed precision.
+  // after forward whatever this says; so does the last block, see
+  // block_reshard_after_forward) and its mixed precision.
   ReshardAfterForward reshard_after_forward;
   Dtype param_dtype = Dtype::kFloat32;       // compute and all-gather
   std::optional<Dtype> reduce_dtype;         // gradient collectives; nullopt: param_dtype
@@ -78,6 +79,13 @@ struct ParallelLayout {
   int64_t dp_size() const { return shard_size() * replicate_size(); }
   int64_t world_size() const;
   bool uses_fully_shard() const;
+  // reshard_after_forward for block `block` (0-based, in forward order) of
+  // `blocks`: the layout's, but false for the last block. Its backward is
+  // the first to run, right after the root's head and the loss, so freeing
+  // its parameters after forward would only gather them again at once (an
+  // exposed all-gather at the start of every backward). torchtitan applies
+  // FSDP2 the same way.
+  ReshardAfterForward block_reshard_after_forward(int64_t block, int64_t blocks) const;
   // The mesh has a "tp" dim (even of one rank): the model's tensor-parallel plan applies.
   bool tensor_parallel() const;
   Dtype effective_reduce_dtype() const { return reduce_dtype.value_or(param_dtype); }

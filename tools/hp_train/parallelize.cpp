@@ -36,17 +36,24 @@ std::optional<FSDPModule> parallelize(TrainModel& model, const Parallelism& para
     options.mesh = init_device_mesh("cpu", parallelism.mesh_shape, parallelism.mesh_names);
   }
   options.comm_fusion = train.comm_fusion;
-  options.reshard_after_forward = parallelism.reshard_after_forward;
   const at::ScalarType param = plan::scalar_type(parallelism.param_dtype);
   if (param != at::kFloat) options.mp_policy.param_dtype = param;
   if (parallelism.reduce_dtype) {
     options.mp_policy.reduce_dtype = plan::scalar_type(*parallelism.reduce_dtype);
   }
-  for (const auto& block : model.blocks()) fully_shard(block, options);
+  const auto& blocks = model.blocks();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    FullyShardOptions block_options = options;
+    block_options.reshard_after_forward =
+        parallelism.block_reshard_after_forward(static_cast<int64_t>(i),
+                                                static_cast<int64_t>(blocks.size()));
+    fully_shard(blocks[i], block_options);
+  }
   // The loss is computed on the root's output: fp32 logits whatever the
   // compute dtype (blocks pass activations to each other in it).
   if (param != at::kFloat) options.mp_policy.output_dtype = at::kFloat;
-  // --reshard-after-forward is for the blocks: the root keeps its
+  // --reshard-after-forward is for the blocks but the last
+  // (ParallelLayout::block_reshard_after_forward): the root keeps its
   // parameters (the default), as its backward follows its forward at once.
   options.reshard_after_forward = std::nullopt;
   FSDPModule root = fully_shard(model.root(), options);

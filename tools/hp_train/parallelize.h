@@ -22,7 +22,8 @@ namespace hp::train {
 // head), inner-first as fully_shard requires; returns the root's handle.
 // The mesh decides the mode: 1-D shards (FSDP), (replicate, shard) is HSDP,
 // a shard dim of one is DDP.
-// The layout's reshard policy and dtypes and the options' --comm-fusion and
+// The layout's reshard policy (block_reshard_after_forward: the last block
+// keeps its parameters) and dtypes and the options' --comm-fusion and
 // --no-prefetch set every unit's options; with a low-precision param dtype
 // the root returns fp32 logits.
 // --activation-checkpointing blocks checkpoints every block, in every mode.

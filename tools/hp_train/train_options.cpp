@@ -290,7 +290,8 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   auto* no_prefetch = app.add_flag("--no-prefetch", no_prefetch_help);
   option("--reshard-after-forward", reshard_after_forward,
          "after forward, the blocks free their gathered parameters (true, default), keep them "
-         "(false), or keep them gathered within groups of N ranks; the root keeps its own",
+         "(false), or keep them gathered within groups of N ranks; the root and the last block "
+         "keep theirs, their backward following at once",
          "true|false|N", kReshardAfterForward);
   option("--param-dtype", param_dtype, "compute and all-gather dtype (default fp32)",
          "bf16|fp32", kComputeDtype);
