@@ -47,7 +47,31 @@ PackedGrads PackedGrads::of(FSDPParam& param, at::Tensor full_grad) {
 void PackedGrads::allocate() {
   const FSDPParam& first = *params_[0];
   auto options = first.compute_options(first.reduce_dtype());
-  data_ = sharded_ ? at::zeros({first.shard_size(), total_}, options) : at::zeros({total_}, options);
+  // add() writes a parameter's whole block, padding included, except for
+  // shards along another dim than 0; the blocks of parameters that get no
+  // gradient are zeroed before the collective (zero_missing). So the buffer
+  // is zeroed up front only in that case: a memset of a unit's gradients
+  // per step saved.
+  const bool blocks_written_whole =
+      !sharded_ || std::all_of(params_.begin(), params_.end(),
+                               [](const FSDPParam* p) { return p->shard_dim() == 0; });
+  const std::vector<int64_t> shape =
+      sharded_ ? std::vector<int64_t>{first.shard_size(), total_} : std::vector<int64_t>{total_};
+  data_ = blocks_written_whole ? at::empty(shape, options) : at::zeros(shape, options);
+  zeroed_ = !blocks_written_whole;
+}
+
+void PackedGrads::zero_missing() {
+  if (zeroed_) return;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (arrived_[i]) continue;
+    if (sharded_) {
+      data_.narrow(1, offsets_[i], params_[i]->reduce_numel()).zero_();
+    } else {
+      data_.narrow(0, offsets_[i], params_[i]->unsharded_numel()).zero_();
+    }
+  }
+  zeroed_ = true;
 }
 
 void PackedGrads::add(FSDPParam& param, const at::Tensor& full_grad) {
@@ -64,14 +88,15 @@ void PackedGrads::add(FSDPParam& param, const at::Tensor& full_grad) {
 GradReduction::GradReduction(PackedGrads grads, at::Tensor scratch, const MeshInfo& mesh,
                              ReduceSettings settings, int64_t wave,
                              std::shared_ptr<void> keep_alive)
-    : params_(std::move(grads.params_)),
-      offsets_(std::move(grads.offsets_)),
-      arrived_(std::move(grads.arrived_)),
-      mesh_(mesh),
-      settings_(settings),
-      wave_(wave),
-      keep_alive_(std::move(keep_alive)) {
-  if (!grads.data_.defined()) grads.allocate();  // nothing arrived here: zeros
+    : mesh_(mesh), settings_(settings), wave_(wave), keep_alive_(std::move(keep_alive)) {
+  // Every block is set before the collective (so before `grads` gives up
+  // its parameters): the buffer allocated if no gradient arrived, and the
+  // blocks of the parameters without one zeroed.
+  if (!grads.data_.defined()) grads.allocate();
+  grads.zero_missing();
+  params_ = std::move(grads.params_);
+  offsets_ = std::move(grads.offsets_);
+  arrived_ = std::move(grads.arrived_);
   if (grads.sharded_) {
     // The input is held by the collective only, so it is released the moment
     // the reduce-scatter completes (on the backend's thread), not when this

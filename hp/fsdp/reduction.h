@@ -67,12 +67,15 @@ class PackedGrads {
  private:
   friend class GradReduction;
   void allocate();
+  // Zeroes the blocks of the parameters no gradient arrived for.
+  void zero_missing();
 
   std::vector<FSDPParam*> params_;
   std::vector<int64_t> offsets_;
   std::vector<bool> arrived_;
   int64_t total_ = 0;
   bool sharded_ = false;
+  bool zeroed_ = false;  // data_ was zeroed whole when allocated
   at::Tensor data_;
 };
 

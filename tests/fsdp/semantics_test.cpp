@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -385,6 +386,81 @@ TEST(CommFusion, ReductionStagesFormAPipelineAcrossUnits) {
         if (k + j + 2 < n) {
           EXPECT_LT(position(all, e), compute_recorded(k + j + 2));
         }
+      }
+    }
+  }
+}
+
+// A unit of two layers whose second only some ranks use in a step.
+struct TwoPathsImpl : nn::Module {
+  TwoPathsImpl() : nn::Module("TwoPaths") {
+    a = register_module("a", torch::nn::Linear(6, 10));
+    b = register_module("b", torch::nn::Linear(6, 10));
+  }
+  at::Tensor forward(const at::Tensor& x) { return use_b ? a(x) + b(x) : a(x); }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  bool use_b = true;
+};
+HP_MODULE(TwoPaths);
+
+// A parameter that got no gradient on a rank reduces as zeros from there
+// with comm_fusion, whose packed buffer is not zeroed up front: only rank
+// 0 uses `b`, so the rows of b that rank 0 keeps get rank 0's gradient
+// alone over the world size. The buffers freed just before backward hold
+// NaN, so a block left unwritten would show. (The other ranks had no
+// gradient of b, so their .grad of it stays untouched, reduction.h: only
+// rank 0's rows of b, as rank 0 sees them, are checked.) Checked through one SGD step of lr 1
+// (p - grad): the reference computes rank 0's gradient bit for bit (same
+// rows, same kernels), and the run differs from it by at most the rounding
+// of the average's division and of the subtraction, each half an ulp of its
+// result (|p| + |grad| bounds both), and adding the other ranks' exact
+// zeros.
+TEST(CommFusion, AParameterWithoutAGradientOnSomeRanksReducesAsZeros) {
+  const int64_t w = world(), r = dist::get_rank();
+  auto [inputs, targets] = test::global_batch(0, 4 * w);
+  for (const auto& mesh : test::mesh_configs()) {
+    {
+      SCOPED_TRACE(mesh.name);
+      torch::manual_seed(7);
+      TwoPaths reference;
+      torch::manual_seed(7);
+      TwoPaths model;
+      FullyShardOptions options;
+      options.mesh = test::make_mesh(mesh);
+      options.comm_fusion = true;
+      fully_shard(model.ptr(), options);
+      // Rank 0's gradient of b, and the mean of the ranks' gradients of a.
+      at::Tensor b_grad_w, b_grad_b;
+      {
+        reference->use_b = true;
+        reference->zero_grad();
+        reference(test::rows_for(inputs, 0, w)).sum().backward();
+        b_grad_w = reference->b->weight.grad().clone();
+        b_grad_b = reference->b->bias.grad().clone();
+      }
+      model->use_b = r == 0;
+      at::Tensor loss = model(test::rows_for(inputs, r, w)).sum();
+      for (int i = 0; i < 8; ++i) at::full({4 * 1024}, NAN);  // freed memory holds NaN
+      loss.backward();
+      torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(1.0));
+      sgd.step();
+      const auto after = test::full_parameters(*model);  // collective
+      if (r != 0) continue;
+      const float ulp = std::ldexp(1.0f, -23);
+      for (const auto& [name, grad] : {std::pair<std::string, at::Tensor>{"b.weight", b_grad_w},
+                                        {"b.bias", b_grad_b}}) {
+        // Rank 0's rows: all of them when the shard dim has one rank.
+        const int64_t ranks = mesh.shape.back();
+        const int64_t rows = (grad.size(0) + ranks - 1) / ranks;
+        const at::Tensor before =
+            (name == "b.weight" ? reference->b->weight : reference->b->bias).narrow(0, 0, rows);
+        const at::Tensor g = grad.narrow(0, 0, rows);
+        const at::Tensor expected = before - g / static_cast<double>(w);
+        const at::Tensor bound = ulp * (before.abs() + g.abs());
+        const at::Tensor error = (after.at(name).narrow(0, 0, rows) - expected).abs();
+        EXPECT_TRUE(at::all(error <= bound).item<bool>())
+            << name << ": largest error " << error.max().item<float>() << " against a bound of "
+            << bound.max().item<float>();
       }
     }
   }
