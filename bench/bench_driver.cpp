@@ -128,6 +128,7 @@ void run_row_once(const DriverOptions& o, const Launcher& l, const Row& row, int
                            median(run.result["step_times_s"].get<std::vector<double>>()),
                            run.wall_s)
             << std::endl;
+  run.result["round"] = round;  // pairs it with the other rows' runs of this round
   out.runs[row.name].push_back(std::move(run.result));
 }
 

@@ -58,25 +58,12 @@ void print_rows(const json& rows) {
   }
 }
 
-// A target's value in a few words: a ratio, peak and time, or collectives.
-std::string target_value(const json& value) {
-  if (value.is_number()) return fmt::format("{:.4g}", value.get<double>());
-  if (value.is_object() && value.contains("peak")) {
-    return fmt::format("peak {:.3f} time {:.3f}", value["peak"].get<double>(),
-                       value["step_time"].get<double>());
-  }
-  if (value.is_object()) {
-    return fmt::format("AG {:.1f} RS {:.1f} AR {:.1f}", value["all_gather"].get<double>(),
-                       value["reduce_scatter"].get<double>(), value["all_reduce"].get<double>());
-  }
-  return "-";
-}
-
 void print_targets(const json& targets) {
   fmt::print("\ntargets:\n");
   for (const auto& [name, t] : targets.items()) {
-    fmt::print("  {}  {:<36} {:<26} limit {}\n", target_verdict(t), name,
-               target_value(t["value"]), t["limit"].dump());
+    fmt::print("  {}  {:<36} {:<26} limit {}{}\n", target_verdict(t), name, target_value(t),
+               t["limit"].dump(),
+               t.value("conclusive", true) ? "" : "  (rounds on both sides of the limit)");
   }
 }
 

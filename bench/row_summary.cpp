@@ -29,10 +29,16 @@ json number_or_null(double v) { return std::isfinite(v) ? json(v) : json(nullptr
 std::vector<double> add_timing(json& row, const Row& spec, const std::vector<json>& runs,
                                const BenchConfig& c) {
   std::vector<double> times;
+  json by_round = json::array();
   for (const auto& r : runs) {
-    for (double t : r["step_times_s"]) times.push_back(t);
+    const auto round_times = r["step_times_s"].get<std::vector<double>>();
+    times.insert(times.end(), round_times.begin(), round_times.end());
+    if (r.contains("round")) {
+      by_round.push_back({{"round", r["round"]}, {"median", number_or_null(median(round_times))}});
+    }
   }
   const double med = median(times);
+  row["step_time_s_round_medians"] = by_round;
   row["step_time_s_median"] = number_or_null(med);
   row["step_time_s_p10"] = number_or_null(quantile(times, 0.1));
   row["step_time_s_p90"] = number_or_null(quantile(times, 0.9));

@@ -49,6 +49,22 @@ json unmeasured(json t) {
   return t;
 }
 
+// The ratio in each round both rows ran. A round runs the rows back to
+// back, so a slower or faster spell of the machine moves both; the spread of
+// these ratios is how far one run's ratio can be trusted on this machine.
+std::vector<double> round_ratios(const json& a, const json& b) {
+  std::vector<double> ratios;
+  const char* key = "step_time_s_round_medians";
+  if (!a.contains(key) || !b.contains(key)) return ratios;
+  for (const auto& ra : a[key]) {
+    for (const auto& rb : b[key]) {
+      if (ra["round"] != rb["round"] || ra["median"].is_null() || rb["median"].is_null()) continue;
+      ratios.push_back(ra["median"].get<double>() / rb["median"].get<double>());
+    }
+  }
+  return ratios;
+}
+
 json ratio_target(const json& rows, const RatioTarget& target) {
   const json* a = find_row(rows, target.numerator);
   const json* b = find_row(rows, target.denominator);
@@ -62,6 +78,16 @@ json ratio_target(const json& rows, const RatioTarget& target) {
   const double v = (*a)[target.metric].get<double>() / (*b)[target.metric].get<double>();
   t["value"] = v;
   t["pass"] = v <= target.limit;
+  const std::vector<double> per_round =
+      std::string(target.metric) == kStepTime ? round_ratios(*a, *b) : std::vector<double>{};
+  if (per_round.size() > 1) {
+    // The verdict is the pooled medians'; it is conclusive when no round's
+    // ratio falls on the other side of the limit.
+    const auto [lo, hi] = std::minmax_element(per_round.begin(), per_round.end());
+    t["per_round"] = per_round;
+    t["range"] = {*lo, *hi};
+    t["conclusive"] = *hi <= target.limit || *lo > target.limit;
+  }
   return t;
 }
 
@@ -205,6 +231,27 @@ json compute_targets(const json& rows, const BenchConfig& c) {
     targets["peak_memory_" + name] = fused_peak_target(rows, name);
   }
   return targets;
+}
+
+std::string target_value(const json& target) {
+  const json& value = target["value"];
+  if (value.is_number()) {
+    std::string text = fmt::format("{:.4g}", value.get<double>());
+    if (target.contains("range")) {
+      text += fmt::format(" [{:.3g}-{:.3g}]", target["range"][0].get<double>(),
+                          target["range"][1].get<double>());
+    }
+    return text;
+  }
+  if (value.is_object() && value.contains("peak")) {
+    return fmt::format("peak {:.3f} time {:.3f}", value["peak"].get<double>(),
+                       value["step_time"].get<double>());
+  }
+  if (value.is_object()) {
+    return fmt::format("AG {:.1f} RS {:.1f} AR {:.1f}", value["all_gather"].get<double>(),
+                       value["reduce_scatter"].get<double>(), value["all_reduce"].get<double>());
+  }
+  return "-";
 }
 
 std::string target_verdict(const json& target) {

@@ -11,7 +11,9 @@
 
 namespace hp::bench {
 
-// A target that is one row's figure over another's, at most `limit`.
+// A target that is one row's figure over another's, at most `limit`. A
+// step-time ratio also reports each round's ratio ("per_round"), their
+// "range", and whether every round agrees with the verdict ("conclusive").
 struct RatioTarget {
   const char* key;          // its name in the report's "targets"
   const char* numerator;    // row names
@@ -26,6 +28,10 @@ const std::vector<RatioTarget>& ratio_targets();
 
 // Every target of a run, by name, from its report rows.
 nlohmann::json compute_targets(const nlohmann::json& rows, const BenchConfig& c);
+
+// A target's value in a few words: a ratio (with its rounds' range, when
+// it has one), peak and time, or collectives; "-" when unmeasured.
+std::string target_value(const nlohmann::json& target);
 
 // "PASS", "FAIL", or "n/a " (the target could not be measured).
 std::string target_verdict(const nlohmann::json& target);

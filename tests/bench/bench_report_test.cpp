@@ -114,6 +114,70 @@ TEST(BenchSummary, TorchSingleRowIsMeasuredAsThePyTorchRows) {
   EXPECT_FALSE(row.contains("note"));
 }
 
+TEST(BenchSummary, EachRoundKeepsItsOwnMedian) {
+  json first = torch_single_run(), second = torch_single_run();
+  first["round"] = 0;
+  second["round"] = 2;  // the row failed in round 1
+  second["step_times_s"] = {0.5, 0.7, 0.6, 0.9};
+  const json row = summarize_row(find_row_spec("torch_single"), {first, second}, BenchConfig{});
+  const json& rounds = row["step_time_s_round_medians"];
+  ASSERT_EQ(rounds.size(), 2u);
+  EXPECT_EQ(rounds[0]["round"], 0);
+  EXPECT_DOUBLE_EQ(rounds[0]["median"].get<double>(), 0.3);
+  EXPECT_EQ(rounds[1]["round"], 2);
+  EXPECT_DOUBLE_EQ(rounds[1]["median"].get<double>(), 0.65);
+  // The row's figure still pools every step of every round.
+  EXPECT_DOUBLE_EQ(row["step_time_s_median"].get<double>(), 0.5);
+}
+
+// A row whose rounds had these medians (round i the i-th, null = failed).
+json row_by_round(const std::string& name, const std::vector<double>& medians, double pooled) {
+  json row = timed_row(name, pooled);
+  row["exposed_comm_fraction"] = nullptr;  // as a row without collectives has it
+  json rounds = json::array();
+  for (size_t i = 0; i < medians.size(); ++i) {
+    rounds.push_back({{"round", i}, {"median", medians[i] > 0 ? json(medians[i]) : json()}});
+  }
+  row["step_time_s_round_medians"] = rounds;
+  return row;
+}
+
+TEST(BenchTargets, AStepTimeRatioReportsEachRoundItsRangeAndWhetherTheyAgree) {
+  // Round 1 of ddp failed: only rounds 0 and 2 pair.
+  const json rows = json::array({row_by_round("ddp", {0.30, 0.40, 0.27}, 0.3),
+                                 row_by_round("torch_ddp", {0.32, 0, 0.30}, 0.31)});
+  const json t = compute_targets(rows, BenchConfig{})["ddp_over_torch_ddp"];
+  EXPECT_DOUBLE_EQ(t["value"].get<double>(), 0.3 / 0.31);  // the pooled medians' ratio
+  EXPECT_EQ(t["pass"], true);
+  EXPECT_THAT(t["per_round"].get<std::vector<double>>(),
+              ElementsAre(::testing::DoubleEq(0.30 / 0.32), ::testing::DoubleEq(0.27 / 0.30)));
+  EXPECT_DOUBLE_EQ(t["range"][0].get<double>(), 0.27 / 0.30);
+  EXPECT_DOUBLE_EQ(t["range"][1].get<double>(), 0.30 / 0.32);
+  EXPECT_EQ(t["conclusive"], true);
+  EXPECT_EQ(target_value(t), "0.9677 [0.9-0.938]");
+
+  // One round above the limit, one below: the verdict stands but says so.
+  const json mixed = json::array({row_by_round("ddp", {0.33, 0.28}, 0.3),
+                                  row_by_round("torch_ddp", {0.30, 0.30}, 0.31)});
+  const json m = compute_targets(mixed, BenchConfig{})["ddp_over_torch_ddp"];
+  EXPECT_EQ(m["pass"], true);
+  EXPECT_EQ(m["conclusive"], false);
+  // Memory ratios have no rounds: a peak is the highest over all of them.
+  const json tp = compute_targets(json::array({row_by_round("tp", {0.2, 0.2}, 0.2),
+                                               row_by_round("single", {0.3, 0.3}, 0.3)}),
+                                  BenchConfig{})["tp_memory_over_single"];
+  EXPECT_FALSE(tp.contains("per_round"));
+  EXPECT_FALSE(tp.contains("conclusive"));
+}
+
+TEST(BenchTargets, ARatioFromOneRoundHasNoRange) {
+  const json rows = json::array({row_by_round("single", {0.3}, 0.3),
+                                 row_by_round("torch_single", {0.4}, 0.4)});
+  const json t = compute_targets(rows, BenchConfig{})["single_over_torch_single"];
+  EXPECT_FALSE(t.contains("range"));
+  EXPECT_EQ(target_value(t), "0.75");
+}
+
 TEST(BenchSummary, FailedAndSkippedRowsHaveNullFigures) {
   BenchConfig c;
   const json failed = failed_row(find_row_spec("hsdp_fused_prefetch"), "round 1: boom", c);
