@@ -81,12 +81,12 @@ json ratio_target(const json& rows, const RatioTarget& target) {
   const std::vector<double> per_round =
       std::string(target.metric) == kStepTime ? round_ratios(*a, *b) : std::vector<double>{};
   if (per_round.size() > 1) {
-    // The verdict is the pooled medians'; it is conclusive when no round's
-    // ratio falls on the other side of the limit.
+    // The verdict is the pooled medians'; it is conclusive when every
+    // round's ratio lies on the verdict's side of the limit.
     const auto [lo, hi] = std::minmax_element(per_round.begin(), per_round.end());
     t["per_round"] = per_round;
     t["range"] = {*lo, *hi};
-    t["conclusive"] = *hi <= target.limit || *lo > target.limit;
+    t["conclusive"] = v <= target.limit ? *hi <= target.limit : *lo > target.limit;
   }
   return t;
 }
