@@ -63,7 +63,7 @@ void print_targets(const json& targets) {
   for (const auto& [name, t] : targets.items()) {
     fmt::print("  {}  {:<36} {:<26} limit {}{}\n", target_verdict(t), name, target_value(t),
                t["limit"].dump(),
-               t.value("conclusive", true) ? "" : "  (rounds on both sides of the limit)");
+               t.value("conclusive", true) ? "" : "  (not every round agrees)");
   }
 }
 
