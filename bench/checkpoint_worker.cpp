@@ -39,6 +39,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_worker.h"
+#include "bench/median.h"
 #include "hp/checkpoint/async_save.h"
 #include "hp/checkpoint/checkpoint.h"
 #include "hp/checkpoint/training_state.h"
@@ -138,13 +139,6 @@ constexpr int64_t kTrainBatch = 2;
 constexpr int64_t kTrainSeq = 64;
 constexpr int kStepsWithoutSave = 4;
 constexpr int kStepsAfterAsync = 4;
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 }  // namespace
 

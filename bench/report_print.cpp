@@ -119,13 +119,17 @@ void print_checkpoint(const json& c) {
   fmt::print(
       "  in training ({} tokens per rank per step): stall per save sync {:.3f} s, async {:.3f} s "
       "({:.3f}x, target <= {}x: {})\n"
-      "  step time without a save {:.3f} s, overlapping an async write {:.3f} s over {} steps "
+      "  step time without a save {:.3f} s, overlapping an async write {} over {} steps "
       "({}, target <= {}x: {})\n",
       t["tokens_per_rank_per_step"].get<int64_t>(), t["median_sync_stall_s"].get<double>(),
       t["median_async_stall_s"].get<double>(), stall["ratio"].get<double>(),
       stall["limit"].get<double>(), target_verdict(stall),
       t["median_step_without_save_s"].get<double>(),
-      t["median_step_overlapping_write_s"].get<double>(), t["overlapping_steps"].get<int64_t>(),
+      // null when no step overlapped a write (the median of none)
+      t["median_step_overlapping_write_s"].is_null()
+          ? std::string("n/a")
+          : fmt::format("{:.3f} s", t["median_step_overlapping_write_s"].get<double>()),
+      t["overlapping_steps"].get<int64_t>(),
       overlap["ratio"].is_null() ? std::string("n/a")
                                  : fmt::format("{:.2f}x", overlap["ratio"].get<double>()),
       overlap["limit"].get<double>(), target_verdict(overlap));

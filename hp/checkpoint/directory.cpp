@@ -17,13 +17,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
+[[noreturn]] void fail_directory(const std::string& path, const std::string& what) {
   throw CheckpointError(cat("checkpoint directory ", path, ": ", what));
 }
 
 void rename_or_fail(const fs::path& from, const fs::path& to) {
   if (std::rename(from.c_str(), to.c_str()) != 0) {
-    fail(to.string(), cat("cannot rename '", from.string(), "' to it: ", errno_text()));
+    fail_directory(to.string(), cat("cannot rename '", from.string(), "' to it: ", errno_text()));
   }
 }
 
@@ -41,11 +41,14 @@ void prepare_temp_dir(const std::string& root, int64_t step) {
   const fs::path temp = temp_dir(root, step);
   std::error_code ec;
   fs::create_directories(root, ec);
-  if (ec) fail(root, cat("cannot create it: ", ec.message()));
+  if (ec) fail_directory(root, cat("cannot create it: ", ec.message()));
   fs::remove_all(temp, ec);
-  if (ec) fail(temp.string(), cat("cannot remove a leftover of an earlier save: ", ec.message()));
+  if (ec) {
+    fail_directory(temp.string(),
+                   cat("cannot remove a leftover of an earlier save: ", ec.message()));
+  }
   fs::create_directory(temp, ec);
-  if (ec) fail(temp.string(), cat("cannot create it: ", ec.message()));
+  if (ec) fail_directory(temp.string(), cat("cannot create it: ", ec.message()));
 }
 
 std::string commit_dir(const std::string& root, const std::string& temp, int64_t step) {

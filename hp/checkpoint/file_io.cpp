@@ -15,7 +15,7 @@
 namespace hp::checkpoint {
 namespace {
 
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
+[[noreturn]] void fail_file(const std::string& path, const std::string& what) {
   throw SafetensorsError(cat("file ", path, ": ", what));
 }
 
@@ -35,7 +35,7 @@ std::string errno_text() { return std::strerror(errno); }
 
 int open_for_reading(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(path, cat("cannot open: ", errno_text()));
+  if (fd < 0) fail_file(path, cat("cannot open: ", errno_text()));
   return fd;
 }
 
@@ -44,8 +44,8 @@ void read_exact(int fd, void* into, size_t bytes, uint64_t offset, const std::st
   while (bytes > 0) {
     ssize_t got = ::pread(fd, p, bytes, static_cast<off_t>(offset));
     if (got < 0 && errno == EINTR) continue;
-    if (got < 0) fail(path, cat("read failed at byte ", offset, ": ", errno_text()));
-    if (got == 0) fail(path, cat("file ended at byte ", offset, " while reading"));
+    if (got < 0) fail_file(path, cat("read failed at byte ", offset, ": ", errno_text()));
+    if (got == 0) fail_file(path, cat("file ended at byte ", offset, " while reading"));
     p += got;
     bytes -= static_cast<size_t>(got);
     offset += static_cast<uint64_t>(got);
@@ -57,7 +57,7 @@ void write_all(int fd, const void* from, size_t bytes, const std::string& path) 
   while (bytes > 0) {
     ssize_t put = ::write(fd, p, bytes);
     if (put < 0 && errno == EINTR) continue;
-    if (put < 0) fail(path, cat("write failed: ", errno_text()));
+    if (put < 0) fail_file(path, cat("write failed: ", errno_text()));
     p += put;
     bytes -= static_cast<size_t>(put);
   }
@@ -66,7 +66,7 @@ void write_all(int fd, const void* from, size_t bytes, const std::string& path) 
 void fsync_directory(const std::string& dir) {
   Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (fd.get() < 0 || ::fsync(fd.get()) != 0) {
-    fail(dir, cat("cannot fsync the directory: ", errno_text()));
+    fail_file(dir, cat("cannot fsync the directory: ", errno_text()));
   }
 }
 
@@ -80,12 +80,12 @@ void write_file_atomically(const std::string& path, const std::string& bytes) {
   const std::string temp = cat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
   try {
     Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
-    if (fd.get() < 0) fail(path, cat("cannot create '", temp, "': ", errno_text()));
+    if (fd.get() < 0) fail_file(path, cat("cannot create '", temp, "': ", errno_text()));
     write_all(fd.get(), bytes.data(), bytes.size(), temp);
-    if (::fsync(fd.get()) != 0) fail(path, cat("cannot fsync '", temp, "': ", errno_text()));
-    if (fd.close() != 0) fail(path, cat("cannot close '", temp, "': ", errno_text()));
+    if (::fsync(fd.get()) != 0) fail_file(path, cat("cannot fsync '", temp, "': ", errno_text()));
+    if (fd.close() != 0) fail_file(path, cat("cannot close '", temp, "': ", errno_text()));
     if (::rename(temp.c_str(), path.c_str()) != 0) {
-      fail(path, cat("cannot rename '", temp, "' over it: ", errno_text()));
+      fail_file(path, cat("cannot rename '", temp, "' over it: ", errno_text()));
     }
   } catch (...) {
     ::unlink(temp.c_str());
@@ -97,7 +97,7 @@ void write_file_atomically(const std::string& path, const std::string& bytes) {
 std::string read_whole_file(const std::string& path) {
   Fd fd(open_for_reading(path));
   struct stat st;
-  if (::fstat(fd.get(), &st) != 0) fail(path, cat("cannot stat: ", errno_text()));
+  if (::fstat(fd.get(), &st) != 0) fail_file(path, cat("cannot stat: ", errno_text()));
   std::string bytes(static_cast<size_t>(st.st_size), '\0');
   read_exact(fd.get(), bytes.data(), bytes.size(), 0, path);
   return bytes;

@@ -62,7 +62,7 @@ struct UnwrapBackward : torch::autograd::Node {
   std::string name() const override { return "hp::UnwrapBackward"; }
 };
 
-struct RedistributeBackward : torch::autograd::Node {
+struct TensorRedistributeBackward : torch::autograd::Node {
   Layout source_grad_layout;
   variable_list apply(variable_list&& grads) override {
     if (!grads[0].defined()) return {at::Tensor()};
@@ -135,7 +135,7 @@ at::Tensor redistribute(const at::Tensor& tensor, const Layout& target) {
       wrap_local(redistribute_local(impl.local(), impl.layout(), dst, impl.global_shape()), dst,
                  impl.global_shape());
   if (!needs_grad(tensor)) return out;
-  auto node = compat::make_autograd_node<RedistributeBackward>();
+  auto node = compat::make_autograd_node<TensorRedistributeBackward>();
   node->source_grad_layout = gradient_layout(impl.layout());
   return attach(node, tensor, out);
 }

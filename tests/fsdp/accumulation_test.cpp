@@ -178,13 +178,13 @@ std::vector<Pattern> patterns() {
   return out;
 }
 
-struct Sharded {
+struct ShardedBlocks {
   test::ToyModel model;
   FSDPModule root;
   std::vector<FSDPModule> blocks;
 };
 
-Sharded shard(const Pattern& p) {
+ShardedBlocks shard(const Pattern& p) {
   auto model = test::make_toy_model(kBlocks);
   FullyShardOptions options;
   const int64_t w = dist::get_world_size();
@@ -209,7 +209,7 @@ void set_sync(FSDPModule& unit, const Pattern& p, bool on, bool recurse) {
 // FSDP2's set_backward_flags: sync (and, when the pattern turns it off,
 // reshard_after_backward) only on the last micro-batch, for the units the
 // mode names.
-void set_backward_flags(Sharded& s, const Pattern& p, bool last) {
+void set_backward_flags(ShardedBlocks& s, const Pattern& p, bool last) {
   switch (p.mode) {
     case Mode::kAll:
       set_sync(s.root, p, last, /*recurse=*/true);
@@ -259,7 +259,7 @@ TEST(GradientAccumulation, CollectivesAndParityPerPattern) {
     const int64_t dp_rank = dist::get_rank();  // every rank is data-parallel
     auto reference = test::make_toy_model(kBlocks);
     auto ref_opt = make_optimizer(*reference);
-    Sharded s = shard(p);
+    ShardedBlocks s = shard(p);
     auto opt = make_optimizer(*s.model);
     test::AdamWBound adam(adamw_hyper());
     test::reference_gradient_terms().clear();
@@ -326,7 +326,7 @@ TEST(GradientAccumulation, KeptCopyAfterAnOptimizerStepIsGatheredAgain) {
     Pattern p{Mode::kAll, false, false, false, false, fused};
     auto reference = test::make_toy_model(kBlocks);
     auto ref_opt = make_optimizer(*reference);
-    Sharded s = shard(p);
+    ShardedBlocks s = shard(p);
     s.root.set_reshard_after_backward(false);
     auto opt = make_optimizer(*s.model);
     test::AdamWBound adam(adamw_hyper());
@@ -385,7 +385,7 @@ TEST(GradientAccumulation, KeptCopyWithoutAStepIsUsedAsItIs) {
   for (bool fused : {false, true}) {
     SCOPED_TRACE(fused ? "fused" : "per parameter");
     auto reference = test::make_toy_model(kBlocks);
-    Sharded s = shard(Pattern{Mode::kAll, false, false, false, false, fused});
+    ShardedBlocks s = shard(Pattern{Mode::kAll, false, false, false, false, fused});
     s.root.set_reshard_after_backward(false);
     test::reference_gradient_terms().clear();
     for (int micro = 0; micro < 2; ++micro) {
@@ -425,7 +425,7 @@ TEST(ReshardAfterForwardDefault, RootKeepsUnlessAskedExplicitly) {
   const int64_t world = dist::get_world_size(), rank = dist::get_rank();
   for (const ReshardAfterForward& raf : {ReshardAfterForward(), ReshardAfterForward(true)}) {
     SCOPED_TRACE(raf ? "true" : "default");
-    Sharded s = shard(Pattern{Mode::kAll, raf, true, false, false, false});
+    ShardedBlocks s = shard(Pattern{Mode::kAll, raf, true, false, false, false});
     EXPECT_EQ(s.root.reshard_after_forward().has_value(), raf.has_value());
     auto [x, y] = test::global_batch(0);
     at::Tensor loss = torch::mse_loss(s.model(test::rows_for(x, rank, world)),

@@ -77,7 +77,7 @@ struct ProbeModelImpl : nn::Module {
 };
 HP_MODULE(ProbeModel);
 
-ProbeModel make_model() {
+ProbeModel make_probe_model() {
   torch::manual_seed(1234);
   return ProbeModel();
 }
@@ -99,8 +99,8 @@ struct PairCounts {
 };
 
 PairCounts run_pair_unit(bool fused) {
-  auto reference = make_model();
-  auto model = make_model();
+  auto reference = make_probe_model();
+  auto model = make_probe_model();
   FullyShardOptions options;
   options.comm_fusion = fused;
   ProbeBlock b0 = model->block_list[0], b1 = model->block_list[1], b2 = model->block_list[2];
@@ -168,8 +168,8 @@ TEST(BackwardPrefetch, NextUnitIsGatheredBeforeItsBackwardStarts) {
                         : mode == Mode::kImplicit ? "implicit"
                                                   : "explicit: block 2 prefetches block 0";
     SCOPED_TRACE(label);
-    auto reference = make_model();
-    auto model = make_model();
+    auto reference = make_probe_model();
+    auto model = make_probe_model();
     std::vector<FSDPModule> units;
     for (auto& block : model->block_list) units.push_back(fully_shard(block.ptr()));
     FSDPModule root = fully_shard(model.ptr());
@@ -243,8 +243,8 @@ TEST(BackwardPrefetch, NextUnitIsGatheredBeforeItsBackwardStarts) {
 void expect_replicated_params_train_like_one_process(bool fused) {
   for (const auto& mesh : test::mesh_configs()) {
     SCOPED_TRACE(mesh.name);
-    auto reference = make_model();
-    auto model = make_model();
+    auto reference = make_probe_model();
+    auto model = make_probe_model();
     // One replicated parameter in a block unit, one in the root's.
     FullyShardOptions options;
     options.mesh = test::make_mesh(mesh);

@@ -34,7 +34,7 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
-struct Config {
+struct GradCase {
   std::string name;
   std::vector<int64_t> mesh_shape;  // {w}: FSDP; {r, s}: HSDP (DDP when s = 1)
   bool comm_fusion = false;
@@ -42,13 +42,13 @@ struct Config {
   bool is_last_backward = true;   // false: the reductions are left in flight
 };
 
-std::vector<Config> configs() {
+std::vector<GradCase> grad_cases() {
   const int64_t w = dist::get_world_size();
-  std::vector<Config> out{{"fsdp", {w}},
-                          {"fsdp comm_fusion", {w}, true},
-                          {"fsdp main grad", {w}, false, true},
-                          {"fsdp not last backward", {w}, false, false, false},
-                          {"ddp", {w, 1}}};
+  std::vector<GradCase> out{{"fsdp", {w}},
+                            {"fsdp comm_fusion", {w}, true},
+                            {"fsdp main grad", {w}, false, true},
+                            {"fsdp not last backward", {w}, false, false, false},
+                            {"ddp", {w, 1}}};
   if (w == 4) {
     out.push_back({"hsdp", {2, 2}});
     out.push_back({"hsdp comm_fusion", {2, 2}, true});
@@ -61,7 +61,7 @@ struct Sharded {
   FSDPModule root;
 };
 
-Sharded shard(const Config& config) {
+Sharded shard(const GradCase& config) {
   auto model = test::make_toy_model();
   FullyShardOptions options;
   options.mesh = test::data_parallel_mesh(config.mesh_shape);
@@ -160,7 +160,7 @@ void expect_value_and_grad_matches(test::ToyModel& model, FSDPModule& root,
 }
 
 TEST(FsdpValueAndGrad, ReturnsReducedShardsLikeOneProcess) {
-  for (const Config& config : configs()) {
+  for (const GradCase& config : grad_cases()) {
     SCOPED_TRACE(config.name);
     auto [model, root] = shard(config);
     accumulate_earlier_gradients(model);
@@ -175,7 +175,7 @@ TEST(FsdpValueAndGrad, ReturnsReducedShardsLikeOneProcess) {
 // and the units are usable: the next call gives the reduced shards.
 TEST(FsdpValueAndGrad, RaisingBackwardKeepsGradients) {
   const int64_t rank = dist::get_rank(), world = dist::get_world_size();
-  for (const Config& config : configs()) {
+  for (const GradCase& config : grad_cases()) {
     SCOPED_TRACE(config.name);
     auto [model, root] = shard(config);
     accumulate_earlier_gradients(model);
@@ -210,7 +210,7 @@ TEST(FsdpValueAndGrad, RaisingBackwardKeepsGradients) {
 
 TEST(FsdpValueAndGrad, BareAutogradGradRaisesBeforeAnyCollective) {
   const int64_t rank = dist::get_rank(), world = dist::get_world_size();
-  for (const Config& config : configs()) {
+  for (const GradCase& config : grad_cases()) {
     SCOPED_TRACE(config.name);
     auto reference = test::make_toy_model();
     auto [model, root] = shard(config);
@@ -270,9 +270,8 @@ TEST(FsdpValueAndGrad, BareAutogradGradRaisesBeforeAnyCollective) {
 // gradients: refused before fn runs; the same call works once they do.
 TEST(FsdpValueAndGrad, RefusesUnitsThatDoNotReduceFully) {
   const int64_t world = dist::get_world_size();
-  std::vector<std::pair<Config, std::function<void(FSDPModule&, bool)>>> cases{
-      {{"fsdp", {world}},
-       [](FSDPModule& root, bool on) { root.set_requires_gradient_sync(on); }}};
+  std::vector<std::pair<GradCase, std::function<void(FSDPModule&, bool)>>> cases{
+      {{"fsdp", {world}}, [](FSDPModule& root, bool on) { root.set_requires_gradient_sync(on); }}};
   if (world == 4) {
     cases.push_back({{"hsdp", {2, 2}},
                      [](FSDPModule& root, bool on) { root.set_requires_all_reduce(on); }});

@@ -348,7 +348,7 @@ struct LoggedRun {
   std::map<int64_t, double> losses;
 };
 
-LoggedRun read_log(const std::string& path) {
+LoggedRun read_logged_run(const std::string& path) {
   LoggedRun run;
   std::ifstream in(path);
   for (std::string line; std::getline(in, line);) {
@@ -421,8 +421,8 @@ void expect_survives(const ChaosPlan& plan, const Args& args, const Args& save_f
   EXPECT_EQ(count_of(chaos.err, "hprun: restart "), report.kills) << what;
   EXPECT_THAT(chaos.out, HasSubstr("resumed from " + root)) << what;
 
-  const LoggedRun expected = read_log(dir.file("straight.jsonl"));
-  const LoggedRun got = read_log(dir.file("chaos.jsonl"));
+  const LoggedRun expected = read_logged_run(dir.file("straight.jsonl"));
+  const LoggedRun got = read_logged_run(dir.file("chaos.jsonl"));
   EXPECT_EQ(got.steps, expected.steps) << "one line per step, in order\n" << what;
   for (const auto& [step, loss] : expected.losses) {
     ASSERT_EQ(got.losses.count(step), 1u) << "step " << step << "\n" << what;

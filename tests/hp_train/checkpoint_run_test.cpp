@@ -48,24 +48,15 @@ using test_run::Args;
 
 // The tiny GPT of run_test.cpp, 6 steps, gradient clipping on (a resume
 // must restore everything the clip depends on too).
-const Args kTiny = {"--layers", "2", "--d", "32", "--heads", "2", "--ctx", "16", "--seq", "16",
+const Args kCkpt = {"--layers", "2", "--d", "32", "--heads", "2", "--ctx", "16", "--seq", "16",
                     "--batch", "4", "--lr", "1e-2", "--sample-tokens", "0", "--log-every", "1"};
-constexpr int64_t kTokens = 4 * 16;
+constexpr int64_t kCkptTokens = 4 * 16;
 
 using test_run::concat;
 using test_run::describe;
 using test_run::hp_train;
 
-// step -> loss from --log-json.
-std::map<int64_t, double> read_losses(const std::string& path) {
-  std::map<int64_t, double> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    out[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
-  }
-  return out;
-}
+using test_run::read_losses;
 
 std::map<std::string, at::Tensor> read_weights(const std::string& path) {
   std::map<std::string, at::Tensor> out;
@@ -113,17 +104,17 @@ double loss_at(nn::GPT& model, int64_t step, int64_t dp_size) {
 }
 
 double mean_bound(double loss, int64_t dp_size) {
-  return test::reordered_sum_bound(loss, kTokens, at::kFloat) +
+  return test::reordered_sum_bound(loss, kCkptTokens, at::kFloat) +
          test::reordered_sum_bound(loss, dp_size, at::kDouble);
 }
 
 TEST(HpTrainCheckpoints, ResumeEqualsAnUninterruptedRunAndMovesToOtherMeshes) {
   TempDir dir;
   const std::string ckpt = dir.file("ckpt");
-  ProcessResult straight = hp_train(2, concat(kTiny, {"--steps", "6", "--log-json", dir.file("straight.jsonl"),
+  ProcessResult straight = hp_train(2, concat(kCkpt, {"--steps", "6", "--log-json", dir.file("straight.jsonl"),
                                                     "--export", dir.file("straight.safetensors")}));
   ASSERT_EQ(straight.exit_code, 0) << describe(straight);
-  ProcessResult first = hp_train(2, concat(kTiny, {"--steps", "3", "--save-dir", ckpt, "--save-every", "2",
+  ProcessResult first = hp_train(2, concat(kCkpt, {"--steps", "3", "--save-dir", ckpt, "--save-every", "2",
                                                  "--export", dir.file("step3.safetensors")}));
   ASSERT_EQ(first.exit_code, 0) << describe(first);
   EXPECT_THAT(first.out, HasSubstr("[rank 0] checkpoint " + ckpt + "/step-00000002 saved: "));
@@ -131,7 +122,7 @@ TEST(HpTrainCheckpoints, ResumeEqualsAnUninterruptedRunAndMovesToOtherMeshes) {
   EXPECT_THAT(first.out, HasSubstr("[rank 0] weights exported to " + dir.file("step3.safetensors")));
 
   // The same mesh: bit for bit.
-  ProcessResult resumed = hp_train(2, concat(kTiny, {"--steps", "6", "--resume", ckpt, "--log-json",
+  ProcessResult resumed = hp_train(2, concat(kCkpt, {"--steps", "6", "--resume", ckpt, "--log-json",
                                                    dir.file("resumed.jsonl"), "--export",
                                                    dir.file("resumed.safetensors")}));
   ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
@@ -145,11 +136,11 @@ TEST(HpTrainCheckpoints, ResumeEqualsAnUninterruptedRunAndMovesToOtherMeshes) {
   for (const auto& [ranks, mode] : std::vector<std::pair<int, Args>>{
            {4, {"--mode", "hsdp", "--mesh", "2x2"}}, {0, {"--mode", "none"}}}) {
     const std::string name = ranks == 0 ? "none" : "hsdp";
-    ProcessResult loaded = hp_train(ranks, concat(concat(kTiny, mode), {"--steps", "3", "--resume", ckpt,
+    ProcessResult loaded = hp_train(ranks, concat(concat(kCkpt, mode), {"--steps", "3", "--resume", ckpt,
                                                                      "--export", dir.file(name + ".safetensors")}));
     ASSERT_EQ(loaded.exit_code, 0) << describe(loaded);
     expect_same_weights(dir.file(name + ".safetensors"), dir.file("step3.safetensors"), name);
-    ProcessResult step = hp_train(ranks, concat(concat(kTiny, mode), {"--steps", "4", "--resume", ckpt,
+    ProcessResult step = hp_train(ranks, concat(concat(kCkpt, mode), {"--steps", "4", "--resume", ckpt,
                                                                    "--log-json", dir.file(name + ".jsonl")}));
     ASSERT_EQ(step.exit_code, 0) << describe(step);
     const auto losses = read_losses(dir.file(name + ".jsonl"));
@@ -167,14 +158,14 @@ TEST(HpTrainCheckpoints, ResumeEqualsAnUninterruptedRunAndMovesToOtherMeshes) {
 TEST(HpTrainCheckpoints, AsyncSavesEqualSynchronousOnesAndResumeBitForBit) {
   TempDir dir;
   const std::string async_dir = dir.file("async"), sync_dir = dir.file("sync");
-  ProcessResult straight = hp_train(2, concat(kTiny, {"--steps", "6", "--log-json",
+  ProcessResult straight = hp_train(2, concat(kCkpt, {"--steps", "6", "--log-json",
                                                     dir.file("straight.jsonl"), "--export",
                                                     dir.file("straight.safetensors")}));
   ASSERT_EQ(straight.exit_code, 0) << describe(straight);
-  ProcessResult async = hp_train(2, concat(kTiny, {"--steps", "3", "--save-dir", async_dir,
+  ProcessResult async = hp_train(2, concat(kCkpt, {"--steps", "3", "--save-dir", async_dir,
                                                  "--save-every", "1", "--save-async"}));
   ASSERT_EQ(async.exit_code, 0) << describe(async);
-  ProcessResult sync = hp_train(2, concat(kTiny, {"--steps", "3", "--save-dir", sync_dir,
+  ProcessResult sync = hp_train(2, concat(kCkpt, {"--steps", "3", "--save-dir", sync_dir,
                                                 "--save-every", "1"}));
   ASSERT_EQ(sync.exit_code, 0) << describe(sync);
   for (int step = 1; step <= 3; ++step) {
@@ -198,7 +189,7 @@ TEST(HpTrainCheckpoints, AsyncSavesEqualSynchronousOnesAndResumeBitForBit) {
       EXPECT_TRUE(!sync_bytes.empty() && async_bytes == sync_bytes) << name << "/" << file_name;
     }
   }
-  ProcessResult resumed = hp_train(2, concat(kTiny, {"--steps", "6", "--resume", async_dir,
+  ProcessResult resumed = hp_train(2, concat(kCkpt, {"--steps", "6", "--resume", async_dir,
                                                    "--save-dir", async_dir, "--save-async",
                                                    "--log-json", dir.file("resumed.jsonl"),
                                                    "--export", dir.file("resumed.safetensors")}));
@@ -210,7 +201,7 @@ TEST(HpTrainCheckpoints, AsyncSavesEqualSynchronousOnesAndResumeBitForBit) {
   ASSERT_NE(last_save, std::string::npos) << describe(resumed);
   EXPECT_LT(last_save, resumed.out.find("[rank 0] weights exported to ")) << describe(resumed);
 
-  ProcessResult alone = hp_train(0, concat(kTiny, {"--steps", "1", "--save-async"}));
+  ProcessResult alone = hp_train(0, concat(kCkpt, {"--steps", "1", "--save-async"}));
   EXPECT_EQ(alone.exit_code, 2) << describe(alone);
   EXPECT_THAT(alone.err, HasSubstr("--save-async needs --save-dir DIR"));
 }
@@ -221,7 +212,7 @@ TEST(HpTrainCheckpoints, AsyncSavesEqualSynchronousOnesAndResumeBitForBit) {
 TEST(HpTrainCheckpoints, TensorParallelResumesAndMovesToOneProcess) {
   TempDir dir;
   const std::string ckpt = dir.file("ckpt");
-  const Args tp = concat(kTiny, {"--mode", "tp", "--mesh", "2"});
+  const Args tp = concat(kCkpt, {"--mode", "tp", "--mesh", "2"});
   ProcessResult straight = hp_train(2, concat(tp, {"--steps", "6", "--log-json",
                                                  dir.file("straight.jsonl"), "--export",
                                                  dir.file("straight.safetensors")}));
@@ -234,7 +225,7 @@ TEST(HpTrainCheckpoints, TensorParallelResumesAndMovesToOneProcess) {
                                                 dir.file("resumed.safetensors")}));
   ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
   expect_resumed_as_straight(dir, resumed, "tp: 6 steps, resumed after 3");
-  ProcessResult one = hp_train(0, concat(kTiny, {"--mode", "none", "--steps", "3", "--resume", ckpt,
+  ProcessResult one = hp_train(0, concat(kCkpt, {"--mode", "none", "--steps", "3", "--resume", ckpt,
                                                "--export", dir.file("none.safetensors")}));
   ASSERT_EQ(one.exit_code, 0) << describe(one);
   expect_same_weights(dir.file("none.safetensors"), dir.file("step3.safetensors"),
@@ -248,11 +239,11 @@ TEST(HpTrainCheckpoints, TensorParallelResumesAndMovesToOneProcess) {
 TEST(HpTrainCheckpoints, ResumeAutoStartsFromScratchThenContinuesTheRunAndItsLog) {
   TempDir dir;
   const std::string ckpt = dir.file("ckpt");
-  ProcessResult straight = hp_train(2, concat(kTiny, {"--steps", "6", "--log-json",
+  ProcessResult straight = hp_train(2, concat(kCkpt, {"--steps", "6", "--log-json",
                                                     dir.file("straight.jsonl"), "--export",
                                                     dir.file("straight.safetensors")}));
   ASSERT_EQ(straight.exit_code, 0) << describe(straight);
-  const Args automatic = concat(kTiny, {"--save-dir", ckpt, "--save-every", "2", "--resume",
+  const Args automatic = concat(kCkpt, {"--save-dir", ckpt, "--save-every", "2", "--resume",
                                         "auto", "--log-json", dir.file("auto.jsonl")});
   ProcessResult first = hp_train(2, concat(automatic, {"--steps", "3"}));
   ASSERT_EQ(first.exit_code, 0) << describe(first);
@@ -279,16 +270,16 @@ TEST(HpTrainCheckpoints, ResumeAutoStartsFromScratchThenContinuesTheRunAndItsLog
 
 TEST(HpTrainCheckpoints, ResumeOfAnotherModelFailsBeforeTraining) {
   TempDir dir;
-  ProcessResult saved = hp_train(0, concat(kTiny, {"--steps", "1", "--save-dir", dir.file("c")}));
+  ProcessResult saved = hp_train(0, concat(kCkpt, {"--steps", "1", "--save-dir", dir.file("c")}));
   ASSERT_EQ(saved.exit_code, 0) << describe(saved);
-  ProcessResult other = hp_train(2, concat(kTiny, {"--steps", "2", "--d", "64", "--resume", dir.file("c")}));
+  ProcessResult other = hp_train(2, concat(kCkpt, {"--steps", "2", "--d", "64", "--resume", dir.file("c")}));
   EXPECT_EQ(other.exit_code, 2) << describe(other);
   EXPECT_THAT(other.err, HasSubstr("--resume '" + dir.file("c") + "/step-00000001' holds another model"));
   EXPECT_THAT(other.err, HasSubstr("'wpe.weight' has shape [16, 32] in the checkpoint, [16, 64] in this run"));
   EXPECT_THAT(other.out, testing::Not(HasSubstr("step 1/"))) << "nothing trained";
-  ProcessResult beyond = hp_train(0, concat(kTiny, {"--steps", "1", "--resume", dir.file("c"), "--d", "32"}));
+  ProcessResult beyond = hp_train(0, concat(kCkpt, {"--steps", "1", "--resume", dir.file("c"), "--d", "32"}));
   EXPECT_EQ(beyond.exit_code, 0) << describe(beyond);  // saved at 1 of 1: nothing left to train
-  ProcessResult none = hp_train(0, concat(kTiny, {"--steps", "2", "--resume", dir.file("nothing")}));
+  ProcessResult none = hp_train(0, concat(kCkpt, {"--steps", "2", "--resume", dir.file("nothing")}));
   EXPECT_EQ(none.exit_code, 2);
   EXPECT_THAT(none.err, HasSubstr("holds no complete checkpoint"));
 }
@@ -296,7 +287,7 @@ TEST(HpTrainCheckpoints, ResumeOfAnotherModelFailsBeforeTraining) {
 TEST(HpTrainCheckpoints, ExportReadsBackInPyTorchAndThroughInitFrom) {
   TempDir dir;
   const std::string weights = dir.file("w.safetensors");
-  ProcessResult r = hp_train(2, concat(kTiny, {"--steps", "2", "--export", weights}));
+  ProcessResult r = hp_train(2, concat(kCkpt, {"--steps", "2", "--export", weights}));
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   nn::GPT model = tiny_model_from(weights);  // names and shapes are the model's
 
@@ -327,7 +318,7 @@ TEST(HpTrainCheckpoints, ExportReadsBackInPyTorchAndThroughInitFrom) {
   EXPECT_TRUE(test::within_bound(out.at("loss").get<double>(), ours, mean_bound(ours, 1)));
 
   // --init-from: training starts from the exported weights.
-  ProcessResult init = hp_train(2, concat(kTiny, {"--steps", "1", "--init-from", weights, "--log-json",
+  ProcessResult init = hp_train(2, concat(kCkpt, {"--steps", "1", "--init-from", weights, "--log-json",
                                                 dir.file("init.jsonl")}));
   ASSERT_EQ(init.exit_code, 0) << describe(init);
   const double expected = loss_at(model, 0, 2);

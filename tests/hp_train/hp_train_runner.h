@@ -3,6 +3,10 @@
 // share.
 #pragma once
 
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -26,5 +30,19 @@ inline launcher::testing::ProcessResult hp_train(int ranks, const Args& args) {
 }
 
 using launcher::testing::describe;
+
+// hp-train's --seed when none is given.
+constexpr uint64_t kDefaultSeed = 1337;
+
+// step -> loss, from the lines hp-train's --log-json wrote to `path`.
+inline std::map<int64_t, double> read_losses(const std::string& path) {
+  std::map<int64_t, double> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    out[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
+  }
+  return out;
+}
 
 }  // namespace hp::train::test_run

@@ -30,7 +30,7 @@ using test_run::concat;
 using test_run::describe;
 using test_run::hp_train;
 
-const Args kTiny = {"--layers", "2", "--d", "32", "--heads", "2", "--ctx", "16", "--seq", "16",
+const Args kInitTiny = {"--layers", "2", "--d", "32", "--heads", "2", "--ctx", "16", "--seq", "16",
                     "--batch", "6", "--lr", "1e-2", "--sample-tokens", "0", "--log-every", "1"};
 
 std::vector<nlohmann::json> read_lines(const std::string& path) {
@@ -44,7 +44,7 @@ TEST(HpTrainInit, MetaTrainsAsEagerWithALowerStartupPeak) {
   TempDir dir;
   std::map<std::string, std::vector<nlohmann::json>> logs;
   for (const std::string init : {"eager", "meta"}) {
-    ProcessResult run = hp_train(3, concat(kTiny, {"--steps", "2", "--init", init, "--log-json",
+    ProcessResult run = hp_train(3, concat(kInitTiny, {"--steps", "2", "--init", init, "--log-json",
                                                    dir.file(init + ".jsonl")}));
     ASSERT_EQ(run.exit_code, 0) << describe(run);
     EXPECT_NE((run.out + run.err).find("start-up peak per rank (--init " + init), std::string::npos)
@@ -67,13 +67,13 @@ TEST(HpTrainInit, MetaTrainsAsEagerWithALowerStartupPeak) {
 TEST(HpTrainInit, MetaReadsACheckpointFromAnotherWorldSizeAndAnExportAlike) {
   TempDir dir;
   ProcessResult saved =
-      hp_train(2, concat(kTiny, {"--steps", "2", "--save-dir", dir.file("ckpt"), "--export",
+      hp_train(2, concat(kInitTiny, {"--steps", "2", "--save-dir", dir.file("ckpt"), "--export",
                                  dir.file("w.safetensors")}));
   ASSERT_EQ(saved.exit_code, 0) << describe(saved);
   std::map<std::string, double> first_loss;
   for (const std::string from : {"ckpt", "w.safetensors"}) {
     ProcessResult run = hp_train(
-        3, concat(kTiny, {"--steps", "1", "--init", "meta", "--init-from", dir.file(from),
+        3, concat(kInitTiny, {"--steps", "1", "--init", "meta", "--init-from", dir.file(from),
                           "--log-json", dir.file(from + ".jsonl")}));
     ASSERT_EQ(run.exit_code, 0) << describe(run);
     EXPECT_NE((run.out + run.err).find("read only its shards"), std::string::npos) << describe(run);
@@ -85,7 +85,7 @@ TEST(HpTrainInit, MetaReadsACheckpointFromAnotherWorldSizeAndAnExportAlike) {
 TEST(HpTrainInit, ACheckpointDirectoryNeedsMetaInit) {
   TempDir dir;
   ProcessResult run = hp_train(
-      1, concat(kTiny, {"--steps", "1", "--init", "eager", "--init-from", dir.path()}));
+      1, concat(kInitTiny, {"--steps", "1", "--init", "eager", "--init-from", dir.path()}));
   EXPECT_EQ(run.exit_code, 2) << describe(run);
   EXPECT_NE((run.out + run.err).find("needs --init meta"), std::string::npos) << describe(run);
 }

@@ -52,8 +52,8 @@ const Args kLlama = {"--model", "llama", "--layers", "2", "--d", "32", "--heads"
                      "--kv-heads", "2", "--ctx", "16", "--seq", "16", "--batch", "4",
                      "--steps", "5", "--lr", "1e-2", "--sample-tokens", "8",
                      "--log-every", "1", "--grad-clip", "0"};
-constexpr int64_t kTokens = 4 * 16;
-constexpr uint64_t kDefaultSeed = 1337;
+constexpr int64_t kLlamaTokens = 4 * 16;
+using test_run::kDefaultSeed;
 
 // The model hp-train builds for kLlama from --seed (or from `seed`).
 nn::Llama tiny_llama(uint64_t seed = kDefaultSeed) {
@@ -74,17 +74,9 @@ Batch batch_of(int64_t step, int64_t rank, int64_t dp_size) {
   return batch_for_step(tokens, step, 4, 16, rank, dp_size);
 }
 
-std::map<int64_t, double> read_losses(const std::string& path) {
-  std::map<int64_t, double> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line);
-    out[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
-  }
-  return out;
-}
+using test_run::read_losses;
 
-std::vector<double> losses(int ranks, const Args& args, const TempDir& dir,
+std::vector<double> run_losses(int ranks, const Args& args, const TempDir& dir,
                            const std::string& name, std::string* out = nullptr) {
   const std::string log = dir.file(name + ".jsonl");
   ProcessResult r = hp_train(ranks, concat(args, {"--log-json", log}));
@@ -100,7 +92,7 @@ TEST(HpTrainLlama, EveryModeStartsFromTheSeedsModelAndTrains) {
   nn::Llama model = tiny_llama();
   const nn::LlamaConfig config = model->config();
   const int64_t n_max =
-      std::max({config.intermediate_size, config.n_embd, kTokens, config.vocab_size});
+      std::max({config.intermediate_size, config.n_embd, kLlamaTokens, config.vocab_size});
   std::map<std::string, std::vector<double>> curves;
   for (const auto& [mode, mesh, ranks, dp, tensor_parallel] :
        std::vector<std::tuple<std::string, std::string, int, int64_t, bool>>{
@@ -114,7 +106,7 @@ TEST(HpTrainLlama, EveryModeStartsFromTheSeedsModelAndTrains) {
     Args run = concat(kLlama, {"--mode", mode});
     if (!mesh.empty()) run = concat(run, {"--mesh", mesh});
     std::string out;
-    const std::vector<double> curve = losses(ranks, run, dir, mode, &out);
+    const std::vector<double> curve = run_losses(ranks, run, dir, mode, &out);
     ASSERT_EQ(curve.size(), 5u);
     EXPECT_THAT(out, HasSubstr("hp-train: Llama 2 layers, d 32, 4 heads (2 key/value), ctx 16"));
     EXPECT_THAT(out, HasSubstr("sample (8 tokens"));
@@ -136,7 +128,7 @@ TEST(HpTrainLlama, EveryModeStartsFromTheSeedsModelAndTrains) {
         bound += test::reordered_sum_bound(s.per_unit.at("loss"), n_max, at::kFloat) / dp;
       }
     }
-    bound += test::reordered_sum_bound(expected, kTokens, at::kFloat) +
+    bound += test::reordered_sum_bound(expected, kLlamaTokens, at::kFloat) +
              test::reordered_sum_bound(expected, dp, at::kDouble);
     EXPECT_TRUE(test::within_bound(curve[0], expected, bound)) << "step 0";
     EXPECT_LT(curve[4], curve[0] - 0.5) << "trains";
@@ -151,7 +143,7 @@ TEST(HpTrainLlama, CheckpointsResumeAndExportHuggingFaceNames) {
   TempDir dir;
   const std::string ckpt = dir.file("ckpt");
   const Args run = concat(kLlama, {"--sample-tokens", "0"});
-  const std::vector<double> straight = losses(2, concat(run, {"--steps", "4"}), dir, "straight");
+  const std::vector<double> straight = run_losses(2, concat(run, {"--steps", "4"}), dir, "straight");
   ASSERT_EQ(straight.size(), 4u);
   ProcessResult first = hp_train(2, concat(run, {"--steps", "2", "--save-dir", ckpt}));
   ASSERT_EQ(first.exit_code, 0) << describe(first);
@@ -191,7 +183,7 @@ TEST(HpTrainLlama, InitFromLoadsHuggingFacesLayoutByName) {
   const std::string weights = dir.file("hf.safetensors");
   checkpoint::write_safetensors(weights, tensors);
   const std::vector<double> curve =
-      losses(2, concat(kLlama, {"--mode", "fsdp", "--steps", "1", "--init-from", weights}), dir,
+      run_losses(2, concat(kLlama, {"--mode", "fsdp", "--steps", "1", "--init-from", weights}), dir,
              "init");
   ASSERT_EQ(curve.size(), 1u);
   double expected = 0;
@@ -203,7 +195,7 @@ TEST(HpTrainLlama, InitFromLoadsHuggingFacesLayoutByName) {
       expected += nn::cross_entropy(model(batch.inputs), batch.targets).item<double>() / 2;
     }
   }
-  const double bound = test::reordered_sum_bound(expected, kTokens, at::kFloat) +
+  const double bound = test::reordered_sum_bound(expected, kLlamaTokens, at::kFloat) +
                        test::reordered_sum_bound(expected, 2, at::kDouble);
   EXPECT_TRUE(test::within_bound(curve[0], expected, bound));
 }

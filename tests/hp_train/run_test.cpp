@@ -122,7 +122,7 @@ std::vector<double> losses(int ranks, const Args& args, const TempDir& dir,
 // below hold for arithmetic done alike.
 const Args kNoClip = {"--grad-clip", "0"};
 constexpr int64_t kTokens = 4 * 16;  // kTiny's global batch x seq
-constexpr uint64_t kDefaultSeed = 1337;  // hp-train's --seed
+using test_run::kDefaultSeed;
 
 // The model hp-train builds from --seed: the same draws in the same order.
 nn::GPT tiny_model(uint64_t seed) {

@@ -15,6 +15,7 @@
 #include "hp/nn/loss.h"
 #include "hp/util/error.h"
 #include "tests/support/model_configs.h"
+#include "tests/support/random_tokens.h"
 #include "tests/support/tensor_checks.h"
 
 namespace hp::nn {
@@ -53,10 +54,7 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> expected_parameters(co
   return p;
 }
 
-at::Tensor random_tokens(std::vector<int64_t> shape, int64_t vocab, uint64_t seed) {
-  auto gen = at::detail::createCPUGenerator(seed);
-  return torch::randint(vocab, shape, gen, torch::kLong);
-}
+using test::random_tokens;
 
 TEST(GPT, NamedParametersAreGPT2sInOrder) {
   const GPTConfig c = small_config();

@@ -17,20 +17,18 @@
 #include "hp/nn/rotary.h"
 #include "hp/util/error.h"
 #include "tests/support/model_configs.h"
+#include "tests/support/random_tokens.h"
 #include "tests/support/tensor_checks.h"
 
 namespace hp::nn {
 namespace {
 
-LlamaConfig small_config() { return test::tiny_llama_config(); }
+LlamaConfig tiny_llama() { return test::tiny_llama_config(); }
 
-at::Tensor random_tokens(std::vector<int64_t> shape, int64_t vocab, uint64_t seed) {
-  auto gen = at::detail::createCPUGenerator(seed);
-  return torch::randint(vocab, shape, gen, torch::kLong);
-}
+using test::random_tokens;
 
 TEST(Llama, NamedParametersAreHuggingFacesInOrder) {
-  const LlamaConfig c = small_config();
+  const LlamaConfig c = tiny_llama();
   Llama model(c);
   const int64_t V = c.vocab_size, d = c.n_embd, hd = c.head_dim(), m = c.intermediate_size;
   std::vector<std::pair<std::string, std::vector<int64_t>>> expected = {
@@ -64,7 +62,7 @@ TEST(Llama, NamedParametersAreHuggingFacesInOrder) {
 // parameter at a time: the weights are init_llama_parameter over
 // named_parameters() in order from that state, whatever the construction drew.
 TEST(Llama, InitialisationIsThePerParameterSequenceFromTheSeed) {
-  const LlamaConfig c = small_config();
+  const LlamaConfig c = tiny_llama();
   torch::manual_seed(7);
   Llama a(c);
   torch::manual_seed(7);
@@ -93,7 +91,7 @@ TEST(Llama, InitialisationIsThePerParameterSequenceFromTheSeed) {
 }
 
 TEST(Llama, ForwardGivesLogitsAndCallsLayersThroughHooks) {
-  const LlamaConfig c = small_config();
+  const LlamaConfig c = tiny_llama();
   Llama model(c);
   std::vector<int> calls;
   for (size_t i = 0; i < model->layers().size(); ++i) {
@@ -110,7 +108,7 @@ TEST(Llama, ForwardGivesLogitsAndCallsLayersThroughHooks) {
 
 // Causality: the logits at position t depend on tokens <= t only.
 TEST(Llama, IsCausal) {
-  const LlamaConfig c = small_config();
+  const LlamaConfig c = tiny_llama();
   Llama model(c);
   at::Tensor idx = random_tokens({1, 8}, c.vocab_size, 2);
   at::Tensor changed = idx.clone();
@@ -159,7 +157,7 @@ TEST(RMSNorm, NormalisesByRootMeanSquare) {
 }
 
 TEST(Llama, GenerateAppendsTokens) {
-  const LlamaConfig c = small_config();
+  const LlamaConfig c = tiny_llama();
   Llama model(c);
   at::Generator g1 = at::make_generator<at::CPUGeneratorImpl>(5);
   at::Generator g2 = at::make_generator<at::CPUGeneratorImpl>(5);
@@ -172,15 +170,15 @@ TEST(Llama, GenerateAppendsTokens) {
 }
 
 TEST(Llama, RejectsBadConfigAndInput) {
-  LlamaConfig c = small_config();
+  LlamaConfig c = tiny_llama();
   c.n_kv_head = 3;
   EXPECT_THAT([&] { Llama m(c); },
               ::testing::ThrowsMessage<ArgumentError>(::testing::HasSubstr(
                   "LlamaConfig.n_head 4 must be divisible by n_kv_head 3")));
-  c = small_config();
+  c = tiny_llama();
   c.n_embd = 36;  // head dim 9
   EXPECT_THROW(Llama m(c), ArgumentError);
-  c = small_config();
+  c = tiny_llama();
   Llama model(c);
   EXPECT_THAT([&] { model(random_tokens({1, 17}, c.vocab_size, 1)); },
               ::testing::ThrowsMessage<ArgumentError>(

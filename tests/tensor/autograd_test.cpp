@@ -14,6 +14,7 @@
 #include "tests/support/tensor_checks.h"
 #include "tests/tensor/comm_counter.h"
 #include "tests/tensor/reference.h"
+#include "tests/tensor/world_mesh.h"
 
 namespace hp {
 namespace {
@@ -36,7 +37,7 @@ testing::AssertionResult none(const dist::CommStats& s) {
   return only(s, dist::OpType::kAllGather, 0);
 }
 
-DeviceMeshPtr world_mesh() { return init_device_mesh("cpu", {dist::get_world_size()}, {"x"}); }
+using test::world_mesh;
 
 // The slice of `full` this rank holds under `placements` (Partial dims
 // partitioned by the test's pieces).

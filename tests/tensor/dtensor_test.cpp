@@ -12,6 +12,7 @@
 #include "tests/support/tensor_checks.h"
 #include "tests/tensor/comm_counter.h"
 #include "tests/tensor/reference.h"
+#include "tests/tensor/world_mesh.h"
 
 namespace hp {
 namespace {
@@ -23,7 +24,7 @@ using ::testing::ThrowsMessage;
 using test::tensors_equal;
 
 
-DeviceMeshPtr world_mesh() { return init_device_mesh("cpu", {dist::get_world_size()}, {"x"}); }
+using test::world_mesh;
 
 TEST(DTensor, DistributeTensorSlicesWithoutCommunication) {
   auto mesh = world_mesh();

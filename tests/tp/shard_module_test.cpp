@@ -29,7 +29,7 @@ using test::make_tp_mlp;
 using test::TpMlp;
 using test::within_bound;
 
-int64_t world() { return dist::get_world_size(); }
+using test::world;
 
 using test::tp_mesh;
 using test::whole;

@@ -34,7 +34,7 @@ using test::tensors_equal;
 using test::TpMlp;
 using test::within_bound;
 
-int64_t world() { return dist::get_world_size(); }
+using test::world;
 
 using test::tp_mesh;
 using test::whole;
