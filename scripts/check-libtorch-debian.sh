@@ -5,10 +5,11 @@
 #
 # The flags are CMake's own for a build against Debian's libtorch: the
 # project is configured (not built) into build-debian-check/, and each entry
-# of its compile_commands.json runs with -fsyntax-only instead of -c and
-# without the precompiled header (scripts/syntax-check.py), so that every
-# file compiles on its own includes (a missing #include that the
-# precompiled header would supply fails here).
+# of its compile_commands.json (each file of a unity batch) runs with
+# -fsyntax-only instead of -c and without the precompiled header
+# (scripts/syntax-check.py), so that every file compiles on its own includes
+# (a missing #include that the precompiled header or an earlier file of the
+# batch would supply fails here).
 #
 # Usage: scripts/check-libtorch-debian.sh [-j N] [PATH...]   (default: -j nproc, every file)
 # Environment: HP_CHECK_DIR  the configure directory (default: build-debian-check)

@@ -2,7 +2,9 @@
 """Compiles each file of a configured build with -fsyntax-only, on its own
 includes: the commands of the build's compile_commands.json without the
 precompiled header, the object and the dependency file. A file that leans on
-the precompiled header for an #include fails here.
+the precompiled header for an #include fails here. A unity source of the build
+(CMake's Unity/unity_N_cxx.cxx) stands for the files it includes: each is
+checked on its own with the unity source's flags.
 
 Usage: syntax-check.py [-j N] [--logs DIR] BUILD_DIR [PATH...]
   PATH  files or directories (relative to the repository) to check; default:
@@ -14,14 +16,17 @@ import argparse
 import concurrent.futures
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
 import time
 
 
-def syntax_only(args):
-    """The compile command of one file, as -fsyntax-only without the PCH."""
+def syntax_only(args, unit, source):
+    """The compile command `args` of the file argument `unit`, as
+    -fsyntax-only of `source` (the unit itself or a file a unity unit
+    includes) without the PCH."""
     out, skip = [], False
     for i, a in enumerate(args):
         if skip:
@@ -32,8 +37,22 @@ def syntax_only(args):
             continue
         if a in ("-c", "-MD", "-Winvalid-pch"):
             continue
+        if a == unit:
+            a = source
         out.append(a)
     return out + ["-fsyntax-only"]
+
+
+UNITY_INCLUDE = re.compile(r'^#include "(.+)"$')
+
+
+def sources_of(path):
+    """The project files a compile_commands.json entry compiles: a unity source
+    stands for the files it includes; any other entry for itself."""
+    if os.path.basename(os.path.dirname(path)) != "Unity":
+        return [path]
+    with open(path) as f:
+        return [m.group(1) for m in map(UNITY_INCLUDE.match, f.read().splitlines()) if m]
 
 
 def main():
@@ -57,11 +76,12 @@ def main():
 
     entries = []
     for e in json.load(open(commands)):
-        path = os.path.abspath(os.path.join(e["directory"], e["file"]))
-        rel = os.path.relpath(path, root)
-        if selected(rel):
-            args = e.get("arguments") or shlex.split(e["command"])
-            entries.append((rel, e["directory"], syntax_only(args)))
+        unit = os.path.abspath(os.path.join(e["directory"], e["file"]))
+        args = e.get("arguments") or shlex.split(e["command"])
+        for path in sources_of(unit):
+            rel = os.path.relpath(path, root)
+            if selected(rel):
+                entries.append((rel, e["directory"], syntax_only(args, e["file"], path)))
     entries.sort()
 
     logs = a.logs or os.path.join(a.build_dir, "syntax-logs")
