@@ -58,6 +58,7 @@ namespace {
 namespace fs = std::filesystem;
 using launcher::testing::now_seconds;
 using launcher::testing::process_alive;
+using launcher::testing::read_proc_file;
 using launcher::testing::ProcessResult;
 using launcher::testing::RunningProcess;
 using launcher::testing::TempDir;
@@ -80,7 +81,7 @@ Args run_flags(int batch) {
 
 // The global RANK of a process, from its environment, or -1.
 int rank_of(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/environ");
+  std::istringstream in(read_proc_file(pid, "environ"));
   std::string entry;
   while (std::getline(in, entry, '\0')) {
     if (entry.rfind("RANK=", 0) == 0) return std::atoi(entry.c_str() + 5);
@@ -89,8 +90,7 @@ int rank_of(pid_t pid) {
 }
 
 pid_t parent_of(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string stat = read_proc_file(pid, "stat");
   const auto paren = stat.rfind(')');
   if (paren == std::string::npos) return -1;
   char state = 0;

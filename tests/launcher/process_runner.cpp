@@ -1,7 +1,9 @@
 #include "tests/launcher/process_runner.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -24,10 +26,21 @@ std::string describe(const ProcessResult& r) {
   return text.str();
 }
 
+std::string read_proc_file(pid_t pid, const std::string& name) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/" + name;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string content;
+  char buffer[4096];
+  ssize_t got = 0;
+  while ((got = ::read(fd, buffer, sizeof buffer)) > 0) content.append(buffer, got);
+  ::close(fd);
+  return got < 0 ? "" : content;
+}
+
 bool process_alive(pid_t pid) {
   if (::kill(pid, 0) != 0) return errno == EPERM;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const std::string content = read_proc_file(pid, "stat");
   std::size_t close_paren = content.rfind(')');
   if (close_paren == std::string::npos || close_paren + 2 >= content.size()) return false;
   char state = content[close_paren + 2];

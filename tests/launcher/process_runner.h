@@ -21,6 +21,11 @@ using tools::RunningProcess;
 // How a process ended and everything it wrote, for a failed expectation.
 std::string describe(const ProcessResult& result);
 
+// The contents of /proc/<pid>/<name>, or "" once the process is gone. (A read
+// of an exiting process's file fails with ESRCH, which std::ifstream turns
+// into an exception, so a watcher racing an exit reads through this.)
+std::string read_proc_file(pid_t pid, const std::string& name);
+
 // True while `pid` exists and is not a zombie (an orphan's zombie may linger
 // when the container's init does not reap).
 bool process_alive(pid_t pid);
