@@ -240,7 +240,9 @@ TEST_F(OnCuda, StateDictRoundTripAndCpuOffload) {
     SCOPED_TRACE(key);
     const at::Tensor& whole = std::get<at::Tensor>(value);
     EXPECT_TRUE(whole.is_cpu());
-    if (expected.contains(key)) EXPECT_TRUE(at::equal(whole, expected[key].cpu()));
+    if (expected.contains(key)) {
+      EXPECT_TRUE(at::equal(whole, expected[key].cpu()));
+    }
   }
 }
 

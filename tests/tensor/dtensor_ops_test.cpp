@@ -872,7 +872,9 @@ TEST(DTensorOps, SplitCatAndStack) {
     rloss.backward();
     // Each element's gradient is one c element (or 0): exact.
     EXPECT_TRUE(holds(X.grad(), k.x, rx.grad(), exact()));
-    if (ry.grad().defined()) EXPECT_TRUE(holds(Y.grad(), k.y, ry.grad(), exact()));
+    if (ry.grad().defined()) {
+      EXPECT_TRUE(holds(Y.grad(), k.y, ry.grad(), exact()));
+    }
   }
 
   // Blocks of 12 columns split evenly on 1 to 4 ranks: cat(1) of them is a

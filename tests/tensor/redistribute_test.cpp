@@ -124,12 +124,14 @@ testing::AssertionResult issued_as_planned(const dist::CommStats& issued,
   dist::CommStats want;
   for (const auto& step : plan.steps()) {
     switch (step.kind) {
-      case Kind::kAllGather: ++want[OpType::kAllGather]; break;
+      case Kind::kAllGather:
+      case Kind::kStridedAllGather: ++want[OpType::kAllGather]; break;
       case Kind::kAllReduce: ++want[OpType::kAllReduce]; break;
       case Kind::kReduceScatter: ++want[OpType::kReduceScatter]; break;
       case Kind::kAllToAll: ++want[OpType::kAllToAll]; break;
       case Kind::kChunk:
-      case Kind::kPartition: break;
+      case Kind::kPartition:
+      case Kind::kStridedChunk: break;
     }
   }
   if (issued.total() == plan.num_collectives() && issued.calls == want.calls) {

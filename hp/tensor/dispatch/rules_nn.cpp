@@ -39,14 +39,6 @@ const OpInput* input_at(const OpCall& call, size_t arg) {
   return nullptr;
 }
 
-size_t index_of(const OpCall& call, size_t arg) {
-  auto& ins = const_cast<OpCall&>(call).inputs();
-  for (size_t k = 0; k < ins.size(); ++k) {
-    if (ins[k].arg == arg && ins[k].element < 0) return k;
-  }
-  return ins.size();
-}
-
 // ---- embedding -------------------------------------------------------------
 
 // embedding(weight, indices, padding_idx, scale_grad_by_freq, sparse)
@@ -148,7 +140,6 @@ OpPlan layer_norm_rule(OpCall& call) {
 // Rows sharded: the weight's gradients are Partial sums over the rows.
 OpPlan layer_norm_backward_rule(OpCall& call) {
   const OpInput* x = input_at(call, 1);
-  const OpInput* g = input_at(call, 0);
   const auto& mesh = call.mesh();
   const int64_t nd = static_cast<int64_t>(x->shape.size());
   const int64_t axis = nd - static_cast<int64_t>(call.ints_arg(2).size());
