@@ -29,7 +29,7 @@ using test::make_tp_mlp;
 using test::TpMlp;
 using test::within_bound;
 
-using test::world;
+using test::world_size;
 
 using test::tp_mesh;
 using test::whole;
@@ -75,7 +75,7 @@ void copy_parameters(TpMlp& model, TpMlp& ref) {
 }
 
 void expect_layout(const at::Tensor& t, const DeviceMeshPtr& mesh, const Placements& placements) {
-  if (world() == 1) {
+  if (world_size() == 1) {
     EXPECT_FALSE(is_dtensor(t));
     return;
   }
@@ -109,7 +109,7 @@ TEST(ShardModule, MlpTrainsLikeOneProcess) {
     // Step 1 feeds the batch as a DTensor sharded by rows (5 rows: uneven
     // or empty pieces), which the input hook gathers; the others a plain
     // tensor, which passes the hook and counts as Replicate.
-    const bool sharded_input = step == 1 && world() > 1;
+    const bool sharded_input = step == 1 && world_size() > 1;
     at::Tensor out = model(sharded_input ? distribute(x, Layout(mesh, {Shard(0)})) : x);
     expect_layout(out, mesh, {Replicate()});
     EXPECT_TRUE(within_bound(whole(out), ref_out, bounds.out)) << "output";
@@ -123,7 +123,7 @@ TEST(ShardModule, MlpTrainsLikeOneProcess) {
       SCOPED_TRACE(item.key());
       const at::Tensor grad = item.value().grad();
       ASSERT_TRUE(grad.defined());
-      if (world() > 1) {
+      if (world_size() > 1) {
         ASSERT_TRUE(is_dtensor(grad));
         EXPECT_EQ(layout_of(grad), layout_of(item.value())) << layout_of(grad).str();
       }
@@ -190,7 +190,7 @@ TEST(ShardModule, ReturnLocalTensor) {
   const at::Tensor expected = ref(x).detach();
   const at::Tensor bound = test::mlp_bounds(ref, x, x).out;
   auto piece = [&](const at::Tensor& t) {  // this rank's Shard(1) piece
-    return world() == 1 ? t : local_of(distribute(t, Layout(mesh, {Shard(1)}))).clone();
+    return world_size() == 1 ? t : local_of(distribute(t, Layout(mesh, {Shard(1)}))).clone();
   };
 
   // The module itself: its output laid out as Shard(1), then made local.
@@ -217,7 +217,7 @@ TEST(ShardModule, ReturnLocalTensor) {
 
 TEST(ShardModule, OneRankMeshChangesNothing) {
   // A size-1 mesh dim of a [world, 1] mesh: this rank alone.
-  auto mesh = init_device_mesh("cpu", {world(), 1}, {"dp", "tp"})->sub({"tp"});
+  auto mesh = init_device_mesh("cpu", {world_size(), 1}, {"dp", "tp"})->sub({"tp"});
   ASSERT_EQ(mesh->size(), 1);
   TpMlp model = make_tp_mlp();
   const at::Tensor weight = model->fc1->weight;
@@ -243,7 +243,7 @@ struct PairImpl : nn::Module {
 HP_MODULE(Pair);
 
 TEST(ShardModule, InputsByPositionAndName) {
-  if (world() == 1) GTEST_SKIP() << "hooks are installed on more than one rank";
+  if (world_size() == 1) GTEST_SKIP() << "hooks are installed on more than one rank";
   auto mesh = tp_mesh();
   torch::manual_seed(5);
   const at::Tensor a = torch::randn({4, 3}), b = torch::randn({4, 3});
@@ -267,7 +267,7 @@ TEST(ShardModule, InputsByPositionAndName) {
 }
 
 TEST(ShardModule, ErrorsInTheCall) {
-  if (world() == 1) GTEST_SKIP() << "hooks are installed on more than one rank";
+  if (world_size() == 1) GTEST_SKIP() << "hooks are installed on more than one rank";
   auto mesh = tp_mesh();
   const Layout replicate(mesh, {Replicate()});
   const at::Tensor a = distribute(torch::ones({4, 3}), replicate);
@@ -394,7 +394,7 @@ TEST(ShardModule, PlainFunction) {
   plan.output_plan = {{"output", {Replicate()}}};
   TensorFunction sharded = shard_module(matmul, mesh, plan);
   const Layout replicate(mesh, {Replicate()});
-  const bool distributed = world() > 1;
+  const bool distributed = world_size() > 1;
   nn::TensorList out = sharded({distributed ? distribute(a, replicate) : a,
                                 distributed ? distribute(b, replicate) : b});
   ASSERT_EQ(out.size(), 1u);

@@ -16,9 +16,6 @@
 
 namespace hp::test {
 
-// The number of ranks, as the shape arithmetic of the tests wants it.
-inline int64_t world() { return dist::get_world_size(); }
-
 // A 1-D mesh "tp" over every rank.
 inline DeviceMeshPtr tp_mesh() {
   return init_device_mesh("cpu", {dist::get_world_size()}, {"tp"});

@@ -34,7 +34,7 @@ using test::tensors_equal;
 using test::TpMlp;
 using test::within_bound;
 
-using test::world;
+using test::world_size;
 
 using test::tp_mesh;
 using test::whole;
@@ -94,7 +94,7 @@ TEST(ValueAndGrad, MlpGradientsMatchOneProcess) {
   for (size_t i = 0; i < names.size(); ++i) {
     SCOPED_TRACE(names[i]);
     ASSERT_TRUE(grads[i].defined());
-    if (world() > 1) {
+    if (world_size() > 1) {
       ASSERT_TRUE(is_dtensor(grads[i]));
       EXPECT_EQ(layout_of(grads[i]), layout_of(model->named_parameters()[names[i]]))
           << layout_of(grads[i]).str();
@@ -157,7 +157,7 @@ TEST(ValueAndGrad, ShardedLoss) {
   };
   auto [loss, grads] =
       parallelize_value_and_grad([&] { return row_losses(model); }, model->parameters())();
-  if (world() > 1) {
+  if (world_size() > 1) {
     EXPECT_EQ(layout_of(loss), Layout(mesh, {Shard(0)}));
   }
   at::Tensor ref_loss = row_losses(ref);
@@ -170,7 +170,7 @@ TEST(ValueAndGrad, PartialLoss) {
   auto mesh = tp_mesh();
   torch::manual_seed(24);
   const at::Tensor x = ints({3, 6}), w_full = ints({4, 6}).requires_grad_();
-  const bool distributed = world() > 1;
+  const bool distributed = world_size() > 1;
   // Contracting over a dim both operands shard leaves each rank a partial
   // sum; the loss is that Partial scalar, never reduced in forward.
   const at::Tensor w = distributed ? distribute(w_full, Layout(mesh, {Shard(1)})) : w_full;
@@ -192,7 +192,7 @@ TEST(ValueAndGrad, PartialLoss) {
 // then a sum over dp of partial sums, and a per-row loss vector is
 // Shard(0) over dp and Replicate over tp (repeat_num 2).
 TEST(ValueAndGrad, DataAndTensorParallelMesh) {
-  if (world() != 4) GTEST_SKIP() << "needs a 2 x 2 mesh";
+  if (world_size() != 4) GTEST_SKIP() << "needs a 2 x 2 mesh";
   auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
   ShardingPlan plan;
   plan.plan = {{"fc1.weight", {"tp", "None"}},
