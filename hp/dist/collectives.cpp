@@ -15,6 +15,7 @@
 
 #include "hp/dist/collective_checks.h"
 #include "hp/dist/comm_stats.h"
+#include "hp/dist/shm_channel.h"
 #include "hp/util/error.h"
 #include "hp/util/torch_compat.h"
 #include "hp/util/trace.h"
@@ -169,13 +170,11 @@ void check_reduce_dtype(const at::Tensor& t, ReduceOp op_kind, const char* op) {
                to_string(op_kind), "'");
 }
 
-// Runs `issue` (which hands the tensors to the backend) with the sequence
-// number claimed and any backend exception turned into a CollectiveError.
-// `sizes` formats the arguments for a failure message; it runs only then.
-Work launch(Group& group, const char* op, std::function<std::string()> sizes,
-            CallFingerprint fingerprint,
-            const std::function<c10::intrusive_ptr<c10d::Work>()>& issue,
-            std::function<void()> finish) {
+// A collective's state, with its sequence number claimed and (under
+// HP_CHECK_COLLECTIVES) the call compared across the group. `sizes` formats
+// the arguments for a failure message; it runs only then.
+std::shared_ptr<Work::State> begin(Group& group, const char* op, std::function<std::string()> sizes,
+                                   CallFingerprint fingerprint, std::function<void()> finish) {
   auto state = std::make_shared<Work::State>();
   state->op = op;
   state->group = group.shared_description();
@@ -185,17 +184,54 @@ Work launch(Group& group, const char* op, std::function<std::string()> sizes,
   state->sequence = group.next_sequence_number();
   state->finish = std::move(finish);
   fingerprint.sequence = state->sequence;
-  c10::intrusive_ptr<c10d::Work> backend_work;
   try {
     if (collective_checks_enabled()) verify_same_call(group, fingerprint);
-    state->issued_us = trace::now_us();
-    if (issue) backend_work = issue();
   } catch (const CollectiveError&) {
     throw;
   } catch (const std::exception& e) {
     throw CollectiveError(failure_message(*state, exception_message(e)));
   }
+  state->issued_us = trace::now_us();
   count(fingerprint.op);
+  return state;
+}
+
+// Whether the group's shared-memory channel runs a collective on these
+// tensors (the facade's arguments are checked by then).
+bool on_channel(const Group& group, const at::Tensor& a, const at::Tensor& b) {
+  return group.shm_channel() != nullptr && ShmChannel::carries(a) && ShmChannel::carries(b);
+}
+
+// Queues `channel_op` on the group's shared-memory channel; `finish` is the
+// local step, as for launch().
+Work launch_on_channel(Group& group, const char* op, std::function<std::string()> sizes,
+                       CallFingerprint fingerprint, ShmChannel::Op channel_op,
+                       std::function<void()> finish) {
+  std::shared_ptr<Work::State> state =
+      begin(group, op, std::move(sizes), fingerprint, std::move(finish));
+  // A weak reference, as for the backend's future: a dropped Work is not
+  // kept alive by the channel.
+  std::weak_ptr<Work::State> weak = state;
+  group.shm_channel()->submit(std::move(channel_op), [weak](std::exception_ptr cause) {
+    if (auto s = weak.lock()) s->complete(cause);
+  });
+  return Work(std::move(state));
+}
+
+// Runs `issue` (which hands the tensors to the backend); a backend exception
+// becomes a CollectiveError.
+Work launch(Group& group, const char* op, std::function<std::string()> sizes,
+            CallFingerprint fingerprint,
+            const std::function<c10::intrusive_ptr<c10d::Work>()>& issue,
+            std::function<void()> finish) {
+  std::shared_ptr<Work::State> state =
+      begin(group, op, std::move(sizes), fingerprint, std::move(finish));
+  c10::intrusive_ptr<c10d::Work> backend_work;
+  try {
+    if (issue) backend_work = issue();
+  } catch (const std::exception& e) {
+    throw CollectiveError(failure_message(*state, exception_message(e)));
+  }
   if (!backend_work) {
     state->complete(nullptr);
     return Work(std::move(state));
@@ -365,6 +401,10 @@ Work all_gather_into(Group& group, const at::Tensor& output, const at::Tensor& i
       if (output.data_ptr() != in.data_ptr()) output.view(-1).copy_(in.view(-1));
     });
   }
+  if (on_channel(group, in, output)) {
+    return launch_on_channel(group, op, std::move(sizes), fp,
+                             {ShmChannel::Kind::kAllGather, in, output}, nullptr);
+  }
   if (gathers_flat(group, in)) {
     return launch(group, op, std::move(sizes), fp, [&group, output, in] {
       at::Tensor flat_out = wire_view(output).view(-1);
@@ -419,6 +459,24 @@ Work all_gather_coalesced(Group& group, const std::vector<std::vector<at::Tensor
         if (!outputs[me][i].is_same(inputs[i])) outputs[me][i].view_as(inputs[i]).copy_(inputs[i]);
       }
     });
+  }
+  if (group.shm_channel() != nullptr) {
+    // The channel copies bytes: it takes contiguous CPU tensors only (the
+    // strided outputs stay on Gloo, which copies into them).
+    bool contiguous_cpu = true;
+    for (const at::Tensor& t : inputs) contiguous_cpu = contiguous_cpu && t.is_cpu();
+    for (const auto& row : outputs) {
+      for (const at::Tensor& t : row) {
+        contiguous_cpu = contiguous_cpu && t.is_cpu() && t.is_contiguous();
+      }
+    }
+    if (contiguous_cpu) {
+      ShmChannel::Op channel_op;
+      channel_op.kind = ShmChannel::Kind::kAllGatherCoalesced;
+      for (const at::Tensor& t : inputs) channel_op.inputs.push_back(t.contiguous());
+      channel_op.outputs = outputs;
+      return launch_on_channel(group, op, std::move(sizes), fp, std::move(channel_op), nullptr);
+    }
   }
   if (group.backend_type() == BackendType::kNccl || inputs[0].is_cuda()) {
     // c10d's NCCL backend has no coalesced all-gather, nor Gloo's for CUDA
@@ -508,6 +566,16 @@ Work reduce_scatter(Group& group, const at::Tensor& output, const at::Tensor& in
       return group.process_group()._reduce_scatter_base(out, flat_in, options);
     }, std::move(finish));
   }
+  if (!low && on_channel(group, in, output)) {
+    // Straight into the output: no group-size receive buffer, no local sum.
+    auto finish = op_kind == ReduceOp::kAvg
+                      ? std::function<void()>([output, size] { output.div_(size); })
+                      : std::function<void()>();
+    return launch_on_channel(group, op, std::move(sizes), fp,
+                             {ShmChannel::Kind::kReduceScatter, wire_view(in).view(-1),
+                              wire_view(output).view(-1), op_kind},
+                             std::move(finish));
+  }
   at::Tensor send = wire_view(in).view(-1);
   at::Tensor recv;
   if (scratch.defined()) {
@@ -566,6 +634,11 @@ Work all_reduce(Group& group, const at::Tensor& tensor, ReduceOp op_kind) {
       if (op_kind == ReduceOp::kAvg) buffer.div_(size);
       if (low) tensor.copy_(buffer);
     };
+  }
+  if (on_channel(group, buffer, buffer)) {
+    return launch_on_channel(group, op, std::move(sizes), fp,
+                             {ShmChannel::Kind::kAllReduce, buffer.view(-1), {}, op_kind},
+                             std::move(finish));
   }
   return launch(group, op, std::move(sizes), fp, [&group, buffer, op_kind] {
     std::vector<at::Tensor> tensors{buffer};

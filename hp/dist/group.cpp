@@ -2,6 +2,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include "hp/dist/shm_channel.h"
 #include "hp/util/error.h"
 
 namespace hp::dist {
@@ -11,16 +12,17 @@ const char* to_string(BackendType backend) {
 }
 
 Group::Group(std::vector<int> ranks, int group_rank,
-             std::shared_ptr<c10d::ProcessGroup> process_group,
-             std::string name, std::chrono::milliseconds timeout, BackendType kind,
-             c10::Device device)
+             std::shared_ptr<c10d::ProcessGroup> process_group, std::string name,
+             std::chrono::milliseconds timeout, BackendType kind, c10::Device device,
+             std::unique_ptr<ShmChannel> shm)
     : ranks_(std::move(ranks)),
       rank_(group_rank),
       process_group_(std::move(process_group)),
       name_(std::move(name)),
       timeout_(timeout),
       kind_(kind),
-      device_(device) {
+      device_(device),
+      shm_(std::move(shm)) {
   HP_CHECK_ARG(group_rank >= -1 && group_rank < static_cast<int>(ranks_.size()), "group '", name_,
                "': group rank ", group_rank, " is out of range for ranks ", to_string(ranks_),
                "; expected -1 (not a member) or an index into them");
@@ -32,6 +34,8 @@ Group::Group(std::vector<int> ranks, int group_rank,
   description_ = std::make_shared<const std::string>(
       cat("group '", name_, "' ranks ", to_string(ranks_)));
 }
+
+Group::~Group() = default;
 
 c10d::ProcessGroup& Group::process_group() const {
   HP_CHECK_ARG(process_group_ != nullptr, "this process is not a member of ", describe());

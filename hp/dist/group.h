@@ -1,5 +1,7 @@
 // A process group: an ordered set of global ranks that run collectives
-// together, backed by one c10d ProcessGroupGloo.
+// together, backed by one c10d ProcessGroupGloo (or NCCL group), plus a
+// shared-memory channel for its bulk CPU collectives when all its members
+// run on this host (shm_channel.h).
 //
 // Groups are made by hp::dist::world_group() and hp::dist::new_group(); a
 // process that is not in `ranks()` holds a non-member Group whose
@@ -26,6 +28,8 @@ class ProcessGroup;
 
 namespace hp::dist {
 
+class ShmChannel;
+
 // The c10d backend a group runs on (c10d's ProcessGroup::BackendType): Gloo
 // (CPU tensors, and CUDA tensors through host copies on a CUDA build) or
 // NCCL (CUDA tensors only).
@@ -39,9 +43,12 @@ class Group {
   // `group_rank` is this process's index in `ranks`, or -1 for a
   // non-member, whose `process_group` is null. `device` is where the group's
   // tensors live: the CPU for Gloo, this rank's GPU for NCCL.
+  // `shm` is the group's shared-memory channel, if every member has one.
   Group(std::vector<int> ranks, int group_rank, std::shared_ptr<c10d::ProcessGroup> process_group,
         std::string name, std::chrono::milliseconds timeout, BackendType kind = BackendType::kGloo,
-        c10::Device device = c10::Device(c10::DeviceType::CPU));
+        c10::Device device = c10::Device(c10::DeviceType::CPU),
+        std::unique_ptr<ShmChannel> shm = nullptr);
+  ~Group();
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
 
@@ -77,6 +84,10 @@ class Group {
   // comparing against it). Raises ArgumentError on a non-member.
   c10d::ProcessGroup& process_group() const;
 
+  // The channel the collectives facade sends bulk CPU collectives through,
+  // or null (a member elsewhere, HP_SHM=0, a group of one, a non-member).
+  ShmChannel* shm_channel() const { return shm_.get(); }
+
  private:
   std::vector<int> ranks_;
   int rank_ = -1;
@@ -87,6 +98,9 @@ class Group {
   c10::Device device_;
   std::shared_ptr<const std::string> description_;
   std::atomic<uint64_t> sequence_{0};
+  // Destroyed before the process group: its thread may still be finishing a
+  // collective whose completion refers to nothing of Gloo's.
+  std::unique_ptr<ShmChannel> shm_;
 };
 
 using GroupPtr = std::shared_ptr<Group>;

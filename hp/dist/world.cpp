@@ -12,6 +12,7 @@
 #include <optional>
 #include <tuple>
 
+#include "hp/dist/shm_channel.h"
 #include "hp/util/error.h"
 #include "hp/util/torch_compat.h"
 
@@ -87,6 +88,7 @@ GroupPtr make_group(World& w, const std::vector<int>& ranks, const std::string& 
                                    cuda_device.value_or(c10::Device(c10::DeviceType::CPU)));
   }
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  std::unique_ptr<ShmChannel> shm;
   try {
     // A group of one has no peer to meet: it rendezvouses in a local store,
     // so it never depends on rank 0's TCPStore still being there.
@@ -102,6 +104,11 @@ GroupPtr make_group(World& w, const std::vector<int>& ranks, const std::string& 
       options->threads = w.threads;
       pg = compat::gloo_process_group(
           c10::make_intrusive<c10d::ProcessGroupGloo>(store, group_rank, size, options), store);
+      // Members on one host also share memory for the bulk CPU collectives.
+      if (size > 1) {
+        shm = ShmChannel::connect(*store, group_rank, size, timeout,
+                                  cat("group '", name, "' ranks ", to_string(ranks)));
+      }
     }
     // Members leave only once all of them are connected (torch.distributed
     // does the same with a store barrier): a rank that finished early must
@@ -117,7 +124,8 @@ GroupPtr make_group(World& w, const std::vector<int>& ranks, const std::string& 
   std::shared_ptr<c10d::ProcessGroup> process_group(
       pg.get(), [pg](c10d::ProcessGroup*) mutable { pg.reset(); });
   return std::make_shared<Group>(ranks, group_rank, std::move(process_group), name, timeout,
-                                 backend, cuda_device.value_or(c10::Device(c10::DeviceType::CPU)));
+                                 backend, cuda_device.value_or(c10::Device(c10::DeviceType::CPU)),
+                                 std::move(shm));
 }
 
 // HP_TIMEOUT_S, else 300 s.

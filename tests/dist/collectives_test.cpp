@@ -1,6 +1,8 @@
 // Every collective of the facade on the world group, compared against what
 // a single process computes from all ranks' inputs (each rank can recreate
-// any rank's input: inputs are seeded by rank). Run on 2, 3 and 4 ranks.
+// any rank's input: inputs are seeded by rank). Run on 2, 3 and 4 ranks,
+// through the shared-memory channel, and on 3 ranks again through Gloo alone
+// (HP_SHM=0).
 //
 // Inputs are small integers stored in the tested dtype, so sums are exact
 // in every dtype and any reduction order; averages and one test's
@@ -11,9 +13,12 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "hp/dist/collectives.h"
+#include "hp/dist/shm_channel.h"
 #include "hp/dist/world.h"
 #include "hp/util/error.h"
 #include "tests/support/rounding_bounds.h"
@@ -50,6 +55,18 @@ testing::AssertionResult within_summation_bound(const at::Tensor& actual,
   return within_bound(actual, expected,
                       test::summation_bound(sum_abs, static_cast<int64_t>(terms.size()),
                                             actual.scalar_type()));
+}
+
+// The exact result of reducing with `op` over the ranks: `stacked` holds
+// one rank's input per row, in double.
+at::Tensor reduce_over_ranks(const at::Tensor& stacked, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return stacked.sum(0);
+    case ReduceOp::kAvg: return stacked.mean(0);
+    case ReduceOp::kMax: return stacked.amax(0);
+    case ReduceOp::kMin: return stacked.amin(0);
+  }
+  return {};
 }
 
 class Collectives : public testing::TestWithParam<at::ScalarType> {
@@ -124,10 +141,7 @@ TEST_P(Collectives, AllReduceEveryOp) {
     std::vector<at::Tensor> all;
     for (int r = 0; r < size(); ++r) all.push_back(input_of(r, {3, 4}, dtype, 5).to(at::kDouble));
     at::Tensor stacked = at::stack(all);
-    at::Tensor expected = op == ReduceOp::kSum   ? stacked.sum(0)
-                          : op == ReduceOp::kAvg ? stacked.mean(0)
-                          : op == ReduceOp::kMax ? stacked.amax(0)
-                                                 : stacked.amin(0);
+    at::Tensor expected = reduce_over_ranks(stacked, op);
     std::vector<at::Tensor> terms;
     for (int r = 0; r < size(); ++r) terms.push_back(input_of(r, {3, 4}, dtype, 5));
     EXPECT_TRUE(within_summation_bound(t, expected, terms, op)) << "op " << to_string(op);
@@ -155,6 +169,80 @@ TEST_P(Collectives, AllToAllEqualSplits) {
     expected.push_back(input_of(r, {size() * 2, 3}, dtype, 11).narrow(0, rank() * 2, 2));
   }
   EXPECT_TRUE(tensors_equal(out, at::cat(expected)));
+}
+
+// Larger than one slot of the shared-memory channel (1 MiB per rank, in
+// shm_channel.cpp) in every dtype, with a partial last chunk: the channel
+// splits these into chunks; Gloo (HP_SHM=0) moves them whole.
+constexpr int64_t kChunked = (int64_t{1} << 19) + 4099;
+
+TEST_P(Collectives, AllGatherLargerThanAChunk) {
+  const auto dtype = GetParam();
+  at::Tensor in = input_of(rank(), {kChunked}, dtype, 31);
+  at::Tensor out = at::empty({size() * kChunked}, in.options());
+  all_gather_into(world(), out, in).wait();
+  std::vector<at::Tensor> expected;
+  for (int r = 0; r < size(); ++r) expected.push_back(input_of(r, {kChunked}, dtype, 31));
+  EXPECT_TRUE(tensors_equal(out, at::cat(expected)));
+}
+
+TEST_P(Collectives, ReduceScatterLargerThanAChunk) {
+  const auto dtype = GetParam();
+  const int64_t n = kChunked / size();
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+    if (op == ReduceOp::kAvg && !at::isFloatingType(dtype)) continue;
+    at::Tensor in = input_of(rank(), {size() * n}, dtype, 33);
+    at::Tensor out = at::empty({n}, in.options());
+    reduce_scatter(world(), out, in, op).wait();
+    std::vector<at::Tensor> all, terms;
+    for (int r = 0; r < size(); ++r) {
+      all.push_back(input_of(r, {size() * n}, dtype, 33).to(at::kDouble));
+      terms.push_back(input_of(r, {size() * n}, dtype, 33).narrow(0, rank() * n, n));
+    }
+    at::Tensor stacked = at::stack(all).narrow(1, rank() * n, n);
+    at::Tensor expected = reduce_over_ranks(stacked, op);
+    EXPECT_TRUE(within_summation_bound(out, expected, terms, op)) << "op " << to_string(op);
+  }
+}
+
+TEST_P(Collectives, AllReduceLargerThanAChunk) {
+  const auto dtype = GetParam();
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin}) {
+    if (op == ReduceOp::kAvg && !at::isFloatingType(dtype)) continue;
+    at::Tensor t = input_of(rank(), {kChunked}, dtype, 35);
+    all_reduce(world(), t, op).wait();
+    std::vector<at::Tensor> all, terms;
+    for (int r = 0; r < size(); ++r) {
+      all.push_back(input_of(r, {kChunked}, dtype, 35).to(at::kDouble));
+      terms.push_back(input_of(r, {kChunked}, dtype, 35));
+    }
+    at::Tensor stacked = at::stack(all);
+    at::Tensor expected = reduce_over_ranks(stacked, op);
+    EXPECT_TRUE(within_summation_bound(t, expected, terms, op)) << "op " << to_string(op);
+  }
+}
+
+// Replicas stay replicas: an all-reduce of real-valued data leaves the same
+// bits on every rank (each element is reduced once and copied to all, by
+// the channel and by Gloo's ring alike), checked by gathering the results.
+TEST(CollectivesFloat, AllReduceLeavesTheSameBitsOnEveryRank) {
+  Group& g = *world_group();
+  at::Generator gen = at::detail::createCPUGenerator(91 + g.rank());
+  at::Tensor t = at::randn({kChunked}, gen);
+  all_reduce(g, t).wait();
+  at::Tensor all = at::empty({g.size() * kChunked});
+  all_gather_into(g, all, t).wait();
+  for (int r = 0; r < g.size(); ++r) {
+    EXPECT_TRUE(at::equal(all.narrow(0, r * kChunked, kChunked), t)) << "rank " << r << "'s result";
+  }
+}
+
+// Every member of a group runs on this host: the bulk collectives go
+// through shared memory unless HP_SHM=0 turned that off.
+TEST(CollectivesTransport, GroupsOnOneHostShareMemoryUnlessTurnedOff) {
+  const char* setting = std::getenv("HP_SHM");
+  const bool off = setting && std::string(setting) == "0";
+  EXPECT_EQ(world_group()->shm_channel() != nullptr, !off) << "HP_SHM=" << (setting ? setting : "");
 }
 
 TEST(CollectivesBool, GatherAndReduceBool) {
@@ -332,6 +420,32 @@ TEST(CollectivesCoalesced, GathersSeveralTensorsIntoStridedViews) {
   }
   EXPECT_THAT([&] { all_gather_coalesced(g, outputs, {a, b.to(at::kDouble)}); },
               ThrowsMessage<ArgumentError>(HasSubstr("input 1 is Double but input 0 is Float")));
+}
+
+// fully_shard's fused gather: contiguous outputs (each rank's piece of each
+// parameter), here with inputs that straddle chunk boundaries of the
+// shared-memory channel (one smaller than a chunk between two larger).
+TEST(CollectivesCoalesced, GathersSeveralContiguousTensorsAcrossChunks) {
+  Group& g = *world_group();
+  const int n = g.size();
+  const std::vector<std::vector<int64_t>> shapes = {{kChunked / 2, 3}, {5}, {kChunked + 7}};
+  std::vector<at::Tensor> inputs, gathered;
+  std::vector<std::vector<at::Tensor>> outputs(n);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    inputs.push_back(input_of(g.rank(), shapes[i], at::kDouble, 40 + static_cast<int>(i)));
+    std::vector<int64_t> stacked = shapes[i];
+    stacked.insert(stacked.begin(), n);
+    gathered.push_back(at::zeros(stacked, at::kDouble));
+    for (int r = 0; r < n; ++r) outputs[r].push_back(gathered[i][r]);
+  }
+  all_gather_coalesced(g, outputs, inputs).wait();
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    for (int r = 0; r < n; ++r) {
+      EXPECT_TRUE(tensors_equal(gathered[i][r],
+                                input_of(r, shapes[i], at::kDouble, 40 + static_cast<int>(i))))
+          << "input " << i << " of rank " << r;
+    }
+  }
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include "hp/dist/collective_checks.h"
 #include "hp/dist/collectives.h"
+#include "hp/dist/shm_channel.h"
 #include "hp/dist/world.h"
 #include "hp/util/error.h"
 
@@ -129,6 +130,31 @@ TEST(CollectiveErrors, TimeoutNamesOpRanksSizesAndSequence) {
     EXPECT_LT(waited, 30.0);
   }
   // Everyone meets again on the world group once rank 0 has seen its timeout.
+  barrier(*world_group()).wait();
+}
+
+// A collective that failed in the shared-memory channel leaves the ranks
+// at different points of it: the group refuses every later collective, on
+// every rank, instead of pairing one rank's chunk with another's stale one.
+TEST(CollectiveErrors, AFailedSharedMemoryChannelRefusesLaterCollectivesEverywhere) {
+  std::vector<int> all;
+  for (int r = 0; r < get_world_size(); ++r) all.push_back(r);
+  GroupPtr g = new_group(all, {"shm-failure-test", std::chrono::milliseconds(1500)});
+  if (g->shm_channel() == nullptr) GTEST_SKIP() << "no shared-memory channel (HP_SHM=0)";
+  at::Tensor t = at::ones({2, 3});
+  if (g->rank() == 0) {
+    EXPECT_THAT([&] { all_gather_into(*g, at::empty({g->size() * 6}), t).wait(); },
+                ThrowsMessage<CollectiveError>(HasSubstr("timed out")));
+  }
+  barrier(*world_group()).wait();
+  // Everyone now issues the same collective; on no rank may it run.
+  auto expected = g->rank() == 0
+                      ? HasSubstr("is unusable since an earlier collective failed (timed out")
+                      : HasSubstr("group rank 0 failed in the shared-memory channel");
+  EXPECT_THAT([&] { all_gather_into(*g, at::empty({g->size() * 6}), t).wait(); },
+              ThrowsMessage<CollectiveError>(AllOf(HasSubstr("all_gather failed on group "
+                                                             "'world#shm-failure-test'"),
+                                                   expected)));
   barrier(*world_group()).wait();
 }
 
