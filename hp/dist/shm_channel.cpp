@@ -20,6 +20,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <iostream>
 #include <mutex>
 #include <new>
 #include <random>
@@ -411,7 +412,7 @@ class ShmChannel::Impl {
     for (int spin = 0;; ++spin) {
       const uint32_t seen = header_->arrived.load(std::memory_order_acquire);
       if (static_cast<int32_t>(seen - target) >= 0) return;
-      check_no_peer_failed();
+      check_no_peer_failed(/*waiting=*/true);
       if (spin < kSpins) {
         cpu_relax();
         continue;
@@ -438,12 +439,18 @@ class ShmChannel::Impl {
     }
   }
 
-  void check_no_peer_failed() const {
-    if (const int32_t failed = header_->failed.load(std::memory_order_acquire)) {
-      throw std::runtime_error(cat("group rank ", failed - 1,
-                                   " failed in the shared-memory "
-                                   "channel (its own error says why)"));
+  // `waiting`: this rank has arrived and waits for the others, who are
+  // then named too (the failed rank may not be the one that is missing).
+  void check_no_peer_failed(bool waiting = false) const {
+    const int32_t failed = header_->failed.load(std::memory_order_acquire);
+    if (failed == 0) return;
+    std::string absent_ranks;
+    if (waiting) {
+      absent_ranks = cat(" while this rank waited for group rank(s) ", to_string(absent()));
     }
+    throw std::runtime_error(cat("group rank ", failed - 1,
+                                 " failed in the shared-memory channel (its own error says why)",
+                                 absent_ranks));
   }
 
   // Group ranks not yet at this rank's current meeting.
@@ -507,11 +514,12 @@ std::unique_ptr<ShmChannel> ShmChannel::connect(c10d::Store& store, int rank, in
   // Every member takes every step below, whatever happens to it, so that a
   // rank that cannot map the segment turns the channel off everywhere
   // instead of leaving a peer waiting.
-  std::string refusal;  // why this rank cannot use a channel
+  // Why this rank cannot use a channel: kOff when by choice (HP_SHM=0, a
+  // group size without one), else the error that prevented it.
+  static const std::string kOff = "off";
+  std::string refusal;
   const char* setting = std::getenv("HP_SHM");
-  if (setting && std::string(setting) == "0") refusal = "HP_SHM=0";
-  if (size < 2 || size > kMaxRanks)
-    refusal = cat("group size ", size, " outside [2, ", kMaxRanks, "]");
+  if ((setting && std::string(setting) == "0") || size < 2 || size > kMaxRanks) refusal = kOff;
   const int64_t bytes = segment_bytes(std::min(size, kMaxRanks));
   Mapping mapping;
   std::string name;
@@ -537,7 +545,7 @@ std::unique_ptr<ShmChannel> ShmChannel::connect(c10d::Store& store, int rank, in
     const std::string offer = store_get(store, "shm/segment");
     const size_t space = offer.find(' ');
     if (offer.empty() || space == std::string::npos) {
-      if (refusal.empty()) refusal = "group rank 0 made no segment";
+      if (refusal.empty()) refusal = kOff;  // rank 0 says why
     } else if (refusal.empty()) {
       try {
         mapping = map_segment(offer.substr(0, space), bytes, /*create=*/false);
@@ -556,10 +564,19 @@ std::unique_ptr<ShmChannel> ShmChannel::connect(c10d::Store& store, int rank, in
   if (refusal.empty()) Impl::attach(static_cast<Header*>(mapping.base), rank, pid_namespace());
   store_set(store, cat("shm/ready/", rank), refusal.empty() ? "ok" : refusal);
   bool everyone = true;
-  for (int r = 0; r < size; ++r)
-    everyone = store_get(store, cat("shm/ready/", r)) == "ok" && everyone;
+  std::string errors;
+  for (int r = 0; r < size; ++r) {
+    const std::string ready = store_get(store, cat("shm/ready/", r));
+    everyone = everyone && ready == "ok";
+    if (ready != "ok" && ready != kOff) errors += cat("; group rank ", r, ": ", ready);
+  }
   // Everyone has mapped the segment or given up: the name can go.
   if (rank == 0 && !name.empty()) ::shm_unlink(name.c_str());
+  // Not an error (Gloo carries everything), but slower: say why, once.
+  if (rank == 0 && !errors.empty()) {
+    std::cerr << "hp::dist: " << description << " moves its collectives through Gloo only, "
+              << "without shared memory" << errors << std::endl;
+  }
   if (!everyone) return nullptr;
   return std::unique_ptr<ShmChannel>(
       new ShmChannel(std::make_unique<Impl>(std::move(mapping), rank, size, timeout, description)));
