@@ -229,9 +229,8 @@ class ShmChannel::Impl {
       if (!broken_.empty()) {
         failure = std::make_exception_ptr(
             std::runtime_error(cat("the shared-memory channel of ", description_,
-                                   " is unusable since an earlier "
-                                   "collective failed (",
-                                   broken_, "); no later collective on this group can run")));
+                                   " is unusable since an earlier collective failed (", broken_,
+                                   "); no later collective on this group can run")));
       } else {
         try {
           execute(entry.first);
