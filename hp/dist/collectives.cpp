@@ -464,10 +464,10 @@ Work all_gather_coalesced(Group& group, const std::vector<std::vector<at::Tensor
     // The channel copies bytes: it takes contiguous CPU tensors only (the
     // strided outputs stay on Gloo, which copies into them).
     bool contiguous_cpu = true;
-    for (const at::Tensor& t : inputs) contiguous_cpu = contiguous_cpu && t.is_cpu();
+    for (const at::Tensor& t : inputs) contiguous_cpu = contiguous_cpu && ShmChannel::carries(t);
     for (const auto& row : outputs) {
       for (const at::Tensor& t : row) {
-        contiguous_cpu = contiguous_cpu && t.is_cpu() && t.is_contiguous();
+        contiguous_cpu = contiguous_cpu && ShmChannel::carries(t) && t.is_contiguous();
       }
     }
     if (contiguous_cpu) {
@@ -552,29 +552,27 @@ Work reduce_scatter(Group& group, const at::Tensor& output, const at::Tensor& in
   }
   // Low-precision data travels as its own bits and is summed in fp32 here.
   const bool low = is_low_precision(in.scalar_type());
+  // Where the backend reduces into the output itself (NCCL, the channel),
+  // an average is its sum divided afterwards.
+  std::function<void()> divide_for_average;
+  if (op_kind == ReduceOp::kAvg) divide_for_average = [output, size] { output.div_(size); };
   if (!low && group.backend_type() == BackendType::kNccl) {
     // NCCL: one reduce-scatter into the output itself (no group-size
     // receive buffer); an average is the sum divided afterwards, as on the
     // fallback. bf16 and fp16 keep the fallback's fp32 sum.
-    auto finish = op_kind == ReduceOp::kAvg ? std::function<void()>([output, size] {
-      output.div_(size);
-    }) : std::function<void()>();
     return launch(group, op, std::move(sizes), fp, [&group, output, in, op_kind] {
       at::Tensor out = output.view(-1), flat_in = in.view(-1);
       c10d::ReduceScatterOptions options;
       options.reduceOp = to_c10d(op_kind);
       return group.process_group()._reduce_scatter_base(out, flat_in, options);
-    }, std::move(finish));
+    }, std::move(divide_for_average));
   }
   if (!low && on_channel(group, in, output)) {
     // Straight into the output: no group-size receive buffer, no local sum.
-    auto finish = op_kind == ReduceOp::kAvg
-                      ? std::function<void()>([output, size] { output.div_(size); })
-                      : std::function<void()>();
     return launch_on_channel(group, op, std::move(sizes), fp,
                              {ShmChannel::Kind::kReduceScatter, wire_view(in).view(-1),
                               wire_view(output).view(-1), op_kind},
-                             std::move(finish));
+                             std::move(divide_for_average));
   }
   at::Tensor send = wire_view(in).view(-1);
   at::Tensor recv;

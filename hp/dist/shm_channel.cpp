@@ -122,6 +122,12 @@ bool process_alive(int pid) {
   return close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'Z';
 }
 
+// Records this process in its rank's entry, for the peers' liveness checks.
+void attach(Header* header, int rank) {
+  header->ranks[rank].pid = static_cast<int32_t>(::getpid());
+  header->ranks[rank].pid_namespace = pid_namespace();
+}
+
 std::string errno_text(const char* what) { return cat(what, ": ", std::strerror(errno)); }
 
 // Maps the named segment; `create` makes it (with its pages reserved, so a
@@ -180,7 +186,6 @@ class ShmChannel::Impl {
         size_(size),
         timeout_(timeout),
         description_(std::move(description)),
-        pid_namespace_(pid_namespace()),
         thread_([this] { run(); }) {}
 
   ~Impl() {
@@ -467,11 +472,12 @@ class ShmChannel::Impl {
   void check_absent_alive() const {
     for (int r : absent()) {
       const RankInfo& info = header_->ranks[r];
-      if (info.pid_namespace == 0 || info.pid_namespace != pid_namespace_) continue;
+      const uint64_t mine = header_->ranks[rank_].pid_namespace;
+      if (info.pid_namespace == 0 || info.pid_namespace != mine) continue;
       if (!process_alive(info.pid)) {
         throw std::runtime_error(cat("group rank ", r, " (pid ", info.pid,
-                                     ") exited while this "
-                                     "rank waited for it in the shared-memory channel"));
+                                     ") exited while this rank waited for it in the "
+                                     "shared-memory channel"));
       }
     }
   }
@@ -481,7 +487,6 @@ class ShmChannel::Impl {
   const int rank_, size_;
   const std::chrono::milliseconds timeout_;
   const std::string description_;
-  const uint64_t pid_namespace_;
   // The channel thread's own state.
   uint32_t meetings_ = 0;
   uint64_t chunks_ = 0;
@@ -492,12 +497,6 @@ class ShmChannel::Impl {
   std::deque<Entry> queue_;
   bool stopping_ = false;
   std::thread thread_;  // last: starts once everything above exists
-
-  friend class ShmChannel;
-  static void attach(Header* header, int rank, uint64_t pid_ns) {
-    header->ranks[rank].pid = static_cast<int32_t>(::getpid());
-    header->ranks[rank].pid_namespace = pid_ns;
-  }
 };
 
 ShmChannel::ShmChannel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -560,7 +559,7 @@ std::unique_ptr<ShmChannel> ShmChannel::connect(c10d::Store& store, int rank, in
       }
     }
   }
-  if (refusal.empty()) Impl::attach(static_cast<Header*>(mapping.base), rank, pid_namespace());
+  if (refusal.empty()) attach(static_cast<Header*>(mapping.base), rank);
   store_set(store, cat("shm/ready/", rank), refusal.empty() ? "ok" : refusal);
   bool everyone = true;
   std::string errors;
