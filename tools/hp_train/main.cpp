@@ -31,6 +31,7 @@
 #include "hp/dist/launch_env.h"
 #include "hp/dist/world.h"
 #include "hp/util/error.h"
+#include "hp/util/host_memory.h"
 #include "hp/util/memory_stats.h"
 #include "hp/util/trace.h"
 #include "tools/hp_train/checkpointing.h"
@@ -109,6 +110,9 @@ int dry_run(const TrainOptions& options, const Parallelism& parallelism, const W
 
 int run(const TrainOptions& options) {
   at::set_num_threads(options.threads);
+  // What one step frees, the next reuses instead of faulting it in again
+  // (hp/util/host_memory.h); HP_RETAIN_HOST_MEMORY=0 leaves malloc alone.
+  hp::retain_freed_host_memory();
 
   // --- everything that can be wrong with the input, before any collective ---
   const World world = read_world();

@@ -1,0 +1,38 @@
+// Host memory that a training step frees is kept for the next step.
+//
+// A step allocates and frees the same activations, gradients and gathered
+// parameters every time. glibc's malloc serves the large ones from its heap
+// once its mmap threshold has risen to their size (it raises the threshold on
+// its own, up to 32 MiB), but it hands free memory at the top of the heap
+// back to the kernel whenever that exceeds twice the threshold: at the end
+// of every backward, when the step's activations go. The next step faults
+// every page in again and the kernel zeroes it: on hp-bench's GPT, thousands
+// of faults and about 10 ms of kernel time per step (docs/design.md, "Host
+// memory between steps").
+//
+// retain_freed_host_memory() sets the mmap threshold to kRetainedBlockBytes,
+// the most glibc would raise it to itself, and the trim threshold to
+// kRetainedTopBytes, so the heap keeps what a step freed. The cost: the
+// resident size stays near its peak (the peak itself does not grow), as a
+// caching allocator's does. Blocks above kRetainedBlockBytes are still mapped
+// and unmapped per allocation, as without it.
+//
+// Process-wide and lasting; meant for a program's start (hp-train and
+// hp-bench call it first thing). Thread-safe. The environment variable
+// HP_RETAIN_HOST_MEMORY=0 makes it change nothing.
+#pragma once
+
+#include <cstdint>
+
+namespace hp {
+
+inline constexpr int64_t kRetainedBlockBytes = int64_t{32} << 20;
+inline constexpr int64_t kRetainedTopBytes = int64_t{1} << 30;
+
+// True when malloc now keeps freed memory; false, changing nothing, under
+// HP_RETAIN_HOST_MEMORY=0 or where the C library is not glibc. Raises
+// ArgumentError for another value of HP_RETAIN_HOST_MEMORY than 0 or 1, and
+// std::runtime_error if glibc refuses a setting.
+bool retain_freed_host_memory();
+
+}  // namespace hp
