@@ -31,6 +31,7 @@
 #include "hp/nn/loss.h"
 #include "hp/plan/parallel_layout.h"
 #include "hp/util/error.h"
+#include "hp/util/host_memory.h"
 #include "hp/util/memory_stats.h"
 #include "hp/util/op_profile.h"
 #include "tools/hp_train/batches.h"
@@ -57,11 +58,17 @@ int64_t current_rss_bytes() {
   return 0;
 }
 
-int64_t peak_rss_bytes() {
+rusage process_usage() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
-  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // KiB on Linux
+  return usage;
 }
+
+int64_t peak_rss_bytes() {
+  return static_cast<int64_t>(process_usage().ru_maxrss) * 1024;  // KiB on Linux
+}
+
+double seconds(const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * t.tv_usec; }
 
 using Clock = std::chrono::steady_clock;
 
@@ -111,6 +118,7 @@ RowSpec row_spec(const std::string& row, int world) {
 
 int run_gpt_worker(const std::string& row, const BenchConfig& c) {
   at::set_num_threads(1);
+  hp::retain_freed_host_memory();  // as hp-train does
   const bool distributed = row != "single";
   RowSpec spec;
   // Loaded before memory tracking: the token stream is the same everywhere.
@@ -174,6 +182,7 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
   reset_peak_memory();
   OpProfile op_profile;  // --profile-ops: the timed steps' ops, not the warm-up's
   if (!c.profile_ops_dir.empty()) op_profile.start();
+  const rusage usage_start = process_usage();
   std::vector<double> times, losses;
   for (int64_t i = 0; i < c.steps; ++i) {
     const auto t0 = Clock::now();
@@ -182,6 +191,7 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
     losses.push_back(loss.item<double>());
     if (c.warmup == 0 && i == 0) first_loss = losses.back();
   }
+  const rusage usage_end = process_usage();
   std::optional<OpProfileResult> ops;
   if (op_profile.active()) ops = op_profile.stop();
   const dist::CommStats stats = dist::comm_stats();
@@ -198,6 +208,10 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
   }
   for (dist::OpType op : dist::kOpTypes) mine.push_back(static_cast<double>(stats[op]));
   for (double v : {stats.comm_seconds, stats.wait_seconds, first_loss}) mine.push_back(v);
+  // The whole process (every thread) over the timed steps, per step.
+  const double steps = static_cast<double>(c.steps);
+  mine.push_back((seconds(usage_end.ru_stime) - seconds(usage_start.ru_stime)) / steps);
+  mine.push_back(static_cast<double>(usage_end.ru_minflt - usage_start.ru_minflt) / steps);
   const int64_t width = static_cast<int64_t>(mine.size());
   at::Tensor local = torch::tensor(mine, torch::kDouble);
   at::Tensor all = local.view({1, width});
@@ -251,7 +265,7 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
     out["losses"] = loss_mean;
     double first = 0;
     std::vector<int64_t> peaks, rss, current;
-    std::vector<double> comm_s, wait_s;
+    std::vector<double> comm_s, wait_s, kernel_s, faults;
     nlohmann::json counts = nlohmann::json::array();
     for (int r = 0; r < world; ++r) {
       const int64_t b = 2 * n;
@@ -267,6 +281,8 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
       comm_s.push_back(at_rank(r, field));
       wait_s.push_back(at_rank(r, field + 1));
       first += at_rank(r, field + 2) / world;
+      kernel_s.push_back(at_rank(r, field + 3));
+      faults.push_back(at_rank(r, field + 4));
     }
     out["first_loss"] = std::isnan(first) ? nlohmann::json(nullptr) : nlohmann::json(first);
     out["peak_bytes_per_rank"] = peaks;
@@ -277,6 +293,8 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
     out["collective_counts_per_rank"] = counts;  // over the timed steps
     out["comm_seconds_per_rank"] = comm_s;
     out["wait_seconds_per_rank"] = wait_s;
+    out["kernel_s_per_step_per_rank"] = kernel_s;
+    out["page_faults_per_step_per_rank"] = faults;
     std::cout << kResultMarker << out.dump() << std::endl;
   }
   if (distributed) {

@@ -104,6 +104,30 @@ void add_memory(json& row, const Row& spec, const std::vector<json>& runs) {
       "getrusage ru_maxrss at the end minus VmRSS before the model was built, max over ranks";
 }
 
+// What the process cost the kernel per timed step (getrusage over the timed
+// steps, every thread): kernel CPU time and minor page faults, averaged over
+// the ranks, the median over the rounds. Unlike step times, these hardly
+// move with the machine's load.
+void add_kernel_work(json& row, const std::vector<json>& runs) {
+  struct Figure {
+    const char* key;  // the worker's, per rank
+    const char* name;
+    double scale;
+  };
+  for (const Figure& f : {Figure{"kernel_s_per_step_per_rank", "kernel_ms_per_step", 1e3},
+                          Figure{"page_faults_per_step_per_rank", "page_faults_per_step", 1.0}}) {
+    std::vector<double> by_round;
+    for (const auto& r : runs) {
+      if (!r.contains(f.key)) continue;
+      const auto each = r[f.key].get<std::vector<double>>();
+      double sum = 0;
+      for (double v : each) sum += v;
+      by_round.push_back(sum / static_cast<double>(each.size()));
+    }
+    row[f.name] = by_round.empty() ? json(nullptr) : number_or_null(f.scale * median(by_round));
+  }
+}
+
 // A PyTorch row's own count of its collectives (the last round's).
 void add_torch_collectives(json& row, const json& last) {
   const json& coll = last["collectives"];
@@ -169,8 +193,9 @@ json named_row(const Row& spec, const BenchConfig& c) {
 
 // The figures a row without measurements has, all null.
 void add_unmeasured(json& row) {
-  for (const char* key : {"step_time_s_median", "tokens_per_s", "peak_bytes_per_rank",
-                          "collectives_per_step", "exposed_comm_fraction"}) {
+  for (const char* key :
+       {"step_time_s_median", "tokens_per_s", "peak_bytes_per_rank", "collectives_per_step",
+        "exposed_comm_fraction", "kernel_ms_per_step", "page_faults_per_step"}) {
     row[key] = nullptr;
   }
 }
@@ -205,6 +230,7 @@ json summarize_row(const Row& spec, const std::vector<json>& runs, const BenchCo
   json row = named_row(spec, c);
   const std::vector<double> times = add_timing(row, spec, runs, c);
   add_memory(row, spec, runs);
+  add_kernel_work(row, runs);
   const json& last = runs.back();
   if (spec.torch()) {
     add_torch_collectives(row, last);

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <utility>
 
+#include "bench/rows.h"
+
 namespace hp::bench {
 
 using json = nlohmann::json;
@@ -209,6 +211,34 @@ json fused_peak_target(const json& rows, const std::string& name) {
   return t;
 }
 
+// Our rows reuse the memory a step frees (hp/util/host_memory.h), so a
+// steady step faults in next to no pages. Any block handed back to the
+// kernel and allocated again costs all its pages: 512 for one 2 MiB
+// attention buffer. So the limit, 64 pages per step, catches every returned
+// block of 256 KiB or more while leaving room for stray small pages.
+json page_faults_target(const json& rows) {
+  constexpr double kLimit = 64;
+  json t = {{"what",
+             "minor page faults per timed step of each of our rows <= 64 (freed memory "
+             "is reused, not faulted in again)"},
+            {"limit", kLimit}};
+  json each = json::object();
+  double worst = 0;
+  for (const auto& r : rows) {
+    const std::string name = r["name"];
+    if (find_row_spec(name).torch() || r.value("page_faults_per_step", json(nullptr)).is_null()) {
+      continue;
+    }
+    each[name] = r["page_faults_per_step"];
+    worst = std::max(worst, r["page_faults_per_step"].get<double>());
+  }
+  if (each.empty()) return unmeasured(t);
+  t["value"] = worst;
+  t["each_row"] = each;
+  t["pass"] = worst <= kLimit;
+  return t;
+}
+
 }  // namespace
 
 const std::vector<RatioTarget>& ratio_targets() { return kRatioTargets; }
@@ -227,6 +257,7 @@ json compute_targets(const json& rows, const BenchConfig& c) {
     targets["exposed_comm_" + name] = exposed_comm_target(rows, name);
   }
   targets["plan_vs_measured"] = plan_target(rows);
+  targets["page_faults_per_step"] = page_faults_target(rows);
   for (const std::string name : {"fsdp_fused", "fsdp_fused_prefetch"}) {
     targets["peak_memory_" + name] = fused_peak_target(rows, name);
   }

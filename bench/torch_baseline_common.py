@@ -135,7 +135,8 @@ def parse_args(description):
 
 def timed_steps(step, warmup, steps, after_warmup, profiler=None):
     """Runs warmup + steps steps, the timed ones under `profiler` if any; returns
-    (first loss, timed seconds, timed losses, seconds of the whole timed loop)."""
+    (first loss, timed seconds, timed losses, seconds of the whole timed loop, the
+    process's kernel seconds and minor page faults over the timed loop)."""
     first_loss = float("nan")
     for s in range(warmup):
         loss = step(s)
@@ -145,6 +146,7 @@ def timed_steps(step, warmup, steps, after_warmup, profiler=None):
     times, losses = [], []
     if profiler is not None:
         profiler.start()
+    usage_start = resource.getrusage(resource.RUSAGE_SELF)
     t_start = time.perf_counter()
     for i in range(steps):
         t0 = time.perf_counter()
@@ -154,9 +156,12 @@ def timed_steps(step, warmup, steps, after_warmup, profiler=None):
         if warmup == 0 and i == 0:
             first_loss = losses[-1]
     timed_s = time.perf_counter() - t_start
+    usage_end = resource.getrusage(resource.RUSAGE_SELF)
     if profiler is not None:
         profiler.stop()
-    return first_loss, times, losses, timed_s
+    kernel_s = usage_end.ru_stime - usage_start.ru_stime
+    faults = usage_end.ru_minflt - usage_start.ru_minflt
+    return first_loss, times, losses, timed_s, kernel_s, faults
 
 
 def op_profiler(directory):
@@ -253,17 +258,18 @@ def run(baseline, description):
         return loss.detach()
 
     profiler = op_profiler(args.profile_ops)
-    first_loss, times, losses, profiled_s = timed_steps(step, args.warmup, args.worker_steps,
-                                                        baseline.after_warmup, profiler)
+    first_loss, times, losses, profiled_s, kernel_s, faults = timed_steps(
+        step, args.warmup, args.worker_steps, baseline.after_warmup, profiler)
     extra = baseline.result_fields(wrapped, args.worker_steps)
     rss_delta = peak_rss_bytes() - rss_before_model
     if profiler is not None:  # after the measurements: reading the events allocates
         write_ops_file(args.profile_ops, baseline.row, rank, args.worker_steps, profiler,
                        profiled_s)
-    mine = torch.tensor(times + losses + [float(rss_delta), first_loss], dtype=torch.float64)
+    n = args.worker_steps
+    mine = torch.tensor(times + losses + [float(rss_delta), first_loss, kernel_s / n, faults / n],
+                        dtype=torch.float64)
     allr = gather_rows(mine, world, baseline.distributed)
     if rank == 0:
-        n = args.worker_steps
         out = {
             "row": baseline.row,
             "ranks": world,
@@ -276,6 +282,8 @@ def run(baseline, description):
             "losses": allr[:, n:2 * n].mean(dim=0).tolist(),
             "first_loss": float(allr[:, 2 * n + 1].mean()),
             "peak_rss_delta_bytes_per_rank": [int(v) for v in allr[:, 2 * n].tolist()],
+            "kernel_s_per_step_per_rank": allr[:, 2 * n + 2].tolist(),
+            "page_faults_per_step_per_rank": allr[:, 2 * n + 3].tolist(),
         }
         out.update(extra)
         print(MARKER + json.dumps(out), flush=True)

@@ -185,6 +185,45 @@ TEST(BenchTargets, ARatioFromOneRoundHasNoRange) {
   EXPECT_EQ(target_value(t), "0.75");
 }
 
+TEST(BenchSummary, KernelWorkIsTheRanksMeanMedianOverRounds) {
+  json runs = json::array();
+  for (double faults : {10.0, 30.0, 2000.0}) {  // the last round: a noisy one
+    json run = torch_single_run();
+    run["kernel_s_per_step_per_rank"] = {0.001 * faults, 0.003 * faults};
+    run["page_faults_per_step_per_rank"] = {faults, 3 * faults};
+    runs.push_back(run);
+  }
+  const json row = summarize_row(find_row_spec("torch_single"), runs, BenchConfig{});
+  // Round means 20, 60, 4000 faults; the median is the second round's.
+  EXPECT_DOUBLE_EQ(row["page_faults_per_step"].get<double>(), 60.0);
+  EXPECT_DOUBLE_EQ(row["kernel_ms_per_step"].get<double>(), 60.0);  // 0.06 s
+  // A result line without the figures leaves them null.
+  const json older =
+      summarize_row(find_row_spec("torch_single"), {torch_single_run()}, BenchConfig{});
+  EXPECT_TRUE(older["page_faults_per_step"].is_null());
+}
+
+TEST(BenchTargets, PageFaultsAreJudgedOnOurRowsOnly) {
+  json single = timed_row("single", 0.3), ddp = timed_row("ddp", 0.3),
+       torch = timed_row("torch_single", 0.3);
+  single["page_faults_per_step"] = 3.0;
+  ddp["page_faults_per_step"] = 12.0;
+  ddp["exposed_comm_fraction"] = nullptr;  // as the summary of a row has it
+  torch["page_faults_per_step"] = 2500.0;  // PyTorch's are reported, not judged
+  const json t =
+      compute_targets(json::array({single, ddp, torch}), BenchConfig{})["page_faults_per_step"];
+  EXPECT_EQ(t["value"], 12.0);
+  EXPECT_EQ(t["pass"], true);
+  EXPECT_FALSE(t["each_row"].contains("torch_single"));
+  // One block of 2 MiB returned and faulted in again each step: 512 pages.
+  ddp["page_faults_per_step"] = 512.0;
+  EXPECT_EQ(
+      compute_targets(json::array({single, ddp}), BenchConfig{})["page_faults_per_step"]["pass"],
+      false);
+  EXPECT_TRUE(compute_targets(json::array({torch}), BenchConfig{})["page_faults_per_step"]["pass"]
+                  .is_null());
+}
+
 TEST(BenchSummary, FailedAndSkippedRowsHaveNullFigures) {
   BenchConfig c;
   const json failed = failed_row(find_row_spec("hsdp_fused_prefetch"), "round 1: boom", c);

@@ -26,7 +26,8 @@ import torch  # noqa: E402
 FLAGS = {"--vocab": 64, "--seq": 8, "--d": 16, "--heads": 2, "--layers": 1, "--ctx": 8,
          "--batch": 2, "--worker-steps": 2, "--warmup": 1, "--seed": 7}
 KEYS = {"row", "ranks", "torch_version", "threads", "parameters", "steps", "warmup",
-        "step_times_s", "losses", "first_loss", "peak_rss_delta_bytes_per_rank", "collectives"}
+        "step_times_s", "losses", "first_loss", "peak_rss_delta_bytes_per_rank", "collectives",
+        "kernel_s_per_step_per_rank", "page_faults_per_step_per_rank"}
 
 
 def result_of(argv):
@@ -47,6 +48,8 @@ def check_result(r, row, ranks):
     assert r["row"] == row and r["ranks"] == ranks, r
     assert len(r["step_times_s"]) == FLAGS["--worker-steps"], r
     assert len(r["peak_rss_delta_bytes_per_rank"]) == ranks, r
+    for key in ("kernel_s_per_step_per_rank", "page_faults_per_step_per_rank"):
+        assert len(r[key]) == ranks and all(v >= 0 for v in r[key]), (key, r)
     assert all(math.isfinite(v) for v in r["losses"] + [r["first_loss"]]), r
     assert "method" in r["collectives"], r
 
