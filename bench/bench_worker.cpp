@@ -20,6 +20,7 @@
 #include <optional>
 #include <sstream>
 
+#include "bench/median.h"
 #include "bench/op_compare.h"
 #include "hp/dist/collectives.h"
 #include "hp/dist/comm_stats.h"
@@ -183,11 +184,13 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
   OpProfile op_profile;  // --profile-ops: the timed steps' ops, not the warm-up's
   if (!c.profile_ops_dir.empty()) op_profile.start();
   const rusage usage_start = process_usage();
-  std::vector<double> times, losses;
+  std::vector<double> times, losses, step_faults;
   for (int64_t i = 0; i < c.steps; ++i) {
+    const long faults_before = process_usage().ru_minflt;  // outside the timed span
     const auto t0 = Clock::now();
     at::Tensor loss = step(c.warmup + i);
     times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    step_faults.push_back(static_cast<double>(process_usage().ru_minflt - faults_before));
     losses.push_back(loss.item<double>());
     if (c.warmup == 0 && i == 0) first_loss = losses.back();
   }
@@ -208,10 +211,12 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
   }
   for (dist::OpType op : dist::kOpTypes) mine.push_back(static_cast<double>(stats[op]));
   for (double v : {stats.comm_seconds, stats.wait_seconds, first_loss}) mine.push_back(v);
-  // The whole process (every thread) over the timed steps, per step.
-  const double steps = static_cast<double>(c.steps);
-  mine.push_back((seconds(usage_end.ru_stime) - seconds(usage_start.ru_stime)) / steps);
-  mine.push_back(static_cast<double>(usage_end.ru_minflt - usage_start.ru_minflt) / steps);
+  // The whole process (every thread): kernel time per step over the timed
+  // steps, and the median step's page faults (what every step pays, not a
+  // one-off of the first timed steps).
+  mine.push_back((seconds(usage_end.ru_stime) - seconds(usage_start.ru_stime)) /
+                 static_cast<double>(c.steps));
+  mine.push_back(median(step_faults));
   const int64_t width = static_cast<int64_t>(mine.size());
   at::Tensor local = torch::tensor(mine, torch::kDouble);
   at::Tensor all = local.view({1, width});

@@ -104,10 +104,10 @@ void add_memory(json& row, const Row& spec, const std::vector<json>& runs) {
       "getrusage ru_maxrss at the end minus VmRSS before the model was built, max over ranks";
 }
 
-// What the process cost the kernel per timed step (getrusage over the timed
-// steps, every thread): kernel CPU time and minor page faults, averaged over
-// the ranks, the median over the rounds. Unlike step times, these hardly
-// move with the machine's load.
+// What the process cost the kernel per timed step (getrusage, every
+// thread): kernel CPU time over the timed steps and the median step's minor
+// page faults, averaged over the ranks, the median over the rounds. Unlike
+// step times, these hardly move with the machine's load.
 void add_kernel_work(json& row, const std::vector<json>& runs) {
   struct Figure {
     const char* key;  // the worker's, per rank

@@ -27,6 +27,7 @@ import importlib.util
 import json
 import os
 import resource
+import statistics
 import sys
 import time
 
@@ -136,7 +137,7 @@ def parse_args(description):
 def timed_steps(step, warmup, steps, after_warmup, profiler=None):
     """Runs warmup + steps steps, the timed ones under `profiler` if any; returns
     (first loss, timed seconds, timed losses, seconds of the whole timed loop, the
-    process's kernel seconds and minor page faults over the timed loop)."""
+    process's kernel seconds over the timed loop, and the median step's minor page faults)."""
     first_loss = float("nan")
     for s in range(warmup):
         loss = step(s)
@@ -148,10 +149,13 @@ def timed_steps(step, warmup, steps, after_warmup, profiler=None):
         profiler.start()
     usage_start = resource.getrusage(resource.RUSAGE_SELF)
     t_start = time.perf_counter()
+    step_faults = []
     for i in range(steps):
+        faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt  # outside the timing
         t0 = time.perf_counter()
         loss = step(warmup + i)
         times.append(time.perf_counter() - t0)
+        step_faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before)
         losses.append(loss.item())
         if warmup == 0 and i == 0:
             first_loss = losses[-1]
@@ -160,8 +164,7 @@ def timed_steps(step, warmup, steps, after_warmup, profiler=None):
     if profiler is not None:
         profiler.stop()
     kernel_s = usage_end.ru_stime - usage_start.ru_stime
-    faults = usage_end.ru_minflt - usage_start.ru_minflt
-    return first_loss, times, losses, timed_s, kernel_s, faults
+    return first_loss, times, losses, timed_s, kernel_s, statistics.median(step_faults)
 
 
 def op_profiler(directory):
@@ -266,7 +269,7 @@ def run(baseline, description):
         write_ops_file(args.profile_ops, baseline.row, rank, args.worker_steps, profiler,
                        profiled_s)
     n = args.worker_steps
-    mine = torch.tensor(times + losses + [float(rss_delta), first_loss, kernel_s / n, faults / n],
+    mine = torch.tensor(times + losses + [float(rss_delta), first_loss, kernel_s / n, faults],
                         dtype=torch.float64)
     allr = gather_rows(mine, world, baseline.distributed)
     if rank == 0:
