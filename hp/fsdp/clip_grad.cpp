@@ -101,9 +101,11 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
   }
   if (scaled.empty()) return at::zeros({}, at::kDouble);
 
-  // The norm lives where the collectives run (a GPU for NCCL groups, whose
-  // tensors cannot be on the CPU), else with the first gradient.
-  const c10::Device device = splits.empty() ? scaled[0].device() : splits[0].groups[0]->device();
+  // The norm is returned with the first gradient, as torch's
+  // clip_grad_norm_ returns it; each reduction runs on its group's device
+  // (a GPU for NCCL, whose tensors cannot be on the CPU; the host for Gloo,
+  // also with CUDA gradients) and its result comes back here.
+  const c10::Device device = scaled[0].device();
   std::vector<at::Tensor> parts;
   if (!local_values.empty()) parts.push_back(combine(local_values, device, inf_norm));
   for (const Split& split : splits) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -248,12 +249,16 @@ TEST_F(OnCuda, StateDictRoundTripAndCpuOffload) {
 
 TEST_F(OnCuda, FromLocalRunCheckGathersShapesOnTheGroupsDevice) {
   const int64_t w = mesh_->size(), r = mesh_->coordinate(0);
-  // Uneven rows: rank r holds r + 1 of them; run_check infers the total.
-  at::Tensor local = at::full({r + 1, 3}, double(r), at::TensorOptions(at::kFloat).device(device_));
+  // Uneven rows, as torch.chunk splits 2w - 1 of them: two per rank, one on
+  // the last (of two or more). run_check infers the total from the local
+  // shapes and checks each against Shard(0)'s piece.
+  const int64_t total = 2 * w - 1, chunk = (total + w - 1) / w;
+  const int64_t rows = std::clamp<int64_t>(total - chunk * r, 0, chunk);
+  at::Tensor local = at::full({rows, 3}, double(r), at::TensorOptions(at::kFloat).device(device_));
   FromLocalOptions check;
   check.run_check = true;
   DTensor d = from_local(local, Layout(mesh_, {Shard(0)}), check);
-  EXPECT_EQ(d.sizes(), (std::vector<int64_t>{w * (w + 1) / 2, 3}));
+  EXPECT_EQ(d.sizes(), (std::vector<int64_t>{total, 3}));
 }
 
 TEST_F(OnCuda, CheckpointSavesAndLoadsGpuShards) {
