@@ -111,4 +111,20 @@ int local_cuda_index(const LaunchEnv& env, int device_count) {
   return env.local_rank % device_count;
 }
 
+std::vector<std::pair<std::string, std::string>> nccl_env_for_shared_gpus(
+    const LaunchEnv& env, int device_count, const std::string& hostname,
+    const EnvLookup& lookup) {
+  std::vector<std::pair<std::string, std::string>> set;
+  if (!env.share_gpus || device_count <= 0 || env.local_world_size <= device_count) return set;
+  if (!lookup("NCCL_HOSTID")) {
+    set.emplace_back("NCCL_HOSTID", cat(hostname, ":hp-local-rank-", env.local_rank));
+  }
+  // Ranks on other hosts are reached through a real interface, which NCCL
+  // picks itself; a job on this host alone needs none but loopback.
+  if (env.world_size == env.local_world_size && !lookup("NCCL_SOCKET_IFNAME")) {
+    set.emplace_back("NCCL_SOCKET_IFNAME", "lo");
+  }
+  return set;
+}
+
 }  // namespace hp::dist

@@ -13,6 +13,8 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace hp::dist {
 
@@ -47,5 +49,19 @@ bool started_by_launcher(const EnvLookup& lookup = process_env);
 // by accident halve its memory and, over NCCL, fail inside the first
 // collective ("Duplicate GPU detected"), so sharing has to be asked for.
 int local_cuda_index(const LaunchEnv& env, int device_count);
+
+// The NCCL variables that let local ranks share a GPU (env.share_gpus with
+// more local ranks than the `device_count` GPUs): NCCL refuses two ranks
+// with the same host hash on one device ("Duplicate GPU detected"), so each
+// rank gets an NCCL_HOSTID of its own ("<hostname>:hp-local-rank-<r>"),
+// which makes NCCL treat it as a host of its own and connect the ranks
+// through its socket transport, and, when the whole job is on this host,
+// NCCL_SOCKET_IFNAME=lo. Variables the environment already sets are left
+// alone; nothing is returned when no GPU is shared. For correctness checks
+// only: the traffic goes through host memory and the ranks' kernels share
+// the GPU, so it says nothing about overlap or speed.
+std::vector<std::pair<std::string, std::string>> nccl_env_for_shared_gpus(
+    const LaunchEnv& env, int device_count, const std::string& hostname,
+    const EnvLookup& lookup = process_env);
 
 }  // namespace hp::dist

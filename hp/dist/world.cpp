@@ -12,6 +12,8 @@
 #include <optional>
 #include <tuple>
 
+#include <unistd.h>
+
 #include "hp/dist/shm_channel.h"
 #include "hp/util/error.h"
 #include "hp/util/torch_compat.h"
@@ -157,6 +159,16 @@ void init_process_group(const InitOptions& options) {
                options.timeout.count());
   auto w = std::make_unique<World>();
   w->env = read_launch_env();
+  // Before any NCCL communicator exists: NCCL reads these when it first
+  // initialises (launch_env.h says why ranks sharing a GPU need them).
+  if (compat::has_nccl()) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    for (const auto& [name, value] :
+         nccl_env_for_shared_gpus(w->env, compat::cuda_device_count(), host)) {
+      ::setenv(name.c_str(), value.c_str(), /*overwrite=*/0);
+    }
+  }
   w->timeout = options.timeout.count() > 0 ? options.timeout : default_timeout();
   w->threads = options.threads;
 

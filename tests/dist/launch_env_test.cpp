@@ -166,5 +166,40 @@ TEST(LocalCudaIndex, IsTheLocalRankAndRefusesSharingUnlessAsked) {
                                 HasSubstr("HP_SHARE_GPUS must be 0 or 1, got 'yes'")));
 }
 
+// Ranks sharing a GPU on purpose get an NCCL host id each (NCCL otherwise
+// refuses them as one host's duplicate GPU) and, in a job on this host
+// alone, loopback for NCCL's sockets; nothing is set without sharing, and a
+// variable the user set is left alone.
+TEST(NcclEnvForSharedGpus, DistinctHostIdPerLocalRankOnlyWhenSharing) {
+  using Vars = std::vector<std::pair<std::string, std::string>>;
+  Env env = {{"RANK", "1"},        {"WORLD_SIZE", "2"},          {"LOCAL_RANK", "1"},
+             {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"},
+             {"HP_SHARE_GPUS", "1"}};
+  const LaunchEnv sharing = read_launch_env(lookup_in(env));
+  EXPECT_EQ(nccl_env_for_shared_gpus(sharing, 1, "node7", lookup_in(env)),
+            (Vars{{"NCCL_HOSTID", "node7:hp-local-rank-1"}, {"NCCL_SOCKET_IFNAME", "lo"}}));
+  // One GPU per rank: nothing shared, nothing set.
+  EXPECT_TRUE(nccl_env_for_shared_gpus(sharing, 2, "node7", lookup_in(env)).empty());
+  EXPECT_TRUE(nccl_env_for_shared_gpus(sharing, 0, "node7", lookup_in(env)).empty());
+  // Without HP_SHARE_GPUS, local_cuda_index refuses the job first.
+  Env refused = env;
+  refused.erase("HP_SHARE_GPUS");
+  EXPECT_TRUE(nccl_env_for_shared_gpus(read_launch_env(lookup_in(refused)), 1, "node7",
+                                       lookup_in(refused))
+                  .empty());
+  // The user's own settings win.
+  Env own = env;
+  own["NCCL_HOSTID"] = "mine";
+  own["NCCL_SOCKET_IFNAME"] = "eth0";
+  EXPECT_TRUE(nccl_env_for_shared_gpus(sharing, 1, "node7", lookup_in(own)).empty());
+  // Ranks on other hosts: NCCL picks a real interface itself.
+  Env two_hosts = env;
+  two_hosts["WORLD_SIZE"] = "4";
+  two_hosts["RANK"] = "3";
+  EXPECT_EQ(nccl_env_for_shared_gpus(read_launch_env(lookup_in(two_hosts)), 1, "node7",
+                                     lookup_in(two_hosts)),
+            (Vars{{"NCCL_HOSTID", "node7:hp-local-rank-1"}}));
+}
+
 }  // namespace
 }  // namespace hp::dist
