@@ -8,6 +8,7 @@
 // A CUDA libtorch's CMake targets define USE_C10D_NCCL and bring the CUDA
 // include directories this header needs.
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#include <ATen/cuda/CUDAContext.h>
 #endif
 
 #include <cctype>
@@ -105,6 +106,19 @@ c10::Device set_current_cuda_device(int index) {
   c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
   c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->setDevice(device);
   return device;
+}
+
+std::string cuda_device_name(int index) {
+  require_cuda("cuda_device_name");
+  HP_CHECK_ARG(index >= 0 && index < cuda_device_count(), "CUDA device index ", index,
+               " is out of range for ", cuda_device_count(), " device(s)");
+#ifdef USE_C10D_NCCL
+  return at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(index))->name;
+#else
+  HP_CHECK_ARG(false, "cuda_device_name: this build of the project has no CUDA runtime headers "
+               "(libtorch ", TORCH_VERSION, " without NCCL)");
+  return "";
+#endif
 }
 
 }  // namespace hp::compat

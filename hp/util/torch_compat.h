@@ -153,5 +153,8 @@ void require_cuda(const std::string& what);
 // Makes CUDA device `index` the calling thread's current device and returns
 // it (which index a rank uses is hp::dist::local_cuda_index's choice).
 c10::Device set_current_cuda_device(int index);
+// The name CUDA gives device `index` ("NVIDIA H100 80GB HBM3"). Raises as
+// require_cuda does, and names a build without the CUDA runtime's headers.
+std::string cuda_device_name(int index);
 
 }  // namespace hp::compat
