@@ -12,10 +12,13 @@
 #include <mutex>
 #include <optional>
 #include <ostream>
+#include <utility>
+#include <vector>
 
 #include "hp/dist/collective_checks.h"
 #include "hp/dist/comm_stats.h"
 #include "hp/dist/shm_channel.h"
+#include "hp/util/cuda_timer.h"
 #include "hp/util/error.h"
 #include "hp/util/torch_compat.h"
 #include "hp/util/trace.h"
@@ -265,10 +268,50 @@ CommStats comm_stats() {
   return stats;
 }
 
+namespace {
+
+// The stream waits timed by Work::wait() (set_stream_wait_timing).
+// Each read folds the timers into `seconds` and drops them: no CUDA event
+// outlives the reading, so none is left for static destruction, when
+// destroying one would meet a CUDA driver already shutting down.
+struct StreamWaitTimes {
+  std::atomic<bool> on{false};
+  std::mutex mutex;
+  std::vector<CudaTimer> waits;  // not yet read
+  double seconds = 0;            // of those read since the last reset
+};
+StreamWaitTimes g_stream_waits;
+
+// A started timer on `device`'s current stream when wait timing is on and
+// the device a GPU; else none.
+std::optional<CudaTimer> start_wait_timer(c10::Device device) {
+  if (!g_stream_waits.on.load(std::memory_order_relaxed) || !device.is_cuda()) return std::nullopt;
+  CudaTimer timer(device);
+  timer.start();
+  return timer;
+}
+
+}  // namespace
+
 void reset_comm_stats() {
   for (auto& counter : g_stats.calls) counter.store(0, std::memory_order_relaxed);
   g_stats.comm_us.store(0, std::memory_order_relaxed);
   g_stats.wait_us.store(0, std::memory_order_relaxed);
+  std::lock_guard<std::mutex> lock(g_stream_waits.mutex);
+  g_stream_waits.waits.clear();
+  g_stream_waits.seconds = 0;
+}
+
+void set_stream_wait_timing(bool on) {
+  g_stream_waits.on.store(on, std::memory_order_relaxed);
+  if (!on) stream_wait_seconds();  // folds and drops the events
+}
+
+double stream_wait_seconds() {
+  std::lock_guard<std::mutex> lock(g_stream_waits.mutex);
+  for (CudaTimer& wait : g_stream_waits.waits) g_stream_waits.seconds += wait.seconds();
+  g_stream_waits.waits.clear();
+  return g_stream_waits.seconds;
 }
 
 void Work::State::complete(std::exception_ptr cause) {
@@ -336,6 +379,10 @@ void Work::wait() {
   if (!state_) return;
   State& s = *state_;
   std::unique_lock<std::mutex> lock(s.mutex);
+  // Before the host waits: while it is blocked, the caller's stream may
+  // run dry, and that stall is what the pair measures.
+  std::optional<CudaTimer> stall;
+  if (s.device && !s.waited) stall = start_wait_timer(*s.device);
   if (!s.waited) {
     const int64_t wait_start = trace::now_us();
     s.finished_cv.wait(lock, [&s] { return s.finished; });
@@ -353,6 +400,11 @@ void Work::wait() {
   }
   if (s.error) std::rethrow_exception(s.error);
   s.order_current_stream();
+  if (stall && s.done) {
+    stall->stop();
+    std::lock_guard<std::mutex> guard(g_stream_waits.mutex);
+    g_stream_waits.waits.push_back(std::move(*stall));
+  }
 }
 
 void Work::then(std::function<void()> fn) {

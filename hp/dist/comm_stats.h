@@ -32,6 +32,23 @@ struct CommStats {
 CommStats operator-(const CommStats& later, const CommStats& earlier);
 
 CommStats comm_stats();
+// Zeroes the counters, and drops the stream waits timed so far.
 void reset_comm_stats();
+
+// On a GPU the caller's stream, not the host, is what waits for a
+// collective. With set_stream_wait_timing(true), every Work::wait() of a
+// CUDA collective marks the caller's current stream before it waits and
+// after (hp/util/cuda_timer.h); stream_wait_seconds() sums the GPU time
+// between each pair of marks since the last reset_comm_stats(): the time
+// that stream stood still for communication (its exposed part). It waits
+// for the marks (call it between steps) and is 0 while timing is off and
+// on the CPU. Turning it on for a CUDA collective on a libtorch without
+// event timing (before 2.11) raises ArgumentError at the first wait.
+// Turning timing off folds the marks in too: no CUDA event is left for
+// static destruction (a CUDA driver shutting down with the process then
+// fails to destroy it, and the process aborts). Threads: any; the marks are
+// kept under a mutex.
+void set_stream_wait_timing(bool on);
+double stream_wait_seconds();
 
 }  // namespace hp::dist
