@@ -31,9 +31,16 @@ at::Tensor sample_tokens(const LogitsFunction& logits_of, int64_t context, at::T
       at::Tensor kth = std::get<0>(logits.topk(top_k, /*dim=*/-1)).narrow(-1, top_k - 1, 1);
       logits = logits.masked_fill(logits < kth, -std::numeric_limits<double>::infinity());
     }
-    at::Tensor next = torch::multinomial(logits.softmax(-1), /*num_samples=*/1,
-                                         /*replacement=*/false, generator);
-    idx = torch::cat({idx, next}, /*dim=*/1);
+    // The draw happens where the generator is (a CPU generator for a model
+    // on a GPU: every rank, holding the same logits, draws the same tokens);
+    // the probabilities go there, the token comes back.
+    at::Tensor probs = logits.softmax(-1);
+    if (generator.defined() && probs.device() != generator.device()) {
+      probs = probs.to(generator.device());
+    }
+    at::Tensor next = torch::multinomial(probs, /*num_samples=*/1, /*replacement=*/false,
+                                         generator);
+    idx = torch::cat({idx, next.to(idx.device())}, /*dim=*/1);
   }
   return idx;
 }

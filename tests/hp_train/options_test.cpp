@@ -17,13 +17,17 @@
 #include "hp/checkpoint/safetensors.h"
 #include "hp/nn/gpt.h"
 #include "hp/util/error.h"
+#include "hp/util/torch_compat.h"
 #include "hp/util/trace.h"
 #include "tools/hp_train/checkpointing.h"
 #include "tools/hp_train/init_weights.h"
+#include "tools/hp_train/model.h"
+#include "tools/hp_train/model_flops.h"
 #include "tools/hp_train/output_file.h"
 #include "tools/hp_train/progress.h"
 #include "tools/hp_train/report.h"
 #include "tools/hp_train/step_log.h"
+#include "tools/hp_train/train_device.h"
 #include "tools/hp_train/train_options.h"
 #include "tests/launcher/process_runner.h"
 #include "tests/support/model_configs.h"
@@ -427,6 +431,81 @@ TEST(Progress, LineShowsStepLossSpeedAndEta) {
   EXPECT_EQ(short_run.line(5.5), "step 1/5 | loss 5.5000 | 20 tok/s | 0.50 s/step | ETA 0:02");
 }
 
+// On a GPU the line adds the MFU of the window's pace and the step's CUDA
+// peaks: 2e12 FLOPs a step in 0.25 s against 4e13 FLOP/s of peak is 20%.
+TEST(Progress, GpuLineShowsMfuAndCudaPeaks) {
+  ProgressMeter meter(300, 1000, /*window=*/2);
+  EXPECT_FALSE(meter.mfu().has_value()) << "no basis, no step";
+  meter.set_mfu_basis(/*flops_per_step=*/2e12, /*peak_flops=*/4e13);
+  EXPECT_FALSE(meter.mfu().has_value()) << "no step yet";
+  for (int i = 0; i < 120; ++i) meter.record(0.25);
+  ASSERT_TRUE(meter.mfu().has_value());
+  EXPECT_DOUBLE_EQ(*meter.mfu(), 0.2);
+  EXPECT_EQ(meter.line(2.34123, std::make_pair(int64_t{3} << 30, int64_t{4} << 30)),
+            "step 120/300 | loss 2.3412 | 4.0k tok/s | MFU 20.0% | 0.25 s/step | GPU peak "
+            "3.00 GiB alloc / 4.00 GiB reserved | ETA 0:45");
+  // A GPU's short steps keep their milliseconds.
+  ProgressMeter fast(10, 1000);
+  fast.record(0.0123);
+  EXPECT_THAT(fast.line(1.0), HasSubstr("| 0.012 s/step |"));
+}
+
+// 6 (N - E) + 12 L d T, checked on numbers done by hand, and N - E of our
+// GPT against its matmul weights counted from its shape: per block
+// 12 d^2 + 13 d (attention's qkv and projection, the MLP's two, their
+// biases, two LayerNorms), the final LayerNorm's 2 d, the untied head's V d.
+TEST(ModelFlops, SixPerMatmulWeightPlusAttention) {
+  EXPECT_DOUBLE_EQ(training_flops_per_token({1000, 200, 2, 8, 4}), 6.0 * 800 + 12.0 * 2 * 8 * 4);
+  EXPECT_THAT([] { training_flops_per_token({100, 200, 1, 1, 1}); },
+              ThrowsMessage<ArgumentError>(HasSubstr("embedding parameters (200)")));
+  TrainOptions o;
+  o.layers = 3;
+  o.d = 32;
+  o.heads = 4;
+  o.ctx = 16;
+  const TrainModel model = TrainModel::build(o, /*vocab_size=*/256, at::kMeta);
+  int64_t n = 0;
+  for (const auto& p : model.module().parameters()) n += p.numel();
+  const int64_t d = 32, v = 256, l = 3;
+  EXPECT_EQ(n - model.embedding_parameter_count(), l * (12 * d * d + 13 * d) + 2 * d + v * d);
+}
+
+TEST(ModelFlops, Bf16PeakOfKnownCards) {
+  EXPECT_EQ(bf16_peak_flops("NVIDIA H100 80GB HBM3"), 989.4e12);
+  EXPECT_EQ(bf16_peak_flops("NVIDIA H100 PCIe"), 756e12);
+  EXPECT_EQ(bf16_peak_flops("NVIDIA H200"), 989.4e12);
+  EXPECT_EQ(bf16_peak_flops("NVIDIA A100-SXM4-80GB"), 312e12);
+  EXPECT_EQ(bf16_peak_flops("NVIDIA L40S"), 362.05e12);
+  EXPECT_EQ(bf16_peak_flops("NVIDIA L4"), 121e12);
+  EXPECT_FALSE(bf16_peak_flops("NVIDIA GeForce RTX 4090").has_value());
+}
+
+// --device: cpu or cuda, default cuda where a GPU is visible. Asking for
+// cuda without one, or for an MFU peak on the CPU, is refused naming the
+// flag, before anything runs.
+TEST(Flags, DeviceIsCudaOrCpuAndCudaNeedsAVisibleGpu) {
+  EXPECT_EQ(parse_command_line({"--device", "cpu"}).options.device, "cpu");
+  EXPECT_EQ(parse_command_line({"--device", "cuda"}).options.device, "cuda");
+  EXPECT_THAT([] { parse_command_line({"--device", "tpu"}); },
+              ThrowsMessage<ArgumentError>(HasSubstr("--device must be one of cuda, cpu, got 'tpu'")));
+  EXPECT_THAT([] { parse_command_line({"--peak-tflops", "0"}); },
+              ThrowsMessage<ArgumentError>(
+                  HasSubstr("--peak-tflops must be a positive number, got '0'")));
+  TrainOptions o;
+  o.device = "cpu";
+  o.peak_tflops = 989;
+  EXPECT_THAT([&] { select_device(o, World{}); },
+              ThrowsMessage<ArgumentError>(HasSubstr("--peak-tflops 989 applies to --device cuda")));
+  o.peak_tflops = 0;
+  EXPECT_EQ(select_device(o, World{}).type, "cpu");
+  TrainOptions unset;
+  EXPECT_EQ(resolve_device_type(unset), compat::cuda_available() ? "cuda" : "cpu");
+  if (compat::cuda_available()) GTEST_SKIP() << "a GPU is visible: --device cuda is accepted";
+  o.device = "cuda";
+  EXPECT_THAT([&] { resolve_device_type(o); },
+              ThrowsMessage<ArgumentError>(HasSubstr("--device cuda needs a")));
+}
+
 TEST(Progress, HumanUnits) {
   EXPECT_EQ(human_count(950), "950");
   EXPECT_EQ(human_count(15234), "15.2k");
@@ -446,6 +525,10 @@ TEST(Report, TokensRenderAsBytesOrIds) {
   EXPECT_THAT(summary_line(5.5, 2.25, 300, 151, 2040), HasSubstr("loss 5.5000 -> 2.2500"));
   EXPECT_THAT(summary_line(5.5, 2.25, 300, 151, 2040, 1.3), HasSubstr("; sampling took 1.3 s"));
   EXPECT_THAT(memory_table({1 << 20, 2 << 20}, 1000), HasSubstr("rank 1: 2.0 MiB (2097152 bytes)"));
+  EXPECT_THAT(memory_table({1 << 20, 2 << 20}, 1000, {3 << 20, 5 << 20}, {4 << 20, 6 << 20}),
+              AllOf(HasSubstr("and the GPU's caching allocator"),
+                    HasSubstr("rank 1: 2.0 MiB (2097152 bytes); GPU 5.0 MiB allocated, 6.0 MiB "
+                              "reserved")));
 }
 
 // --init-from in-process: the file of one seed's model turns another seed's

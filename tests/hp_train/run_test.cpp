@@ -56,6 +56,7 @@
 #include "hp/nn/gpt.h"
 #include "hp/nn/loss.h"
 #include "hp/util/trace.h"
+#include "hp/util/torch_compat.h"
 #include "tools/hp_train/batches.h"
 #include "tools/hp_train/corpus.h"
 #include "tests/hp_train/hp_train_runner.h"
@@ -498,6 +499,16 @@ TEST(HpTrain, BadFlagsEndEveryRankBeforeAnyCollective) {
       << describe(r);
   EXPECT_THAT(r.err, Not(HasSubstr("frame #"))) << describe(r);
   EXPECT_THAT(r.out, Not(HasSubstr("step 1/"))) << "refused before training";
+
+  // --device cuda where no GPU is visible: refused on every rank, naming
+  // what is missing, before the process group.
+  if (!compat::cuda_available()) {
+    r = hp_train(2, concat(kTiny, {"--device", "cuda"}));
+    ASSERT_TRUE(r.exited && !r.timed_out) << describe(r);
+    EXPECT_EQ(r.exit_code, 2) << describe(r);
+    EXPECT_THAT(r.err, HasSubstr("hp-train: error: --device cuda needs a")) << describe(r);
+    EXPECT_LT(r.seconds, 30);
+  }
 
   r = hp_train(0, {"--help"});
   EXPECT_EQ(r.exit_code, 0) << describe(r);

@@ -13,6 +13,7 @@
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -39,6 +40,7 @@
 #include "tools/hp_train/dry_run.h"
 #include "tools/hp_train/gathered_for_inference.h"
 #include "tools/hp_train/init_weights.h"
+#include "tools/hp_train/model_flops.h"
 #include "tools/hp_train/model.h"
 #include "tools/hp_train/output_file.h"
 #include "tools/hp_train/parallelize.h"
@@ -47,6 +49,7 @@
 #include "tools/hp_train/report.h"
 #include "tools/hp_train/step_log.h"
 #include "tools/hp_train/train_options.h"
+#include "tools/hp_train/train_device.h"
 #include "tools/hp_train/trainer.h"
 
 namespace {
@@ -108,7 +111,18 @@ int dry_run(const TrainOptions& options, const Parallelism& parallelism, const W
   return 0;
 }
 
-int run(const TrainOptions& options) {
+// The header's device line: where rank 0 computes, and the MFU's basis.
+std::string device_line(const TrainDevice& device, int world_size) {
+  if (!device.is_cuda()) return "cpu";
+  return fmt::format(
+      "cuda, one GPU per rank (rank 0: {}, GPU {}{}); {}", device.card, device.device.index(),
+      world_size > 1 ? ", the others LOCAL_RANK's" : "",
+      device.peak_flops ? fmt::format("MFU against a dense bf16 peak of {:.0f} TFLOP/s per GPU",
+                                      *device.peak_flops / 1e12)
+                        : "no MFU: this card's bf16 peak is not known, give --peak-tflops");
+}
+
+int run(TrainOptions options) {
   at::set_num_threads(options.threads);
   // What one step frees, the next reuses instead of faulting it in again
   // (hp/util/host_memory.h); HP_RETAIN_HOST_MEMORY=0 leaves malloc alone.
@@ -119,6 +133,11 @@ int run(const TrainOptions& options) {
   const Parallelism parallelism = resolve_parallelism(options, world);
   validate_options(options, parallelism);
   validate_checkpoint_options(options, parallelism);
+  // cpu or cuda, from here on resolved: parallelize builds its meshes there.
+  options.device = resolve_device_type(options);
+  HP_CHECK_ARG(!options.dry_run || options.device == "cpu",
+               "--dry-run plans the host memory of a CPU step; a plan of the CUDA caching "
+               "allocator's peak is not implemented: add --device cpu to see the CPU plan");
   // Loaded before memory tracking starts: the token stream is the same on
   // every rank in every mode (fortunes: 2.6M int64 tokens, 20 MiB) and would
   // bury what the modes differ in, the model's share of each rank.
@@ -127,6 +146,9 @@ int run(const TrainOptions& options) {
                             : load_token_file(options.data_file, options.vocab);
   validate_corpus(options, corpus);
   if (options.dry_run) return dry_run(options, parallelism, world, corpus.vocab_size);
+  // This rank's GPU becomes the current device before anything is
+  // allocated on one.
+  const TrainDevice device = select_device(options, world);
   // From here on every libtorch allocation is counted: weights, their
   // shards, gradients, AdamW state, activations, communication buffers.
   // Each training step resets the peak (Trainer::step).
@@ -137,6 +159,9 @@ int run(const TrainOptions& options) {
   torch::manual_seed(options.seed);
   const bool meta_init = uses_meta_init(options, parallelism);
   TrainModel model = build_model(options, corpus.vocab_size, meta_init);
+  // Built on the host (the same values as a CPU run), then moved whole; on
+  // meta, each rank's shards are materialised on its GPU below.
+  if (device.is_cuda() && !meta_init) model.module().to(device.device);
   const std::optional<ResumePoint> resume_point = find_resume_point(options, model);
   prepare_save_dir(options);
   const int64_t parameters = parameter_count(model);
@@ -155,9 +180,11 @@ int run(const TrainOptions& options) {
   const bool distributed = parallelism.mode != hp::plan::ParallelMode::kNone;
   if (distributed) hp::dist::init_process_group();
   std::optional<hp::FSDPModule> fsdp = parallelize(model, parallelism, options);
-  const std::string init_line = materialize_model(model, options, meta_init);
+  const std::string init_line = materialize_model(model, options, meta_init, device.device);
   const StartupMemory startup =
-      gather_startup_memory(distributed ? hp::dist::world_group().get() : nullptr);
+      gather_startup_memory(distributed ? hp::dist::world_group().get() : nullptr,
+                            device.is_cuda() ? std::optional<c10::Device>(device.device)
+                                             : std::nullopt);
   if (step_log) step_log->set_startup(startup.peak_bytes, startup.vmhwm_bytes, meta_init);
   if (!options.trace.empty()) {
     // Each rank's clock starts with its own process; one origin for all,
@@ -171,12 +198,22 @@ int run(const TrainOptions& options) {
   // tensor-parallel ranks (of one data-parallel group) read the same samples.
   const int64_t dp_rank = parallelism.dp_rank(world.rank);
   Trainer trainer(model, fsdp, distributed ? hp::dist::world_group() : nullptr, dp_rank,
-                  parallelism.dp_size(), corpus.tokens, options);
+                  parallelism.dp_size(), corpus.tokens, options, device.device);
 
-  say(root, header_text(options, parallelism, corpus, parameters));
+  say(root, header_text(options, parallelism, corpus, parameters, device_line(device, world.size)));
   if (!init_line.empty()) say(root, init_line);
   say(root, startup_memory_table(startup, meta_init, parameters));
   ProgressMeter meter(options.steps, options.batch * options.seq);
+  if (device.is_cuda() && device.peak_flops) {
+    // The model's work for the whole global batch, against every GPU's peak.
+    const double flops_per_step =
+        training_flops_per_token({parameters, model.embedding_parameter_count(), options.layers,
+                                  options.d, options.seq}) *
+        static_cast<double>(options.batch * options.seq);
+    const double peak = *device.peak_flops * world.size;
+    meter.set_mfu_basis(flops_per_step, peak);
+    if (step_log) step_log->set_mfu_basis(flops_per_step, peak);
+  }
   TrainCheckpoints checkpoints(model, trainer.optimizer(), options);
   trainer.set_before_optimizer_step([&checkpoints] { checkpoints.wait_for_staging(); });
   const int64_t first_step = resume_point ? resume_point->step : 0;
@@ -188,6 +225,11 @@ int run(const TrainOptions& options) {
                           options.save_dir));
   }
   std::vector<int64_t> rank_peaks(world.size, 0);
+  std::vector<int64_t> rank_cuda_allocated, rank_cuda_reserved;
+  if (device.is_cuda()) {
+    rank_cuda_allocated.assign(world.size, 0);
+    rank_cuda_reserved.assign(world.size, 0);
+  }
   double first_loss = 0, last_loss = 0;
   const auto start = std::chrono::steady_clock::now();
   for (int64_t s = first_step; s < options.steps; ++s) {
@@ -198,13 +240,26 @@ int run(const TrainOptions& options) {
     }
     for (size_t r = 0; r < rank_peaks.size(); ++r) {
       rank_peaks[r] = std::max(rank_peaks[r], record.rank_peak_bytes.at(r));
+      if (device.is_cuda()) {
+        rank_cuda_allocated[r] = std::max(rank_cuda_allocated[r], record.rank_cuda_peak_allocated.at(r));
+        rank_cuda_reserved[r] = std::max(rank_cuda_reserved[r], record.rank_cuda_peak_reserved.at(r));
+      }
     }
     if (s == first_step) first_loss = record.loss;
     last_loss = record.loss;
     meter.record(record.step_time_s);
     if (step_log) step_log->write(record);
     const bool due = s == 0 || (s + 1) % options.log_every == 0 || s + 1 == options.steps;
-    if (due) say(root, meter.line(record.loss));
+    if (due) {
+      std::optional<std::pair<int64_t, int64_t>> gpu_peaks;
+      if (device.is_cuda()) {
+        gpu_peaks.emplace(*std::max_element(record.rank_cuda_peak_allocated.begin(),
+                                            record.rank_cuda_peak_allocated.end()),
+                          *std::max_element(record.rank_cuda_peak_reserved.begin(),
+                                            record.rank_cuda_peak_reserved.end()));
+      }
+      say(root, meter.line(record.loss, gpu_peaks));
+    }
     if (checkpoints.due(s + 1)) {
       const std::string line = checkpoints.save(s + 1);
       if (!line.empty()) say(root, line);
@@ -222,7 +277,7 @@ int run(const TrainOptions& options) {
               << std::endl;
   }
   if (step_log) say(root, fmt::format("step log written to {}", options.log_json));
-  say(root, memory_table(rank_peaks, parameters));
+  say(root, memory_table(rank_peaks, parameters, rank_cuda_allocated, rank_cuda_reserved));
   double sample_seconds = 0;
   if (options.sample_tokens > 0) {
     say(root, fmt::format("sampling {} from the trained model...",
@@ -243,9 +298,12 @@ int run(const TrainOptions& options) {
         gathered.emplace(fully_shard_units(model, *fsdp));
       }
       TrainModel sampler = tensor_parallel ? model.whole_copy() : model;
+      if (tensor_parallel) sampler.module().to(device.device);
       sampler.module().eval();
       at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
-      at::Tensor prompt = corpus.tokens.narrow(0, 0, 1).view({1, 1});
+      // The draws come from a CPU generator on every device: one seed, the
+      // same tokens on every rank.
+      at::Tensor prompt = corpus.tokens.narrow(0, 0, 1).view({1, 1}).to(device.device);
       sample = sampler.generate(prompt, options.sample_tokens, options.temperature,
                                  options.top_k, generator);
     }
@@ -259,7 +317,7 @@ int run(const TrainOptions& options) {
                           fsdp ? fmt::format(", {} to gather the parameters",
                                              plural(gathers, "all-gather"))
                                : "",
-                          render_tokens(sample[0], corpus.vocab_size)));
+                          render_tokens(sample[0].cpu(), corpus.vocab_size)));
   }
   const int64_t steps_run = options.steps - first_step;
   if (steps_run == 0) {

@@ -77,6 +77,15 @@ std::vector<std::shared_ptr<nn::Module>> TrainModel::blocks() const {
   return out;
 }
 
+int64_t TrainModel::embedding_parameter_count() const {
+  if (const auto* gpt = std::get_if<nn::GPT>(&model_)) {
+    const auto& c = (*gpt)->config();
+    return (c.vocab_size + c.context) * c.n_embd;
+  }
+  const auto& c = std::get<nn::Llama>(model_)->config();
+  return c.vocab_size * c.n_embd;
+}
+
 int64_t TrainModel::vocab_size() const {
   return visit(model_, [](auto m) { return m->config().vocab_size; });
 }

@@ -50,6 +50,9 @@ class TrainModel {
   // The transformer blocks (fully_shard units, activation checkpointing),
   // in forward order.
   std::vector<std::shared_ptr<nn::Module>> blocks() const;
+  // Parameters of the embedding tables (GPT: tokens and positions; Llama:
+  // tokens), a lookup rather than a matmul: model_flops.h leaves them out.
+  int64_t embedding_parameter_count() const;
   int64_t vocab_size() const;
   int64_t context() const;
   // The model's initialisation as per-tensor steps (hp/nn/init_plan.h).

@@ -18,8 +18,9 @@ std::optional<FSDPModule> parallelize(TrainModel& model, const Parallelism& para
   }
   using plan::ParallelMode;
   if (parallelism.mode == ParallelMode::kNone) return std::nullopt;
+  const std::string device_type = train.device.empty() ? "cpu" : train.device;
   if (!parallelism.uses_fully_shard()) {  // tensor parallelism alone
-    auto mesh = init_device_mesh("cpu", parallelism.mesh_shape, parallelism.mesh_names);
+    auto mesh = init_device_mesh(device_type, parallelism.mesh_shape, parallelism.mesh_names);
     shard_module(model.root(), mesh, model.tensor_parallel_plan(*mesh, "tp"));
     return std::nullopt;
   }
@@ -27,13 +28,13 @@ std::optional<FSDPModule> parallelize(TrainModel& model, const Parallelism& para
   if (parallelism.tensor_parallel()) {
     // Tensor parallel over mesh["tp"], then fully_shard over mesh["dp"]
     // (of one rank under --mode tp: units that only carry mixed precision).
-    auto mesh = init_device_mesh("cpu", {parallelism.dp_size(), parallelism.tp_size()},
+    auto mesh = init_device_mesh(device_type, {parallelism.dp_size(), parallelism.tp_size()},
                                  {"dp", "tp"});
     auto tp = (*mesh)["tp"];
     shard_module(model.root(), tp, model.tensor_parallel_plan(*tp, "tp"));
     options.mesh = (*mesh)["dp"];
   } else {
-    options.mesh = init_device_mesh("cpu", parallelism.mesh_shape, parallelism.mesh_names);
+    options.mesh = init_device_mesh(device_type, parallelism.mesh_shape, parallelism.mesh_names);
   }
   options.comm_fusion = train.comm_fusion;
   const at::ScalarType param = plan::scalar_type(parallelism.param_dtype);

@@ -27,6 +27,9 @@ namespace hp::train {
 // --no-prefetch set every unit's options; with a low-precision param dtype
 // the root returns fp32 logits.
 // --activation-checkpointing blocks checkpoints every block, in every mode.
+// The meshes are of options.device ("cuda": NCCL groups over this rank's
+// GPU, to which fully_shard moves a module still on the host; empty or
+// "cpu": Gloo); callers resolve --device's default first (main.cpp).
 std::optional<FSDPModule> parallelize(TrainModel& model, const Parallelism& parallelism,
                                       const TrainOptions& options);
 

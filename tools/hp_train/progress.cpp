@@ -20,13 +20,33 @@ void ProgressMeter::record(double step_time_s) {
   }
 }
 
-std::string ProgressMeter::line(double loss) const {
+void ProgressMeter::set_mfu_basis(double flops_per_step, double peak_flops) {
+  flops_per_step_ = flops_per_step;
+  peak_flops_ = peak_flops;
+}
+
+std::optional<double> ProgressMeter::mfu() const {
+  const double per_step = recent_.empty() ? 0 : recent_sum_ / recent_.size();
+  if (per_step <= 0 || flops_per_step_ <= 0 || peak_flops_ <= 0) return std::nullopt;
+  return flops_per_step_ / per_step / peak_flops_;
+}
+
+std::string ProgressMeter::line(double loss,
+                                std::optional<std::pair<int64_t, int64_t>> gpu_peaks) const {
   const double per_step = recent_.empty() ? 0 : recent_sum_ / recent_.size();
   const double tokens_per_s = per_step > 0 ? tokens_per_step_ / per_step : 0;
   const size_t width = fmt::formatted_size("{}", total_);
-  return fmt::format("step {:>{}}/{} | loss {:.4f} | {} tok/s | {:.2f} s/step | ETA {}", done_,
-                     width, total_, loss, human_count(tokens_per_s), per_step,
-                     clock_time(per_step * static_cast<double>(total_ - done_)));
+  std::string text = fmt::format("step {:>{}}/{} | loss {:.4f} | {} tok/s", done_, width, total_,
+                                 loss, human_count(tokens_per_s));
+  if (const auto m = mfu()) text += fmt::format(" | MFU {:.1f}%", *m * 100);
+  // Milliseconds stay visible on a GPU's short steps.
+  text += per_step < 0.1 ? fmt::format(" | {:.3f} s/step", per_step)
+                         : fmt::format(" | {:.2f} s/step", per_step);
+  if (gpu_peaks) {
+    text += fmt::format(" | GPU peak {} alloc / {} reserved", human_bytes(gpu_peaks->first),
+                        human_bytes(gpu_peaks->second));
+  }
+  return text + fmt::format(" | ETA {}", clock_time(per_step * static_cast<double>(total_ - done_)));
 }
 
 std::string plural(int64_t count, const std::string& noun) {

@@ -7,7 +7,9 @@
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <string>
+#include <utility>
 
 namespace hp::train {
 
@@ -23,8 +25,19 @@ class ProgressMeter {
   // A resumed run: `done` steps were finished by an earlier run.
   void start_at(int64_t done) { done_ = done; }
 
+  // On GPUs: the model FLOPs of one step (all ranks together) and the peak
+  // of all the job's GPUs together; the line then shows the MFU of the
+  // window's pace (tools/hp_train/model_flops.h).
+  void set_mfu_basis(double flops_per_step, double peak_flops);
+
   // The line for the state after the last record(); loss is that step's.
-  std::string line(double loss) const;
+  // `gpu_peaks`: the step's CUDA peaks (allocated, reserved) of the rank
+  // with the highest, shown after the speed.
+  std::string line(double loss,
+                   std::optional<std::pair<int64_t, int64_t>> gpu_peaks = std::nullopt) const;
+
+  // The MFU of the window's pace in [0, 1]; nullopt without a basis or a step.
+  std::optional<double> mfu() const;
 
  private:
   int64_t total_;
@@ -33,6 +46,8 @@ class ProgressMeter {
   int64_t done_ = 0;
   std::deque<double> recent_;
   double recent_sum_ = 0;
+  double flops_per_step_ = 0;
+  double peak_flops_ = 0;
 };
 
 // (1, "layer") -> "1 layer", (4, "layer") -> "4 layers".

@@ -9,7 +9,8 @@
 namespace hp::train {
 
 std::string header_text(const TrainOptions& o, const Parallelism& parallelism,
-                        const Corpus& corpus, int64_t parameter_count) {
+                        const Corpus& corpus, int64_t parameter_count,
+                        const std::string& device_line) {
   const int64_t per_rank = o.batch / parallelism.dp_size();
   std::string text = fmt::format(
       "hp-train: {} {}, d {}, {}, ctx {}, vocab {}: {} parameters ({}), {}\n",
@@ -22,6 +23,7 @@ std::string header_text(const TrainOptions& o, const Parallelism& parallelism,
       o.init_from.empty() ? fmt::format("seed {}", o.seed)
                           : fmt::format("weights from {}", o.init_from));
   text += fmt::format("  mode:   {}\n", parallelism.describe());
+  text += fmt::format("  device: {}\n", device_line);
   if (parallelism.uses_fully_shard()) {
     text += fmt::format(
         "  fsdp:   comm fusion {}, prefetch {}, reshard after forward {}, param dtype {}, "
@@ -45,13 +47,21 @@ std::string header_text(const TrainOptions& o, const Parallelism& parallelism,
   return text;
 }
 
-std::string memory_table(const std::vector<int64_t>& rank_peak_bytes, int64_t parameter_count) {
-  std::string text = fmt::format("peak memory per rank (libtorch CPU allocations during training; "
+std::string memory_table(const std::vector<int64_t>& rank_peak_bytes, int64_t parameter_count,
+                         const std::vector<int64_t>& cuda_peak_allocated,
+                         const std::vector<int64_t>& cuda_peak_reserved) {
+  const bool gpu = !cuda_peak_allocated.empty();
+  std::string text = fmt::format("peak memory per rank (libtorch CPU allocations during training{}; "
                                  "the whole model's fp32 weights are {}):",
+                                 gpu ? ", and the GPU's caching allocator" : "",
                                  human_bytes(parameter_count * 4));
   for (size_t r = 0; r < rank_peak_bytes.size(); ++r) {
     text += fmt::format("\n  rank {}: {} ({} bytes)", r, human_bytes(rank_peak_bytes[r]),
                         rank_peak_bytes[r]);
+    if (gpu && r < cuda_peak_allocated.size() && r < cuda_peak_reserved.size()) {
+      text += fmt::format("; GPU {} allocated, {} reserved", human_bytes(cuda_peak_allocated[r]),
+                          human_bytes(cuda_peak_reserved[r]));
+    }
   }
   return text;
 }

@@ -13,14 +13,20 @@
 
 namespace hp::train {
 
-// Several lines: model shape and parameter count, mode and mesh, corpus,
+// Several lines: model shape and parameter count, mode and mesh, the device
+// (`device_line`, e.g. "cuda: NVIDIA H100 80GB HBM3 per rank"), corpus,
 // batch split and optimizer settings.
 std::string header_text(const TrainOptions& options, const Parallelism& parallelism,
-                        const Corpus& corpus, int64_t parameter_count);
+                        const Corpus& corpus, int64_t parameter_count,
+                        const std::string& device_line = "cpu");
 
 // One line per rank: its peak libtorch CPU memory during training, next to
 // the unsharded model's fp32 weights for scale.
-std::string memory_table(const std::vector<int64_t>& rank_peak_bytes, int64_t parameter_count);
+// On a GPU (`cuda_peak_allocated` and `cuda_peak_reserved` per rank, empty
+// on the CPU) each line adds the CUDA caching allocator's peaks.
+std::string memory_table(const std::vector<int64_t>& rank_peak_bytes, int64_t parameter_count,
+                         const std::vector<int64_t>& cuda_peak_allocated = {},
+                         const std::vector<int64_t>& cuda_peak_reserved = {});
 
 // Token ids [N] as text: with a byte vocabulary (256) the bytes themselves,
 // control characters other than newline and tab shown as '?'; otherwise the

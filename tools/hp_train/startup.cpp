@@ -12,6 +12,7 @@
 #include "hp/checkpoint/load_into_shards.h"
 #include "hp/dist/collectives.h"
 #include "hp/fsdp/materialize.h"
+#include "hp/util/cuda_memory.h"
 #include "hp/util/error.h"
 #include "hp/util/format.h"
 #include "hp/util/memory_stats.h"
@@ -61,31 +62,39 @@ TrainModel build_model(const TrainOptions& options, int64_t vocab_size, bool met
   return model;
 }
 
-std::string materialize_model(const TrainModel& model, const TrainOptions& options, bool meta) {
+std::string materialize_model(const TrainModel& model, const TrainOptions& options, bool meta,
+                              c10::Device device) {
   if (!meta) return "";
   if (options.init_from.empty()) {
-    init_sharded(model.module(), model.init_plan());
+    init_sharded(model.module(), model.init_plan(), device);
     return "init meta: each rank initialised only its shards (the eager model's values)";
   }
-  const checkpoint::LoadResult loaded = checkpoint::load_into_shards(model.module(), options.init_from);
+  checkpoint::LoadIntoShardsOptions load_options;
+  load_options.device = device;
+  const checkpoint::LoadResult loaded =
+      checkpoint::load_into_shards(model.module(), options.init_from, load_options);
   return fmt::format("init meta: each rank read only its shards from {} ({} read by this rank)",
                      options.init_from, mib(static_cast<int64_t>(loaded.bytes_read)));
 }
 
-StartupMemory gather_startup_memory(dist::Group* group) {
-  at::Tensor mine = torch::tensor(
-      {static_cast<double>(memory_stats().peak_bytes), static_cast<double>(resident_peak_bytes())},
-      torch::kDouble);
+StartupMemory gather_startup_memory(dist::Group* group, std::optional<c10::Device> cuda_device) {
+  const double cuda_peak =
+      cuda_device ? static_cast<double>(cuda_memory_stats(cuda_device->index()).peak_allocated_bytes)
+                  : 0.0;
+  at::Tensor mine = torch::tensor({static_cast<double>(memory_stats().peak_bytes),
+                                   static_cast<double>(resident_peak_bytes()), cuda_peak},
+                                  torch::kDouble);
   at::Tensor all = mine;
   if (group) {
-    all = torch::empty({group->size() * 2}, torch::kDouble);
+    all = torch::empty({group->size() * 3}, torch::kDouble);
     dist::all_gather_into(*group, all, mine).wait();
   }
-  all = all.view({-1, 2});
+  all = all.view({-1, 3});
   StartupMemory memory;
   for (int64_t r = 0; r < all.size(0); ++r) {
     memory.peak_bytes.push_back(static_cast<int64_t>(all[r][0].item<double>()));
     memory.vmhwm_bytes.push_back(static_cast<int64_t>(all[r][1].item<double>()));
+    if (cuda_device) memory.cuda_peak_bytes.push_back(static_cast<int64_t>(all[r][2].item<double>()));
   }
   return memory;
 }
@@ -98,6 +107,9 @@ std::string startup_memory_table(const StartupMemory& memory, bool meta, int64_t
   for (int64_t r = 0; r < ranks; ++r) {
     text += fmt::format("\n  rank {}: {} allocated by libtorch, VmHWM {}", r,
                         mib(memory.peak_bytes[r]), mib(memory.vmhwm_bytes[r]));
+    if (!memory.cuda_peak_bytes.empty()) {
+      text += fmt::format(", GPU {} allocated", mib(memory.cuda_peak_bytes[r]));
+    }
   }
   return text;
 }

@@ -4,7 +4,10 @@
 // reports.
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,15 +28,24 @@ TrainModel build_model(const TrainOptions& options, int64_t vocab_size, bool met
 // from the model's init steps (the eager model's values) or read from
 // --init-from (its own byte ranges only). Returns a line for the log, empty
 // under eager. Collective when reading --init-from.
-std::string materialize_model(const TrainModel& model, const TrainOptions& options, bool meta);
+// Tensors outside fully_shard units and tensor-parallel meshes (--mode none
+// with --init meta) are materialised on `device`; the others where their
+// unit or mesh lives.
+std::string materialize_model(const TrainModel& model, const TrainOptions& options, bool meta,
+                              c10::Device device);
 
 struct StartupMemory {
   std::vector<int64_t> peak_bytes;   // per rank: libtorch's CPU peak so far (memory_stats)
   std::vector<int64_t> vmhwm_bytes;  // per rank: the process's resident peak (VmHWM)
+  // per rank: the CUDA caching allocator's peak of allocated bytes so far;
+  // empty on the CPU
+  std::vector<int64_t> cuda_peak_bytes;
 };
 
-// Every rank's figures, gathered over `group` (null: this process alone).
-StartupMemory gather_startup_memory(dist::Group* group);
+// Every rank's figures, gathered over `group` (null: this process alone);
+// `cuda_device`: this rank's GPU, whose allocator peak is gathered too.
+StartupMemory gather_startup_memory(dist::Group* group,
+                                    std::optional<c10::Device> cuda_device = std::nullopt);
 
 // One line per rank, next to the model's fp32 bytes divided by the ranks.
 std::string startup_memory_table(const StartupMemory& memory, bool meta, int64_t parameter_count);

@@ -72,6 +72,13 @@ void StepLog::write(const StepRecord& record) {
                                  {"step_time_s", record.step_time_s},
                                  {"tokens_per_s", record.tokens_per_s},
                                  {"peak_bytes", record.peak_bytes}};
+  if (!record.rank_cuda_peak_allocated.empty()) {
+    line["cuda_peak_allocated_bytes"] = record.rank_cuda_peak_allocated;
+    line["cuda_peak_reserved_bytes"] = record.rank_cuda_peak_reserved;
+  }
+  if (flops_per_step_ > 0 && peak_flops_ > 0 && record.step_time_s > 0) {
+    line["mfu"] = flops_per_step_ / record.step_time_s / peak_flops_;
+  }
   if (startup_pending_) {
     line["init"] = meta_ ? "meta" : "eager";
     line["startup_peak_bytes"] = startup_peak_bytes_;

@@ -2,6 +2,7 @@
 // runs (parity checks, plots):
 //   {"step": 0, "loss": 5.55, "step_time_s": 0.21, "tokens_per_s": 4876.2,
 //    "peak_bytes": 12345678}
+// and on a GPU the step's CUDA peaks per rank and its MFU (set_mfu_basis).
 // step is the 0-based s of the batch rule; loss is the global-batch mean
 // written with full double precision (round-trip exact), so runs can be
 // compared bit for bit.
@@ -36,8 +37,18 @@ class StepLog {
   // "init" ("eager" or "meta"), "startup_peak_bytes" and
   // "startup_vmhwm_bytes" (per rank; startup.h).
   void set_startup(std::vector<int64_t> peak_bytes, std::vector<int64_t> vmhwm_bytes, bool meta);
+  // On GPUs, every line also carries "mfu": flops_per_step / step_time_s /
+  // peak_flops (ProgressMeter::set_mfu_basis). Lines of a GPU run carry
+  // "cuda_peak_allocated_bytes" and "cuda_peak_reserved_bytes" (per rank)
+  // whatever the basis.
+  void set_mfu_basis(double flops_per_step, double peak_flops) {
+    flops_per_step_ = flops_per_step;
+    peak_flops_ = peak_flops;
+  }
 
  private:
+  double flops_per_step_ = 0;
+  double peak_flops_ = 0;
   std::vector<int64_t> startup_peak_bytes_, startup_vmhwm_bytes_;
   bool meta_ = false;
   bool startup_pending_ = false;

@@ -13,6 +13,7 @@
 
 #include "hp/util/error.h"
 #include "hp/util/format.h"
+#include "hp/util/torch_compat.h"
 #include "tools/common/command_line.h"
 #include "tools/hp_train/progress.h"
 
@@ -255,6 +256,15 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   option("--export", o.export_path,
          "write the trained weights, whole, by parameter name, to FILE.safetensors at the end",
          "FILE", kFileName);
+  option("--device", o.device,
+         "cuda: each local rank trains on its own GPU (GPU LOCAL_RANK; more local ranks than "
+         "GPUs are refused unless HP_SHARE_GPUS=1); cpu: on the host (default: cuda when a GPU "
+         "is visible, else cpu)",
+         "cuda|cpu", one_of({"cuda", "cpu"}));
+  option("--peak-tflops", o.peak_tflops,
+         "the GPU's dense bf16 peak in TFLOP/s, for the MFU of the progress line (default: "
+         "known from the card's name for H100, H200, A100, B200 and a few others)",
+         "X", number(false, "a positive number"));
   option("--threads", o.threads,
          fmt::format("torch intra-op threads per rank (default {})", defaults.threads), "N",
          integer_in(1, 1024, "a positive integer at most 1024"));
@@ -459,6 +469,12 @@ void validate_options(const TrainOptions& o, const Parallelism& parallelism) {
     HP_CHECK_ARG(o.vocab != 0, "--data-file ", o.data_file,
                  " needs --vocab V (every token id must be below V)");
   }
+}
+
+std::string resolve_device_type(const TrainOptions& o) {
+  if (o.device.empty()) return compat::cuda_available() ? "cuda" : "cpu";
+  if (o.device == "cuda") compat::require_cuda("--device cuda");
+  return o.device;
 }
 
 bool uses_meta_init(const TrainOptions& o, const Parallelism& parallelism) {

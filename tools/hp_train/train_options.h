@@ -94,6 +94,15 @@ struct TrainOptions {
   // recomputes every block's forward in backward; any mode.
   std::string activation_checkpointing = "none";  // --activation-checkpointing none|blocks
 
+  // Where the model computes: "cuda" (this local rank's GPU: LOCAL_RANK,
+  // hp::dist::local_cuda_index) or "cpu"; empty: cuda when this libtorch
+  // sees a GPU, else cpu (resolve_device_type).
+  std::string device;
+  // The card's dense bf16 peak in TFLOP/s for the MFU of the progress line;
+  // 0: from the card's name (tools/hp_train/model_flops.h), no MFU for a card
+  // not in its table.
+  double peak_tflops = 0;
+
   int threads = 1;
   int64_t log_every = 20;
   int64_t sample_tokens = 200;  // 0: no sample
@@ -140,6 +149,11 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
 // divisible by the data-parallel size, --vocab only with --data-file (and
 // required by it), heads (and kv heads) dividing by the tensor-parallel size.
 void validate_options(const TrainOptions& options, const Parallelism& parallelism);
+
+// --device after its default: "cuda" when given or when this libtorch sees
+// a GPU, else "cpu". "cuda" without a visible GPU raises ArgumentError
+// naming what is missing.
+std::string resolve_device_type(const TrainOptions& options);
 
 // Whether the model is built on the meta device and only the local shards
 // are materialised (--init, default as above).

@@ -9,20 +9,23 @@
 #include "hp/fsdp/clip_grad.h"
 #include "hp/nn/loss.h"
 #include "hp/optim/fused_adamw.h"
+#include "hp/util/cuda_memory.h"
 #include "hp/util/memory_stats.h"
 #include "tools/hp_train/batches.h"
 
 namespace hp::train {
 
 Trainer::Trainer(TrainModel model, std::optional<FSDPModule> root, dist::GroupPtr group,
-                 int64_t dp_rank, int64_t dp_size, at::Tensor tokens, const TrainOptions& options)
+                 int64_t dp_rank, int64_t dp_size, at::Tensor tokens, const TrainOptions& options,
+                 c10::Device device)
     : model_(std::move(model)),
       root_(std::move(root)),
       group_(std::move(group)),
       tokens_(std::move(tokens)),
       options_(options),
       dp_rank_(dp_rank),
-      dp_size_(dp_size) {
+      dp_size_(dp_size),
+      device_(device) {
   // AdamW with one fused pass per parameter (hp/optim/fused_adamw.h).
   optimizer_ = std::make_unique<optim::FusedAdamW>(
       model_.module().parameters(), torch::optim::AdamWOptions(options_.lr)
@@ -37,6 +40,8 @@ StepRecord Trainer::step(int64_t step) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   reset_peak_memory();
+  const bool cuda = device_.is_cuda();
+  if (cuda) reset_cuda_peak_memory(device_.index());
 
   // Gradients are dropped, not zeroed: the sharded units then accumulate a
   // fresh full-size gradient without adding a zero shard to it.
@@ -46,6 +51,10 @@ StepRecord Trainer::step(int64_t step) {
     model_.module().zero_grad(/*set_to_none=*/true);
   }
   Batch batch = batch_for_step(tokens_, step, options_.batch, options_.seq, dp_rank_, dp_size_);
+  if (!device_.is_cpu()) {
+    batch.inputs = batch.inputs.to(device_);
+    batch.targets = batch.targets.to(device_);
+  }
   at::Tensor loss = nn::cross_entropy(model_(batch.inputs), batch.targets);
   loss.backward();
   if (options_.grad_clip > 0) clip_grad_norm_(model_.module().parameters(), options_.grad_clip);
@@ -55,14 +64,21 @@ StepRecord Trainer::step(int64_t step) {
   // One gather carries both metrics: every rank's local loss (equal local
   // batches, so their mean is the global-batch mean; under tensor
   // parallelism every rank holds the same loss) and its memory peak.
-  at::Tensor mine = torch::tensor(
-      {loss.item<double>(), static_cast<double>(memory_stats().peak_bytes)}, torch::kDouble);
+  // On a GPU, loss.item() waits for the step's kernels: the step time and
+  // the allocator's peaks below cover the whole step.
+  const double local_loss = loss.item<double>();
+  CudaMemoryStats gpu;
+  if (cuda) gpu = cuda_memory_stats(device_.index());
+  at::Tensor mine = torch::tensor({local_loss, static_cast<double>(memory_stats().peak_bytes),
+                                   static_cast<double>(gpu.peak_allocated_bytes),
+                                   static_cast<double>(gpu.peak_reserved_bytes)},
+                                  torch::kDouble);
   at::Tensor all = mine;
   if (group_) {
-    all = torch::empty({group_->size() * 2}, torch::kDouble);
+    all = torch::empty({group_->size() * 4}, torch::kDouble);
     dist::all_gather_into(*group_, all, mine).wait();
   }
-  all = all.view({-1, 2});
+  all = all.view({-1, 4});
 
   StepRecord record;
   record.step = step;
@@ -71,6 +87,10 @@ StepRecord Trainer::step(int64_t step) {
   for (int64_t r = 0; r < all.size(0); ++r) {
     loss_sum += all[r][0].item<double>();
     record.rank_peak_bytes.push_back(static_cast<int64_t>(all[r][1].item<double>()));
+    if (cuda) {
+      record.rank_cuda_peak_allocated.push_back(static_cast<int64_t>(all[r][2].item<double>()));
+      record.rank_cuda_peak_reserved.push_back(static_cast<int64_t>(all[r][3].item<double>()));
+    }
   }
   record.loss = loss_sum / static_cast<double>(all.size(0));
   record.peak_bytes =

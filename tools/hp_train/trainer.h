@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <functional>
@@ -29,6 +30,11 @@ struct StepRecord {
   double tokens_per_s = 0; // global tokens (batch * seq) / step_time_s
   int64_t peak_bytes = 0;  // the highest of rank_peak_bytes
   std::vector<int64_t> rank_peak_bytes;  // per rank: peak libtorch CPU memory in this step
+  // On a GPU, per rank: the CUDA caching allocator's peaks in this step
+  // (bytes allocated to tensors, and reserved from the driver); empty on
+  // the CPU.
+  std::vector<int64_t> rank_cuda_peak_allocated;
+  std::vector<int64_t> rank_cuda_peak_reserved;
 };
 
 class Trainer {
@@ -41,8 +47,11 @@ class Trainer {
   // it steps the local shards: AdamW, constant options.lr, betas (0.9, 0.95),
   // eps 1e-8, options.weight_decay on every parameter. Needs
   // hp::enable_memory_tracking() to have been called.
+  // `device` is where the model computes: each batch is copied there, and
+  // on a GPU the step's CUDA memory peaks are measured too.
   Trainer(TrainModel model, std::optional<FSDPModule> root, dist::GroupPtr group, int64_t dp_rank,
-          int64_t dp_size, at::Tensor tokens, const TrainOptions& options);
+          int64_t dp_size, at::Tensor tokens, const TrainOptions& options,
+          c10::Device device = c10::kCPU);
   ~Trainer();
 
   // Runs step `step` (collective in a distributed run; every rank calls it
@@ -68,6 +77,7 @@ class Trainer {
   TrainOptions options_;
   int64_t dp_rank_ = 0;
   int64_t dp_size_ = 1;
+  c10::Device device_;
   std::unique_ptr<torch::optim::AdamW> optimizer_;
   std::function<void()> before_optimizer_step_;
 };
