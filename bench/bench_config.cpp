@@ -11,6 +11,13 @@ std::string str(double v) { return fmt::format("{}", v); }
 
 }  // namespace
 
+const std::vector<std::string>& gpu_row_names() {
+  static const std::vector<std::string> rows = {"single",      "ddp",          "fsdp_fused_prefetch",
+                                                "hsdp_fused_prefetch", "torch_single", "torch_ddp",
+                                                "torch_fsdp2"};
+  return rows;
+}
+
 nn::GPTConfig BenchConfig::gpt_config(int64_t layers, int64_t d) const {
   nn::GPTConfig config;
   config.vocab_size = vocab;
@@ -47,6 +54,8 @@ std::vector<std::string> BenchConfig::worker_args() const {
           "--ckpt-d",       std::to_string(ckpt_d),
           "--ckpt-dir",     ckpt_dir,
           "--ckpt-repeats", std::to_string(ckpt_repeats)};
+  args.insert(args.end(), {"--device", device, "--param-dtype", param_dtype});
+  if (!reduce_dtype.empty()) args.insert(args.end(), {"--reduce-dtype", reduce_dtype});
   if (!profile_ops_dir.empty()) {
     args.push_back("--profile-ops");
     args.push_back(profile_ops_dir);

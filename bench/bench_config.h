@@ -57,6 +57,16 @@ struct BenchConfig {
   int64_t ckpt_d = 768;
   std::string ckpt_dir = "/tmp";
   int ckpt_repeats = 2;
+  // Where the rows compute: "cpu" (Gloo) or "cuda" (one GPU per local rank,
+  // NCCL; hp-bench --device). The GPU rows are timed with CUDA events and
+  // report the caching allocator's peaks.
+  std::string device = "cpu";
+  // Mixed precision of the fully_shard rows but ddp and of torch_fsdp2
+  // (fp32 or bf16; reduce_dtype empty: the param dtype). single, ddp and
+  // their PyTorch twins compute in fp32 (PyTorch's DDP has no public mixed
+  // precision).
+  std::string param_dtype = "fp32";
+  std::string reduce_dtype;
   // --profile-ops: the directory where every GPT row's worker writes the
   // per-op profile of its timed steps (bench/op_compare.h); empty: none.
   std::string profile_ops_dir;
@@ -68,6 +78,10 @@ struct BenchConfig {
   // Flags that reproduce this configuration on a worker's command line.
   std::vector<std::string> worker_args() const;
 };
+
+// The rows a --device cuda run takes by default: ours against PyTorch's,
+// one of each kind (single, DDP, FSDP, HSDP).
+const std::vector<std::string>& gpu_row_names();
 
 // The 2-D mesh of the hsdp row for a world of `ranks` (2 or 4): [ranks/2, 2].
 inline std::vector<int64_t> hsdp_mesh(int ranks) { return {ranks / 2, 2}; }

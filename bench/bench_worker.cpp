@@ -31,7 +31,10 @@
 #include "hp/nn/gpt.h"
 #include "hp/nn/loss.h"
 #include "hp/plan/parallel_layout.h"
+#include "hp/util/cuda_memory.h"
+#include "hp/util/cuda_timer.h"
 #include "hp/util/error.h"
+#include "hp/util/torch_compat.h"
 #include "hp/util/host_memory.h"
 #include "hp/util/memory_stats.h"
 #include "hp/util/op_profile.h"
@@ -128,6 +131,17 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
   const int rank = distributed ? dist::get_rank() : 0;
   const int world = distributed ? dist::get_world_size() : 1;
   if (distributed) spec = row_spec(row, world);
+  // On a GPU: this local rank's, current before anything is allocated.
+  const bool cuda = c.device == "cuda";
+  at::Device device = at::kCPU;
+  if (cuda) device = distributed ? dist::local_cuda_device() : compat::set_current_cuda_device(0);
+  // Mixed precision for the fully_shard rows but DDP (bench_config.h).
+  if (distributed && spec.layout.mode != plan::ParallelMode::kDDP) {
+    spec.layout.param_dtype = plan::parse_dtype(c.param_dtype, "--param-dtype");
+    if (!c.reduce_dtype.empty()) {
+      spec.layout.reduce_dtype = plan::parse_dtype(c.reduce_dtype, "--reduce-dtype");
+    }
+  }
 
   enable_memory_tracking();
   const int64_t rss_before_model = current_rss_bytes();
@@ -137,6 +151,7 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
   int64_t parameters = 0, block_bytes = 0;
   for (const auto& p : model->parameters()) parameters += p.numel();
   for (const auto& p : model->blocks().at(0)->parameters()) block_bytes += p.nbytes();
+  if (cuda) model->to(device);
 
   std::optional<FSDPModule> root;
   // hp-train's recipe for this row; also what the memory plan is asked about.
@@ -145,6 +160,7 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
   if (distributed) {
     // hp-train's own recipe (each block a unit, then the root), so the
     // benchmark measures what the training program runs.
+    recipe.device = c.device;
     recipe.comm_fusion = spec.fusion;
     recipe.prefetch = spec.prefetch;
     if (spec.activation_checkpointing) recipe.activation_checkpointing = "blocks";
@@ -166,6 +182,10 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
     }
     train::Batch batch =
         train::batch_for_step(corpus.tokens, s, global_batch, c.seq, dp_rank, dp_size);
+    if (cuda) {
+      batch.inputs = batch.inputs.to(device);
+      batch.targets = batch.targets.to(device);
+    }
     at::Tensor loss = nn::cross_entropy(model(batch.inputs), batch.targets);
     loss.backward();
     optimizer.step();
@@ -181,20 +201,46 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
   // --- the measured region: nothing but training steps ---
   dist::reset_comm_stats();
   reset_peak_memory();
+  // A GPU's step is its GPU time, between two events on the compute
+  // stream; its exposed communication the time that stream stood at a
+  // collective's wait (hp/dist/comm_stats.h).
+  if (cuda) {
+    reset_cuda_peak_memory(device.index());
+    dist::set_stream_wait_timing(true);
+  }
   OpProfile op_profile;  // --profile-ops: the timed steps' ops, not the warm-up's
   if (!c.profile_ops_dir.empty()) op_profile.start();
   const rusage usage_start = process_usage();
   std::vector<double> times, losses, step_faults;
+  double host_s = 0;  // the host's time to issue the timed steps
   for (int64_t i = 0; i < c.steps; ++i) {
     const long faults_before = process_usage().ru_minflt;  // outside the timed span
     const auto t0 = Clock::now();
+    std::optional<CudaTimer> gpu;
+    if (cuda) {
+      gpu.emplace(device);
+      gpu->start();
+    }
     at::Tensor loss = step(c.warmup + i);
-    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    host_s += std::chrono::duration<double>(Clock::now() - t0).count();
+    if (gpu) {
+      gpu->stop();
+      times.push_back(gpu->seconds());
+    } else {
+      times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
     step_faults.push_back(static_cast<double>(process_usage().ru_minflt - faults_before));
     losses.push_back(loss.item<double>());
     if (c.warmup == 0 && i == 0) first_loss = losses.back();
   }
   const rusage usage_end = process_usage();
+  CudaMemoryStats gpu_memory;
+  double exposed_s = 0;
+  if (cuda) {
+    gpu_memory = cuda_memory_stats(device.index());
+    exposed_s = dist::stream_wait_seconds();
+    dist::set_stream_wait_timing(false);
+  }
   std::optional<OpProfileResult> ops;
   if (op_profile.active()) ops = op_profile.stop();
   const dist::CommStats stats = dist::comm_stats();
@@ -217,6 +263,14 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
   mine.push_back((seconds(usage_end.ru_stime) - seconds(usage_start.ru_stime)) /
                  static_cast<double>(c.steps));
   mine.push_back(median(step_faults));
+  // The host's time to issue a step, from its start to the return of the
+  // step function, before anything waits for the GPU's result (the whole
+  // step on the CPU); then the GPU figures (0 on the CPU). Not getrusage's
+  // CPU time: a host synchronising with a GPU spins, and that would count.
+  mine.push_back(host_s / static_cast<double>(c.steps));
+  mine.push_back(static_cast<double>(gpu_memory.peak_allocated_bytes));
+  mine.push_back(static_cast<double>(gpu_memory.peak_reserved_bytes));
+  mine.push_back(exposed_s);
   const int64_t width = static_cast<int64_t>(mine.size());
   at::Tensor local = torch::tensor(mine, torch::kDouble);
   at::Tensor all = local.view({1, width});
@@ -270,7 +324,8 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
     out["losses"] = loss_mean;
     double first = 0;
     std::vector<int64_t> peaks, rss, current;
-    std::vector<double> comm_s, wait_s, kernel_s, faults;
+    std::vector<double> comm_s, wait_s, kernel_s, faults, host_s_each, exposed;
+    std::vector<int64_t> cuda_allocated, cuda_reserved;
     nlohmann::json counts = nlohmann::json::array();
     for (int r = 0; r < world; ++r) {
       const int64_t b = 2 * n;
@@ -288,11 +343,18 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
       first += at_rank(r, field + 2) / world;
       kernel_s.push_back(at_rank(r, field + 3));
       faults.push_back(at_rank(r, field + 4));
+      host_s_each.push_back(at_rank(r, field + 5));
+      cuda_allocated.push_back(static_cast<int64_t>(at_rank(r, field + 6)));
+      cuda_reserved.push_back(static_cast<int64_t>(at_rank(r, field + 7)));
+      exposed.push_back(at_rank(r, field + 8));
     }
     out["first_loss"] = std::isnan(first) ? nlohmann::json(nullptr) : nlohmann::json(first);
     out["peak_bytes_per_rank"] = peaks;
-    out["predicted_peak_bytes_per_rank"] = predicted;
-    out["predicted_in_flight_bytes_per_rank"] = in_flight;
+    // The plan is of host memory: a GPU row has none to compare with.
+    if (!cuda) {
+      out["predicted_peak_bytes_per_rank"] = predicted;
+      out["predicted_in_flight_bytes_per_rank"] = in_flight;
+    }
     out["end_bytes_per_rank"] = current;
     out["peak_rss_delta_bytes_per_rank"] = rss;
     out["collective_counts_per_rank"] = counts;  // over the timed steps
@@ -300,6 +362,15 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
     out["wait_seconds_per_rank"] = wait_s;
     out["kernel_s_per_step_per_rank"] = kernel_s;
     out["page_faults_per_step_per_rank"] = faults;
+    out["host_s_per_step_per_rank"] = host_s_each;
+    out["units"] = c.layers + 1;  // the blocks and the root, fully_shard's units
+    out["device"] = c.device;
+    if (cuda) {
+      out["param_dtype"] = plan::dtype_name(parallelism.param_dtype);
+      out["cuda_peak_allocated_bytes_per_rank"] = cuda_allocated;
+      out["cuda_peak_reserved_bytes_per_rank"] = cuda_reserved;
+      out["exposed_comm_seconds_per_rank"] = exposed;
+    }
     std::cout << kResultMarker << out.dump() << std::endl;
   }
   if (distributed) {

@@ -30,6 +30,7 @@
 #include "bench/rows.h"
 #include "hp/util/error.h"
 #include "hp/util/format.h"
+#include "hp/util/torch_compat.h"
 #include "tools/common/command_line.h"
 
 namespace {
@@ -53,7 +54,19 @@ void validate(const DriverOptions& o) {
                " must be 2 (degenerate [1, 2] mesh) or 4 ([2, 2] mesh)");
   HP_CHECK_ARG(c.hook_units >= 1 && c.hook_width >= 1 && c.hook_batch >= 1 && c.hook_steps >= 1,
                "--hook-units/--hook-width/--hook-batch/--hook-steps must be at least 1");
-  for (const auto& r : o.rows) hp::bench::find_row_spec(r);  // throws for an unknown row
+  for (const auto& r : o.rows) {
+    const hp::bench::Row& row = hp::bench::find_row_spec(r);  // throws for an unknown row
+    HP_CHECK_ARG(c.device == "cpu" || row.launcher != hp::bench::RowLauncher::kCheckpoint,
+                 "--rows ", r, " measures saving from host memory; it does not run with --device ",
+                 c.device);
+  }
+  // Launched with execve, which searches no PATH: "python3" alone would
+  // fail at the plot, after every row ran.
+  HP_CHECK_ARG(o.python.find('/') != std::string::npos, "--python '", o.python,
+               "' must be a path to the interpreter, e.g. $(command -v ", o.python, ")");
+  HP_CHECK_ARG(c.device == "cpu" || hp::compat::cuda_available(), "--device ", c.device,
+               " needs a CUDA device; this libtorch ", hp::compat::torch_version(),
+               (hp::compat::cuda_device_count() == 0 ? " sees none" : ""));
 }
 
 }  // namespace
@@ -76,6 +89,21 @@ int main(int argc, char** argv) {
                                 hp::to_string(hp::bench::row_names()) + "; extras: " +
                                 hp::to_string(hp::bench::extra_row_names()) + ")";
   app.add_option("--rows", rows, rows_help);
+  app.add_option("--device", c.device,
+                 "cpu (Gloo), or cuda: one GPU per local rank (NCCL; HP_SHARE_GPUS=1 lets ranks "
+                 "share one, for correctness only), timed with CUDA events; cuda's defaults are "
+                 "the GPU configuration (d 1024, 12 layers, 16 heads, ctx and seq 1024, bf16 "
+                 "parameters, fp32 reduction; rows " +
+                     hp::to_string(hp::bench::gpu_row_names()) +
+                     "; no hook, dispatch or checkpoint rows) where not given (cpu)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--param-dtype", c.param_dtype,
+                 "compute and all-gather dtype of the fully_shard rows (not ddp) and torch_fsdp2 "
+                 "(fp32; bf16 with --device cuda)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--reduce-dtype", c.reduce_dtype,
+                 "their gradient reduction dtype (default: --param-dtype; fp32 with --device cuda)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--vocab", c.vocab, "vocabulary (512)");
   app.add_option("--seq", c.seq, "tokens per sample (128)");
   app.add_option("--d", c.d, "model width (256)");
@@ -112,7 +140,8 @@ int main(int argc, char** argv) {
                  "benchmark's");
   app.add_option("--hprun", o.hprun, "the launcher (default: tools/hprun/hprun of this build)");
   app.add_option("--python", o.python,
-                 "Python with PyTorch, for the torch_ rows (default: " HP_PYTHON ")");
+                 "the path of a Python with PyTorch, for the torch_ rows and the plot (default: "
+                 HP_PYTHON ")");
   app.add_option("--torch-script", o.torch_script,
                  "a torch_ddp_baseline.py: every PyTorch row's script (torch_single_, "
                  "torch_ddp_, torch_fsdp2_baseline.py, torch_baseline_common.py) is taken "
@@ -139,6 +168,24 @@ int main(int argc, char** argv) {
   try {
     o.hook_overhead = !no_hook;
     o.dispatch_overhead = !no_dispatch;
+    if (c.device == "cuda") {
+      // The GPU configuration, for what the command line leaves out: a GPT
+      // that keeps a GPU busy, in the GPU recipe's precision.
+      auto unless_given = [&](const char* flag, auto& field, auto value) {
+        if (app.count(flag) == 0) field = value;
+      };
+      unless_given("--d", c.d, int64_t{1024});
+      unless_given("--layers", c.layers, int64_t{12});
+      unless_given("--heads", c.heads, int64_t{16});
+      unless_given("--ctx", c.ctx, int64_t{1024});
+      unless_given("--seq", c.seq, int64_t{1024});
+      unless_given("--param-dtype", c.param_dtype, std::string("bf16"));
+      unless_given("--reduce-dtype", c.reduce_dtype, std::string("fp32"));
+      // The hook and dispatch measurements time the host alone.
+      o.hook_overhead = false;
+      o.dispatch_overhead = false;
+      if (rows.empty() && worker.empty()) o.rows = hp::bench::gpu_row_names();
+    }
     std::stringstream list(rows);
     for (std::string r; std::getline(list, r, ',');) {
       if (!r.empty()) o.rows.push_back(r);

@@ -33,24 +33,29 @@ void print_row(const json& r) {
     return r.value(key, json(nullptr)).is_null() ? std::string("-")
                                                  : fmt::format("{:.1f}", r[key].get<double>());
   };
+  const std::string method = r.value("peak_bytes_method", std::string());
+  const std::string host_ms =
+      r.value("host_ms_per_unit_step", json(nullptr)).is_null()
+          ? "-"
+          : fmt::format("{:.3f}", r["host_ms_per_unit_step"].get<double>());
   fmt::print(
       "{:<20} {:>5} {:>10.4f} {:>9.0f} {:>10.1f} {:>9} {:>10.1f} {:>6.1f} {:>6.1f} "
-      "{:>6.1f} {:>8} {:>7} {:>7} {:>8}{}{}\n",
+      "{:>6.1f} {:>8} {:>7} {:>7} {:>8} {:>8}{}{}\n",
       name, r["ranks"].get<int>(), r["step_time_s_median"].get<double>(),
       r["tokens_per_s"].get<double>(), r["peak_bytes_per_rank"].get<double>() / (1 << 20), plan,
       c["total"].get<double>(), c["all_gather"].get<double>(), c["reduce_scatter"].get<double>(),
       c["all_reduce"].get<double>(), exposed, figure("kernel_ms_per_step"),
-      figure("page_faults_per_step"), loss,
-      find_row_spec(name).torch() ? "  (peak: RSS delta)" : "",
+      figure("page_faults_per_step"), host_ms, loss,
+      method.rfind("rss_delta", 0) == 0 ? "  (peak: RSS delta)" : "",
       r.contains("failed_rounds") ? "  [a round failed]" : "");
 }
 
 void print_rows(const json& rows) {
   fmt::print(
       "\n{:<20} {:>5} {:>10} {:>9} {:>10} {:>9} {:>10} {:>6} {:>6} {:>6} {:>8} {:>7} "
-      "{:>7} {:>8}\n",
+      "{:>7} {:>8} {:>8}\n",
       "row", "ranks", "step_s", "tok/s", "peak_MiB", "plan_MiB", "coll/step", "AG", "RS", "AR",
-      "exposed", "sys_ms", "faults", "loss");
+      "exposed", "sys_ms", "faults", "host_ms/u", "loss");
   for (const auto& r : rows) {
     const std::string name = r["name"];
     if (r.contains("skipped")) {

@@ -128,6 +128,58 @@ void add_kernel_work(json& row, const std::vector<json>& runs) {
   }
 }
 
+// The host's time to issue one step (bench_worker.cpp, and the same on
+// PyTorch's side), per unit (fully_shard's: the blocks and the root, the
+// same count for PyTorch) in ms: averaged over the ranks, the median over
+// the rounds. On a GPU this is the CPU overhead a C++ runtime saves; on the
+// CPU it is the whole step.
+void add_host_time(json& row, const std::vector<json>& runs) {
+  std::vector<double> by_round;
+  for (const auto& r : runs) {
+    if (!r.contains("host_s_per_step_per_rank") || !r.contains("units")) continue;
+    const auto each = r["host_s_per_step_per_rank"].get<std::vector<double>>();
+    double sum = 0;
+    for (double v : each) sum += v;
+    by_round.push_back(sum / static_cast<double>(each.size()) / r["units"].get<double>());
+  }
+  row["host_ms_per_unit_step"] =
+      by_round.empty() ? json(nullptr) : number_or_null(1e3 * median(by_round));
+}
+
+// A GPU row: its memory is the CUDA caching allocator's peak (ours and
+// PyTorch's alike), and its exposed communication, for ours, the share of
+// the step the compute stream stood at a collective's wait. The host-memory
+// plan does not apply.
+void add_gpu_figures(json& row, const Row& spec, const std::vector<json>& runs) {
+  const json& last = runs.back();
+  row["device"] = last.value("device", std::string("cpu"));
+  if (!last.contains("cuda_peak_allocated_bytes_per_rank")) return;
+  const std::vector<int64_t> allocated = max_over_rounds(runs, "cuda_peak_allocated_bytes_per_rank");
+  const std::vector<int64_t> reserved = max_over_rounds(runs, "cuda_peak_reserved_bytes_per_rank");
+  row["peak_bytes_per_rank"] = highest(allocated);
+  row["peak_bytes_each_rank"] = allocated;
+  row["cuda_peak_reserved_bytes_per_rank"] = highest(reserved);
+  row["peak_bytes_method"] =
+      "the CUDA caching allocator's peak allocated bytes over the timed steps "
+      "(torch.cuda.max_memory_allocated on PyTorch's side), max over ranks";
+  for (const char* key : {"predicted_peak_bytes_per_rank", "predicted_in_flight_bytes",
+                          "predicted_peak_each_rank", "plan_error"}) {
+    row.erase(key);
+  }
+  row["param_dtype"] = last.value("param_dtype", json(nullptr));
+  if (spec.torch() || !spec.communicates) return;
+  double exposed = 0, steps = 0;
+  for (const auto& r : runs) {
+    for (double v : r["exposed_comm_seconds_per_rank"]) exposed += v;
+    for (double v : r["step_times_s"]) steps += v;
+  }
+  const double ranks = static_cast<double>(last["exposed_comm_seconds_per_rank"].size());
+  row["exposed_comm_fraction"] = steps > 0 ? json(exposed / ranks / steps) : json(nullptr);
+  row["exposed_comm_method"] =
+      "GPU time the compute stream stood at a collective's wait (CUDA events around each "
+      "Work::wait, hp::dist::stream_wait_seconds), mean over ranks / the timed steps' GPU time";
+}
+
 // A PyTorch row's own count of its collectives (the last round's).
 void add_torch_collectives(json& row, const json& last) {
   const json& coll = last["collectives"];
@@ -239,6 +291,8 @@ json summarize_row(const Row& spec, const std::vector<json>& runs, const BenchCo
                         static_cast<double>(spec.ranks(c)));
     add_our_setup(row, last);
   }
+  add_host_time(row, runs);
+  add_gpu_figures(row, spec, runs);
   if (spec.note) row["note"] = spec.note(c);
   row["round_medians_s"] = json::array();
   for (const auto& r : runs) {

@@ -54,9 +54,12 @@ class Baseline:
 
     row = None
     distributed = True
+    mixed_precision = False  # whether wrap() honours --param-dtype / --reduce-dtype
 
     def wrap(self, model, world):
-        """The module the steps call; its parameters are the optimizer's."""
+        """The module the steps call; its parameters are the optimizer's. The
+        model is already on `self.device` (set by run: cpu, or this rank's GPU),
+        and `self.args` holds the parsed flags (param_dtype, reduce_dtype)."""
         return model
 
     def after_warmup(self):
@@ -130,14 +133,20 @@ def parse_args(description):
     p.add_argument("--worker-steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--profile-ops", default="", help="directory of the per-op profiles")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--param-dtype", default="fp32", choices=("fp32", "bf16"))
+    p.add_argument("--reduce-dtype", default="", choices=("", "fp32", "bf16"))
     args, _unknown = p.parse_known_args()
     return args
 
 
-def timed_steps(step, warmup, steps, after_warmup, profiler=None):
+def timed_steps(step, warmup, steps, after_warmup, profiler=None, device=None):
     """Runs warmup + steps steps, the timed ones under `profiler` if any; returns
     (first loss, timed seconds, timed losses, seconds of the whole timed loop, the
-    process's kernel seconds over the timed loop, and the median step's minor page faults)."""
+    process's kernel seconds over the timed loop, the median step's minor page faults and the
+    host's seconds to issue the timed steps: from a step's start to the return of `step`, before
+    anything waits for the GPU). On a GPU (`device` cuda) a step's time is its GPU time, between
+    two CUDA events on the current stream, as our rows time it."""
     first_loss = float("nan")
     for s in range(warmup):
         loss = step(s)
@@ -148,13 +157,24 @@ def timed_steps(step, warmup, steps, after_warmup, profiler=None):
     if profiler is not None:
         profiler.start()
     usage_start = resource.getrusage(resource.RUSAGE_SELF)
+    host_s = 0.0
     t_start = time.perf_counter()
     step_faults = []
     for i in range(steps):
         faults_before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt  # outside the timing
         t0 = time.perf_counter()
-        loss = step(warmup + i)
-        times.append(time.perf_counter() - t0)
+        if device is not None and device.type == "cuda":
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            loss = step(warmup + i)
+            host_s += time.perf_counter() - t0
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop) * 1e-3)
+        else:
+            loss = step(warmup + i)
+            times.append(time.perf_counter() - t0)
+            host_s += times[-1]
         step_faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_before)
         losses.append(loss.item())
         if warmup == 0 and i == 0:
@@ -164,7 +184,7 @@ def timed_steps(step, warmup, steps, after_warmup, profiler=None):
     if profiler is not None:
         profiler.stop()
     kernel_s = usage_end.ru_stime - usage_start.ru_stime
-    return first_loss, times, losses, timed_s, kernel_s, statistics.median(step_faults)
+    return first_loss, times, losses, timed_s, kernel_s, statistics.median(step_faults), host_s
 
 
 def op_profiler(directory):
@@ -238,15 +258,36 @@ def run(baseline, description):
     assert int(tokens.max()) < args.vocab, "token file holds ids beyond --vocab"
 
     rank, world = 0, 1
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        # One GPU per local rank; ranks sharing one on purpose (HP_SHARE_GPUS=1)
+        # need an NCCL host id each, as our library sets (docs/gpu.md).
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        count = torch.cuda.device_count()
+        assert count > 0, "--device cuda: torch sees no GPU"
+        if local_world > count:
+            assert os.environ.get("HP_SHARE_GPUS") == "1", (
+                f"{local_world} local ranks for {count} GPU(s): set HP_SHARE_GPUS=1 to share")
+            os.environ.setdefault("NCCL_HOSTID", f"{os.uname().nodename}:hp-local-rank-{local_rank}")
+            if int(os.environ.get("WORLD_SIZE", "1")) == local_world:
+                os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+        device = torch.device("cuda", local_rank % count)
+        torch.cuda.set_device(device)
+    baseline.device = device
+    baseline.args = args
     if baseline.distributed:
-        dist.init_process_group("gloo")
+        if device.type == "cuda":
+            dist.init_process_group("nccl", device_id=device)
+        else:
+            dist.init_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
 
     rss_before_model = current_rss_bytes()
     cfg = {"vocab_size": args.vocab, "context": args.ctx, "n_layer": args.layers,
            "n_head": args.heads, "n_embd": args.d}
     torch.manual_seed(args.seed)
-    model = ref.GPT(cfg)
+    model = ref.GPT(cfg).to(device)
     wrapped = baseline.wrap(model, world)
     opt = torch.optim.AdamW(wrapped.parameters(), lr=args.lr, betas=(args.beta1, args.beta2),
                             eps=args.eps, weight_decay=args.weight_decay)
@@ -255,23 +296,35 @@ def run(baseline, description):
     def step(s):
         opt.zero_grad(set_to_none=True)
         x, y = batch_for_step(tokens, s, global_batch, args.seq, rank, world)
+        x, y = x.to(device), y.to(device)
         loss = ref.loss_of(wrapped(x), y)
         loss.backward()
         opt.step()
         return loss.detach()
 
     profiler = op_profiler(args.profile_ops)
-    first_loss, times, losses, profiled_s, kernel_s, faults = timed_steps(
-        step, args.warmup, args.worker_steps, baseline.after_warmup, profiler)
+
+    def after_warmup():
+        baseline.after_warmup()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    first_loss, times, losses, profiled_s, kernel_s, faults, host_s = timed_steps(
+        step, args.warmup, args.worker_steps, after_warmup, profiler, device)
+    cuda_peaks = [0.0, 0.0]
+    if device.type == "cuda":
+        cuda_peaks = [float(torch.cuda.max_memory_allocated(device)),
+                      float(torch.cuda.max_memory_reserved(device))]
     extra = baseline.result_fields(wrapped, args.worker_steps)
     rss_delta = peak_rss_bytes() - rss_before_model
     if profiler is not None:  # after the measurements: reading the events allocates
         write_ops_file(args.profile_ops, baseline.row, rank, args.worker_steps, profiler,
                        profiled_s)
     n = args.worker_steps
-    mine = torch.tensor(times + losses + [float(rss_delta), first_loss, kernel_s / n, faults],
-                        dtype=torch.float64)
-    allr = gather_rows(mine, world, baseline.distributed)
+    mine = torch.tensor(times + losses + [float(rss_delta), first_loss, kernel_s / n, faults,
+                                          host_s / n] + cuda_peaks,
+                        dtype=torch.float64, device=device)
+    allr = gather_rows(mine, world, baseline.distributed).cpu()
     if rank == 0:
         out = {
             "row": baseline.row,
@@ -287,7 +340,14 @@ def run(baseline, description):
             "peak_rss_delta_bytes_per_rank": [int(v) for v in allr[:, 2 * n].tolist()],
             "kernel_s_per_step_per_rank": allr[:, 2 * n + 2].tolist(),
             "page_faults_per_step_per_rank": allr[:, 2 * n + 3].tolist(),
+            "host_s_per_step_per_rank": allr[:, 2 * n + 4].tolist(),
+            "units": args.layers + 1,
+            "device": device.type,
         }
+        if device.type == "cuda":
+            out["param_dtype"] = args.param_dtype if baseline.mixed_precision else "fp32"
+            out["cuda_peak_allocated_bytes_per_rank"] = [int(v) for v in allr[:, 2 * n + 5].tolist()]
+            out["cuda_peak_reserved_bytes_per_rank"] = [int(v) for v in allr[:, 2 * n + 6].tolist()]
         out.update(extra)
         print(MARKER + json.dumps(out), flush=True)
     if baseline.distributed:

@@ -24,7 +24,10 @@ class DdpBaseline(common.Baseline):
     row = "torch_ddp"
 
     def wrap(self, model, world):
-        return DDP(model)  # defaults: bucket_cap_mb 25, first bucket 1 MiB, no gradient views
+        # Defaults: bucket_cap_mb 25, first bucket 1 MiB, no gradient views.
+        if self.device.type == "cuda":
+            return DDP(model, device_ids=[self.device.index])
+        return DDP(model)
 
     def result_fields(self, wrapped, steps):
         logging = wrapped._get_ddp_logging_data()

@@ -84,15 +84,29 @@ def skip(reason):
 
 class Fsdp2Baseline(common.Baseline):
     row = "torch_fsdp2"
+    mixed_precision = True
 
     def wrap(self, model, world):
         fully_shard = import_fully_shard()
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh(self.device.type, (world,))
+        # Mixed precision as our rows apply it (tools/hp_train/parallelize.cpp):
+        # every unit computes and gathers in the param dtype and reduces in
+        # the reduce dtype; only the root returns fp32 logits.
+        block_kwargs, root_kwargs = {}, {}
+        dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+        if self.args.param_dtype != "fp32" or self.args.reduce_dtype:
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+            param = dtypes[self.args.param_dtype]
+            reduce = dtypes[self.args.reduce_dtype or self.args.param_dtype]
+            block_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
+            root_kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce,
+                                                            output_dtype=torch.float32)
         for i, block in enumerate(model.h):
-            fully_shard(block, mesh=mesh, reshard_after_forward=i + 1 < len(model.h))
-        fully_shard(model, mesh=mesh)
+            fully_shard(block, mesh=mesh, reshard_after_forward=i + 1 < len(model.h),
+                        **block_kwargs)
+        fully_shard(model, mesh=mesh, **root_kwargs)
         self.units = len(model.h) + 1
         self.counter = CollectiveCounter()
         return model

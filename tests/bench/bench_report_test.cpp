@@ -224,6 +224,88 @@ TEST(BenchTargets, PageFaultsAreJudgedOnOurRowsOnly) {
                   .is_null());
 }
 
+// A GPU round of a PyTorch row: its memory is the caching allocator's peak,
+// its host time per unit the issue time over the model's units.
+TEST(BenchSummary, GpuRowsReportTheCachingAllocatorsPeakAndHostTimePerUnit) {
+  json run = torch_single_run();
+  run["device"] = "cuda";
+  run["units"] = 5;
+  run["host_s_per_step_per_rank"] = {0.010};
+  run["cuda_peak_allocated_bytes_per_rank"] = {3000};
+  run["cuda_peak_reserved_bytes_per_rank"] = {4096};
+  const json row = summarize_row(find_row_spec("torch_single"), {run}, BenchConfig{});
+  EXPECT_EQ(row["device"], "cuda");
+  EXPECT_EQ(row["peak_bytes_per_rank"], 3000);
+  EXPECT_EQ(row["cuda_peak_reserved_bytes_per_rank"], 4096);
+  EXPECT_THAT(row["peak_bytes_method"].get<std::string>(), HasSubstr("caching allocator"));
+  EXPECT_DOUBLE_EQ(row["host_ms_per_unit_step"].get<double>(), 2.0);  // 10 ms over 5 units
+  EXPECT_TRUE(row["exposed_comm_fraction"].is_null()) << "PyTorch's waits are not ours to time";
+}
+
+// Our GPU row: the exposed share is the stream's stall over the steps'
+// GPU time (mean over ranks), and the host-memory plan does not apply.
+TEST(BenchSummary, OurGpuRowsExposedCommIsTheStreamStallOverTheSteps) {
+  json run = {{"row", "fsdp_fused_prefetch"},
+              {"ranks", 2},
+              {"step_times_s", {0.1, 0.1}},
+              {"losses", {6.0, 5.9}},
+              {"first_loss", 6.1},
+              {"peak_rss_delta_bytes_per_rank", {1, 1}},
+              {"peak_bytes_per_rank", {100, 100}},
+              {"predicted_peak_bytes_per_rank", {90, 90}},
+              {"predicted_in_flight_bytes_per_rank", {10, 10}},
+              {"end_bytes_per_rank", {1, 1}},
+              {"collective_counts_per_rank", {{{"all_gather", 2}}, {{"all_gather", 2}}}},
+              {"comm_seconds_per_rank", {0.0, 0.0}},
+              {"wait_seconds_per_rank", {0.0, 0.0}},
+              {"mesh", {2}}, {"mesh_names", nullptr}, {"comm_fusion", true}, {"prefetch", true},
+              {"parameters", 10}, {"block_param_bytes", 4},
+              {"device", "cuda"},
+              {"units", 2},
+              {"host_s_per_step_per_rank", {0.004, 0.002}},
+              {"cuda_peak_allocated_bytes_per_rank", {5000, 7000}},
+              {"cuda_peak_reserved_bytes_per_rank", {8192, 8192}},
+              {"exposed_comm_seconds_per_rank", {0.02, 0.04}}};
+  BenchConfig c;
+  c.ranks = 2;
+  const json row = summarize_row(find_row_spec("fsdp_fused_prefetch"), {run}, c);
+  EXPECT_EQ(row["peak_bytes_per_rank"], 7000);
+  // (0.02 + 0.04) / 2 ranks over 0.2 s of steps.
+  EXPECT_DOUBLE_EQ(row["exposed_comm_fraction"].get<double>(), 0.15);
+  EXPECT_DOUBLE_EQ(row["host_ms_per_unit_step"].get<double>(), 1.5);  // 3 ms over 2 units
+  EXPECT_FALSE(row.contains("predicted_peak_bytes_per_rank"));
+  EXPECT_FALSE(row.contains("plan_error"));
+}
+
+// On a GPU the world-of-one target compares fully_shard with the model
+// without it, in fp32 and one rank only; other runs leave it unmeasured.
+TEST(BenchTargets, GpuWorldOfOneTargetNeedsOneRankAndFp32) {
+  auto row = [](const char* name, double step) {
+    return json{{"name", name},
+                {"step_time_s_median", step},
+                {"peak_bytes_per_rank", 1},
+                {"block_param_bytes", 1},
+                {"exposed_comm_fraction", nullptr},
+                {"page_faults_per_step", nullptr},
+                {"collectives_per_step",
+                 {{"all_gather", 0.0}, {"reduce_scatter", 0.0}, {"all_reduce", 0.0}}}};
+  };
+  const json rows = json::array({row("single", 0.20), row("fsdp_fused_prefetch", 0.205)});
+  BenchConfig c;
+  c.device = "cuda";
+  c.ranks = 1;
+  json t = compute_targets(rows, c)["gpu_world_of_one_fsdp_over_single"];
+  EXPECT_DOUBLE_EQ(t["value"].get<double>(), 0.205 / 0.20);
+  EXPECT_EQ(t["pass"], true);
+  c.param_dtype = "bf16";
+  EXPECT_TRUE(compute_targets(rows, c)["gpu_world_of_one_fsdp_over_single"]["pass"].is_null());
+  c.param_dtype = "fp32";
+  c.ranks = 2;
+  EXPECT_TRUE(compute_targets(rows, c)["gpu_world_of_one_fsdp_over_single"]["pass"].is_null());
+  c.device = "cpu";
+  EXPECT_FALSE(compute_targets(rows, c).contains("gpu_world_of_one_fsdp_over_single"));
+}
+
 TEST(BenchSummary, FailedAndSkippedRowsHaveNullFigures) {
   BenchConfig c;
   const json failed = failed_row(find_row_spec("hsdp_fused_prefetch"), "round 1: boom", c);

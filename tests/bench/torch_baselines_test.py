@@ -27,7 +27,8 @@ FLAGS = {"--vocab": 64, "--seq": 8, "--d": 16, "--heads": 2, "--layers": 1, "--c
          "--batch": 2, "--worker-steps": 2, "--warmup": 1, "--seed": 7}
 KEYS = {"row", "ranks", "torch_version", "threads", "parameters", "steps", "warmup",
         "step_times_s", "losses", "first_loss", "peak_rss_delta_bytes_per_rank", "collectives",
-        "kernel_s_per_step_per_rank", "page_faults_per_step_per_rank"}
+        "kernel_s_per_step_per_rank", "page_faults_per_step_per_rank", "host_s_per_step_per_rank",
+        "units", "device"}
 
 
 def result_of(argv):
@@ -51,6 +52,11 @@ def check_result(r, row, ranks):
     for key in ("kernel_s_per_step_per_rank", "page_faults_per_step_per_rank"):
         assert len(r[key]) == ranks and all(v >= 0 for v in r[key]), (key, r)
     assert all(math.isfinite(v) for v in r["losses"] + [r["first_loss"]]), r
+    # On the CPU the host's issue time is the whole step, measured around
+    # the same call.
+    assert r["device"] == "cpu" and r["units"] == FLAGS["--layers"] + 1, r
+    assert len(r["host_s_per_step_per_rank"]) == ranks, r
+    assert all(0 < v for v in r["host_s_per_step_per_rank"]), r
     assert "method" in r["collectives"], r
 
 

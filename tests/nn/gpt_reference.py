@@ -77,7 +77,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        future = torch.ones(T, T, dtype=torch.bool).triu(1)
+        future = torch.ones(T, T, dtype=torch.bool, device=att.device).triu(1)
         att = att.masked_fill(future, float("-inf")).softmax(dim=-1)
         y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)
@@ -134,7 +134,7 @@ class GPT(nn.Module):
 
     def forward(self, idx):
         T = idx.size(1)
-        x = self.wte(idx) + self.wpe(torch.arange(T, dtype=torch.long))
+        x = self.wte(idx) + self.wpe(torch.arange(T, dtype=torch.long, device=idx.device))
         for block in self.h:
             x = block(x)
         return self.lm_head(self.ln_f(x))
