@@ -350,11 +350,10 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
     }
     out["first_loss"] = std::isnan(first) ? nlohmann::json(nullptr) : nlohmann::json(first);
     out["peak_bytes_per_rank"] = peaks;
-    // The plan is of host memory: a GPU row has none to compare with.
-    if (!cuda) {
-      out["predicted_peak_bytes_per_rank"] = predicted;
-      out["predicted_in_flight_bytes_per_rank"] = in_flight;
-    }
+    // On a GPU the same plan predicts the caching allocator's allocated
+    // peak (the step's tensors are the same), which the row reports.
+    out["predicted_peak_bytes_per_rank"] = predicted;
+    out["predicted_in_flight_bytes_per_rank"] = in_flight;
     out["end_bytes_per_rank"] = current;
     out["peak_rss_delta_bytes_per_rank"] = rss;
     out["collective_counts_per_rank"] = counts;  // over the timed steps

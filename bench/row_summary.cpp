@@ -147,9 +147,9 @@ void add_host_time(json& row, const std::vector<json>& runs) {
 }
 
 // A GPU row: its memory is the CUDA caching allocator's peak (ours and
-// PyTorch's alike), and its exposed communication, for ours, the share of
-// the step the compute stream stood at a collective's wait. The host-memory
-// plan does not apply.
+// PyTorch's alike), against which our rows' plan is judged, and its
+// exposed communication, for ours, the share of the step the compute
+// stream stood at a collective's wait.
 void add_gpu_figures(json& row, const Row& spec, const std::vector<json>& runs) {
   const json& last = runs.back();
   row["device"] = last.value("device", std::string("cpu"));
@@ -162,10 +162,7 @@ void add_gpu_figures(json& row, const Row& spec, const std::vector<json>& runs) 
   row["peak_bytes_method"] =
       "the CUDA caching allocator's peak allocated bytes over the timed steps "
       "(torch.cuda.max_memory_allocated on PyTorch's side), max over ranks";
-  for (const char* key : {"predicted_peak_bytes_per_rank", "predicted_in_flight_bytes",
-                          "predicted_peak_each_rank", "plan_error"}) {
-    row.erase(key);
-  }
+  if (!spec.torch()) add_plan(row, last);  // against the GPU's peak
   row["param_dtype"] = last.value("param_dtype", json(nullptr));
   if (spec.torch() || !spec.communicates) return;
   double exposed = 0, steps = 0;

@@ -243,7 +243,7 @@ TEST(BenchSummary, GpuRowsReportTheCachingAllocatorsPeakAndHostTimePerUnit) {
 }
 
 // Our GPU row: the exposed share is the stream's stall over the steps'
-// GPU time (mean over ranks), and the host-memory plan does not apply.
+// GPU time (mean over ranks), and the plan is judged against the GPU's peak.
 TEST(BenchSummary, OurGpuRowsExposedCommIsTheStreamStallOverTheSteps) {
   json run = {{"row", "fsdp_fused_prefetch"},
               {"ranks", 2},
@@ -273,8 +273,9 @@ TEST(BenchSummary, OurGpuRowsExposedCommIsTheStreamStallOverTheSteps) {
   // (0.02 + 0.04) / 2 ranks over 0.2 s of steps.
   EXPECT_DOUBLE_EQ(row["exposed_comm_fraction"].get<double>(), 0.15);
   EXPECT_DOUBLE_EQ(row["host_ms_per_unit_step"].get<double>(), 1.5);  // 3 ms over 2 units
-  EXPECT_FALSE(row.contains("predicted_peak_bytes_per_rank"));
-  EXPECT_FALSE(row.contains("plan_error"));
+  // The plan is judged against the GPU's peak: (90 - 7000) / 7000.
+  EXPECT_EQ(row["predicted_peak_bytes_per_rank"], 90);
+  EXPECT_DOUBLE_EQ(row["plan_error"].get<double>(), (90.0 - 7000.0) / 7000.0);
 }
 
 // On a GPU the world-of-one target compares fully_shard with the model

@@ -114,6 +114,22 @@ TEST(DryRun, JoinsNoProcessGroup) {
   EXPECT_THAT(r.out, HasSubstr("memory plan of rank 1 (MiB)")) << describe(r);
 }
 
+// Planning a GPU run needs no GPU: the plan is the same arithmetic, and it
+// says what on a GPU it leaves out.
+TEST(DryRun, PlansAGpuRunWithoutAGpuAndNamesWhatItLeavesOut) {
+  const ProcessResult r = hp_train(0, concat(kTiny, {"--dry-run", "--mode", "none", "--device",
+                                                     "cuda"}));
+  ASSERT_TRUE(r.exited && r.exit_code == 0) << describe(r);
+  EXPECT_THAT(r.out, HasSubstr("memory plan of rank 0 (MiB)")) << describe(r);
+  EXPECT_THAT(r.out, HasSubstr("on a GPU this predicts the caching allocator's allocated peak"))
+      << describe(r);
+  EXPECT_THAT(r.out, HasSubstr("not planned: cuBLAS and cuDNN workspaces")) << describe(r);
+  const ProcessResult host = hp_train(0, concat(kTiny, {"--dry-run", "--mode", "none",
+                                                        "--device", "cpu"}));
+  ASSERT_TRUE(host.exited && host.exit_code == 0) << describe(host);
+  EXPECT_THAT(host.out, Not(HasSubstr("caching allocator"))) << describe(host);
+}
+
 TEST(DryRun, BadFlagsStillFailBeforeAnything) {
   const ProcessResult r = hp_train(2, concat(kTiny, {"--dry-run", "--batch", "3"}));
   ASSERT_TRUE(r.exited) << describe(r);
