@@ -3,11 +3,13 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <optional>
 
 #include "hp/nn/linear.h"
 #include "hp/nn/meta_device.h"
 #include "hp/nn/sample_tokens.h"
 #include "hp/util/error.h"
+#include "hp/util/host_memory.h"
 
 namespace hp::nn {
 
@@ -30,6 +32,10 @@ GPTImpl::GPTImpl(GPTConfig config, c10::Device device) : Module("GPT"), config_(
   auto place = [meta](torch::nn::Module& m) {
     if (meta) move_to_meta(m);
   };
+  // Each submodule's weights are drawn on the host and dropped: mapped on
+  // their own, they leave no holes in the heap (hp/util/host_memory.h).
+  std::optional<ScopedMappedHostBlocks> mapped;
+  if (device.is_meta()) mapped.emplace();
   const int64_t d = config_.n_embd;
   wte = register_module("wte", torch::nn::Embedding(config_.vocab_size, d));
   place(*wte);

@@ -4,11 +4,13 @@
 #include <torch/torch.h>
 
 #include <mutex>
+#include <optional>
 
 #include "hp/nn/linear.h"
 #include "hp/nn/meta_device.h"
 #include "hp/nn/sample_tokens.h"
 #include "hp/util/error.h"
+#include "hp/util/host_memory.h"
 
 namespace hp::nn {
 
@@ -19,6 +21,10 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& config, c10::Device device)
   auto place = [meta = device.is_meta()](torch::nn::Module& m) {
     if (meta) move_to_meta(m);
   };
+  // Each submodule's weights are drawn on the host and dropped: mapped on
+  // their own, they leave no holes in the heap (hp/util/host_memory.h).
+  std::optional<ScopedMappedHostBlocks> mapped;
+  if (device.is_meta()) mapped.emplace();
   embed_tokens =
       register_module("embed_tokens", torch::nn::Embedding(config.vocab_size, config.n_embd));
   place(*embed_tokens);

@@ -1,5 +1,6 @@
 #include "hp/util/host_memory.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -12,6 +13,41 @@
 
 namespace hp {
 
+namespace {
+
+// Whether retain_freed_host_memory set glibc's thresholds.
+std::atomic<bool> g_retaining{false};
+
+void set_mmap_threshold(int64_t bytes) {
+#if defined(__GLIBC__)
+  if (mallopt(M_MMAP_THRESHOLD, static_cast<int>(bytes)) != 1) {
+    throw std::runtime_error(cat("glibc refused M_MMAP_THRESHOLD = ", bytes, " bytes"));
+  }
+#else
+  (void)bytes;
+#endif
+}
+
+}  // namespace
+
+ScopedMappedHostBlocks::ScopedMappedHostBlocks(int64_t min_bytes) {
+  HP_CHECK_ARG(min_bytes > 0 && min_bytes <= kRetainedBlockBytes,
+               "ScopedMappedHostBlocks: min_bytes ", min_bytes, " must be in (0, ",
+               kRetainedBlockBytes, "]");
+  if (!g_retaining.load()) return;
+  set_mmap_threshold(min_bytes);
+  active_ = true;
+}
+
+ScopedMappedHostBlocks::~ScopedMappedHostBlocks() {
+  if (!active_) return;
+  try {
+    set_mmap_threshold(kRetainedBlockBytes);
+  } catch (const std::exception&) {
+    // glibc took this very value before; a destructor cannot report more.
+  }
+}
+
 bool retain_freed_host_memory() {
   if (const char* setting = std::getenv("HP_RETAIN_HOST_MEMORY")) {
     const std::string value = setting;
@@ -21,13 +57,11 @@ bool retain_freed_host_memory() {
   }
 #if defined(__GLIBC__)
   // Setting either threshold also stops glibc from moving them on its own.
-  if (mallopt(M_MMAP_THRESHOLD, static_cast<int>(kRetainedBlockBytes)) != 1) {
-    throw std::runtime_error(
-        cat("glibc refused M_MMAP_THRESHOLD = ", kRetainedBlockBytes, " bytes"));
-  }
+  set_mmap_threshold(kRetainedBlockBytes);
   if (mallopt(M_TRIM_THRESHOLD, static_cast<int>(kRetainedTopBytes)) != 1) {
     throw std::runtime_error(cat("glibc refused M_TRIM_THRESHOLD = ", kRetainedTopBytes, " bytes"));
   }
+  g_retaining.store(true);
   return true;
 #else
   return false;

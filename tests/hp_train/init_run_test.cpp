@@ -49,6 +49,7 @@ TEST(HpTrainInit, MetaTrainsAsEagerWithALowerStartupPeak) {
     ASSERT_EQ(run.exit_code, 0) << describe(run);
     EXPECT_NE((run.out + run.err).find("start-up peak per rank (--init " + init), std::string::npos)
         << describe(run);
+    EXPECT_NE(run.out.find("of it before the model"), std::string::npos) << describe(run);
     logs[init] = read_lines(dir.file(init + ".jsonl"));
     ASSERT_EQ(logs[init].size(), 2u);
     EXPECT_EQ(logs[init][0].at("init"), init);
@@ -62,6 +63,17 @@ TEST(HpTrainInit, MetaTrainsAsEagerWithALowerStartupPeak) {
   ASSERT_EQ(eager.size(), 3u);
   ASSERT_EQ(meta.size(), 3u);
   for (size_t r = 0; r < 3; ++r) EXPECT_LT(meta[r], eager[r]) << "rank " << r;
+  // The resident size before the model is part of the resident peak.
+  for (const std::string init : {"eager", "meta"}) {
+    const auto& first = logs[init][0];
+    const auto before = first.at("startup_before_model_bytes").get<std::vector<int64_t>>();
+    const auto peak = first.at("startup_vmhwm_bytes").get<std::vector<int64_t>>();
+    ASSERT_EQ(before.size(), 3u);
+    for (size_t r = 0; r < 3; ++r) {
+      EXPECT_GT(before[r], 0) << init << " rank " << r;
+      EXPECT_LE(before[r], peak[r]) << init << " rank " << r;
+    }
+  }
 }
 
 TEST(HpTrainInit, MetaReadsACheckpointFromAnotherWorldSizeAndAnExportAlike) {

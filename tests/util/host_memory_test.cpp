@@ -1,6 +1,7 @@
 // retain_freed_host_memory: memory a step freed is not faulted in again by
-// the next. Its own binary: the setting is process-wide and lasting,
-// and the first test measures malloc as glibc leaves it.
+// the next, and a model built on meta leaves no weights in the heap
+// (ScopedMappedHostBlocks). Its own binary: the settings are process-wide
+// and lasting, and the tests depend on the heap this process has made.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "hp/nn/gpt.h"
 #include "hp/util/error.h"
 #include "hp/util/host_memory.h"
 
@@ -41,6 +43,41 @@ int64_t faults_of_one_step() {
     while (!blocks.empty()) blocks.pop_back();  // the last allocated first, as backward frees
   }
   return minor_faults() - before;
+}
+
+// Building a model on meta draws each block's weights on the host and drops
+// them while the block's module objects stay. GPT's meta constructor holds a
+// ScopedMappedHostBlocks, so weights of 1 MiB or more are mapped on their own
+// and leave nothing in the heap; from the heap, each block's weights would
+// be split by the objects that follow, the next block's would not fit the
+// hole, and the heap would grow by most of the weights (here 16 blocks of
+// 12 MiB: it grew by 117 MiB without the guard, by 1.6 MiB with it). What may reach the heap: the tensors under 1 MiB
+// (drawn once each, so at most their sum even if no hole were reused), and
+// the modules' own objects, names and malloc's top padding, under 1 MiB for
+// a model of 16 blocks.
+// First in this binary: the heap holds no free space yet that the blocks
+// could fall into whatever the guard does.
+TEST(HostMemory, BuildingOnMetaLeavesNoWeightsInTheHeap) {
+  ::unsetenv("HP_RETAIN_HOST_MEMORY");
+  ASSERT_TRUE(retain_freed_host_memory());
+  nn::GPTConfig config;
+  config.vocab_size = 256;
+  config.context = 256;
+  config.n_layer = 16;
+  config.n_head = 8;
+  config.n_embd = 512;  // a block's weights: 3, 1, 4 and 4 MiB
+  const auto before = static_cast<int64_t>(mallinfo2().arena);
+  nn::GPT model(config, at::kMeta);
+  const int64_t growth = static_cast<int64_t>(mallinfo2().arena) - before;
+  int64_t small_bytes = 0, large_bytes = 0;
+  for (const auto& p : model->parameters()) {
+    const auto bytes = static_cast<int64_t>(p.numel() * p.element_size());
+    (bytes < (int64_t{1} << 20) ? small_bytes : large_bytes) += bytes;
+  }
+  EXPECT_LE(growth, small_bytes + (int64_t{1} << 20))
+      << "the heap grew by " << growth << " bytes while building on meta; the model's tensors "
+      << "under 1 MiB are " << small_bytes << " bytes, its larger ones " << large_bytes;
+  for (const auto& p : model->parameters()) ASSERT_TRUE(p.is_meta());
 }
 
 TEST(HostMemory, FreedStepMemoryIsReusedWithoutFaults) {

@@ -166,6 +166,7 @@ int run(TrainOptions options) {
   // meta, identical draws into each rank's shards).
   torch::manual_seed(options.seed);
   const bool meta_init = uses_meta_init(options, parallelism);
+  const int64_t before_model_bytes = resident_bytes();
   TrainModel model = build_model(options, corpus.vocab_size, meta_init);
   // Built on the host (the same values as a CPU run), then moved whole; on
   // meta, each rank's shards are materialised on its GPU below.
@@ -191,9 +192,13 @@ int run(TrainOptions options) {
   const std::string init_line = materialize_model(model, options, meta_init, device.device);
   const StartupMemory startup =
       gather_startup_memory(distributed ? hp::dist::world_group().get() : nullptr,
+                            before_model_bytes,
                             device.is_cuda() ? std::optional<c10::Device>(device.device)
                                              : std::nullopt);
-  if (step_log) step_log->set_startup(startup.peak_bytes, startup.vmhwm_bytes, meta_init);
+  if (step_log) {
+    step_log->set_startup(startup.peak_bytes, startup.vmhwm_bytes, startup.before_model_bytes,
+                          meta_init);
+  }
   if (!options.trace.empty()) {
     // Each rank's clock starts with its own process; one origin for all,
     // rank 0's wall clock now, lines the ranks' timelines up.

@@ -21,13 +21,13 @@
 namespace hp::train {
 namespace {
 
-// VmHWM of /proc/self/status in bytes (0 where there is none).
-int64_t resident_peak_bytes() {
+// A "Vm...:" field of /proc/self/status in bytes (0 where there is none).
+int64_t status_bytes(const std::string& field) {
   std::ifstream status("/proc/self/status");
   std::string line;
   while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) != 0) continue;
-    std::istringstream fields(line.substr(6));
+    if (line.rfind(field, 0) != 0) continue;
+    std::istringstream fields(line.substr(field.size()));
     int64_t kib = 0;
     fields >> kib;
     return kib * 1024;
@@ -35,9 +35,13 @@ int64_t resident_peak_bytes() {
   return 0;
 }
 
+int64_t resident_peak_bytes() { return status_bytes("VmHWM:"); }
+
 std::string mib(int64_t bytes) { return fmt::format("{:.1f} MiB", bytes / 1048576.0); }
 
 }  // namespace
+
+int64_t resident_bytes() { return status_bytes("VmRSS:"); }
 
 TrainModel build_model(const TrainOptions& options, int64_t vocab_size, bool meta) {
   const bool directory =
@@ -77,24 +81,27 @@ std::string materialize_model(const TrainModel& model, const TrainOptions& optio
                      options.init_from, mib(static_cast<int64_t>(loaded.bytes_read)));
 }
 
-StartupMemory gather_startup_memory(dist::Group* group, std::optional<c10::Device> cuda_device) {
+StartupMemory gather_startup_memory(dist::Group* group, int64_t before_model_bytes,
+                                    std::optional<c10::Device> cuda_device) {
   const double cuda_peak =
       cuda_device ? static_cast<double>(cuda_memory_stats(cuda_device->index()).peak_allocated_bytes)
                   : 0.0;
   at::Tensor mine = torch::tensor({static_cast<double>(memory_stats().peak_bytes),
-                                   static_cast<double>(resident_peak_bytes()), cuda_peak},
+                                   static_cast<double>(resident_peak_bytes()), cuda_peak,
+                                   static_cast<double>(before_model_bytes)},
                                   torch::kDouble);
   at::Tensor all = mine;
   if (group) {
-    all = torch::empty({group->size() * 3}, torch::kDouble);
+    all = torch::empty({group->size() * 4}, torch::kDouble);
     dist::all_gather_into(*group, all, mine).wait();
   }
-  all = all.view({-1, 3});
+  all = all.view({-1, 4});
   StartupMemory memory;
   for (int64_t r = 0; r < all.size(0); ++r) {
     memory.peak_bytes.push_back(static_cast<int64_t>(all[r][0].item<double>()));
     memory.vmhwm_bytes.push_back(static_cast<int64_t>(all[r][1].item<double>()));
     if (cuda_device) memory.cuda_peak_bytes.push_back(static_cast<int64_t>(all[r][2].item<double>()));
+    memory.before_model_bytes.push_back(static_cast<int64_t>(all[r][3].item<double>()));
   }
   return memory;
 }
@@ -107,6 +114,10 @@ std::string startup_memory_table(const StartupMemory& memory, bool meta, int64_t
   for (int64_t r = 0; r < ranks; ++r) {
     text += fmt::format("\n  rank {}: {} allocated by libtorch, VmHWM {}", r,
                         mib(memory.peak_bytes[r]), mib(memory.vmhwm_bytes[r]));
+    if (r < static_cast<int64_t>(memory.before_model_bytes.size())) {
+      text += fmt::format(" ({} of it before the model: the libraries, the corpus)",
+                          mib(memory.before_model_bytes[r]));
+    }
     if (!memory.cuda_peak_bytes.empty()) {
       text += fmt::format(", GPU {} allocated", mib(memory.cuda_peak_bytes[r]));
     }

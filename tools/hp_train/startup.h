@@ -34,17 +34,25 @@ TrainModel build_model(const TrainOptions& options, int64_t vocab_size, bool met
 std::string materialize_model(const TrainModel& model, const TrainOptions& options, bool meta,
                               c10::Device device);
 
+// The process's resident size now (VmRSS of /proc/self/status; 0 where
+// there is none).
+int64_t resident_bytes();
+
 struct StartupMemory {
   std::vector<int64_t> peak_bytes;   // per rank: libtorch's CPU peak so far (memory_stats)
   std::vector<int64_t> vmhwm_bytes;  // per rank: the process's resident peak (VmHWM)
+  // per rank: the resident size before the model was built (the libraries'
+  // pages, the corpus): the VmHWM beyond it is the model's start-up
+  std::vector<int64_t> before_model_bytes;
   // per rank: the CUDA caching allocator's peak of allocated bytes so far;
   // empty on the CPU
   std::vector<int64_t> cuda_peak_bytes;
 };
 
 // Every rank's figures, gathered over `group` (null: this process alone);
-// `cuda_device`: this rank's GPU, whose allocator peak is gathered too.
-StartupMemory gather_startup_memory(dist::Group* group,
+// `before_model_bytes`: this rank's resident_bytes() before the model was
+// built; `cuda_device`: this rank's GPU, whose allocator peak is gathered too.
+StartupMemory gather_startup_memory(dist::Group* group, int64_t before_model_bytes,
                                     std::optional<c10::Device> cuda_device = std::nullopt);
 
 // One line per rank, next to the model's fp32 bytes divided by the ranks.

@@ -59,9 +59,10 @@ StepLog::StepLog(const std::string& path, int64_t first_step)
     : path_(path), out_(continued_log(path, first_step)) {}
 
 void StepLog::set_startup(std::vector<int64_t> peak_bytes, std::vector<int64_t> vmhwm_bytes,
-                          bool meta) {
+                          std::vector<int64_t> before_model_bytes, bool meta) {
   startup_peak_bytes_ = std::move(peak_bytes);
   startup_vmhwm_bytes_ = std::move(vmhwm_bytes);
+  startup_before_model_bytes_ = std::move(before_model_bytes);
   meta_ = meta;
   startup_pending_ = true;
 }
@@ -83,6 +84,7 @@ void StepLog::write(const StepRecord& record) {
     line["init"] = meta_ ? "meta" : "eager";
     line["startup_peak_bytes"] = startup_peak_bytes_;
     line["startup_vmhwm_bytes"] = startup_vmhwm_bytes_;
+    line["startup_before_model_bytes"] = startup_before_model_bytes_;
     startup_pending_ = false;
   }
   out_ << line.dump() << '\n' << std::flush;

@@ -34,9 +34,10 @@ class StepLog {
   // steps it finished.
   void write(const StepRecord& record);
   // The first line written after this carries the start-up memory too:
-  // "init" ("eager" or "meta"), "startup_peak_bytes" and
-  // "startup_vmhwm_bytes" (per rank; startup.h).
-  void set_startup(std::vector<int64_t> peak_bytes, std::vector<int64_t> vmhwm_bytes, bool meta);
+  // "init" ("eager" or "meta"), "startup_peak_bytes", "startup_vmhwm_bytes"
+  // and "startup_before_model_bytes" (per rank; startup.h).
+  void set_startup(std::vector<int64_t> peak_bytes, std::vector<int64_t> vmhwm_bytes,
+                   std::vector<int64_t> before_model_bytes, bool meta);
   // On GPUs, every line also carries "mfu": flops_per_step / step_time_s /
   // peak_flops (ProgressMeter::set_mfu_basis). Lines of a GPU run carry
   // "cuda_peak_allocated_bytes" and "cuda_peak_reserved_bytes" (per rank)
@@ -49,7 +50,7 @@ class StepLog {
  private:
   double flops_per_step_ = 0;
   double peak_flops_ = 0;
-  std::vector<int64_t> startup_peak_bytes_, startup_vmhwm_bytes_;
+  std::vector<int64_t> startup_peak_bytes_, startup_vmhwm_bytes_, startup_before_model_bytes_;
   bool meta_ = false;
   bool startup_pending_ = false;
   std::string path_;
