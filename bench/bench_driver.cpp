@@ -70,10 +70,16 @@ void write_tokens(const std::string& path, const BenchConfig& c, int max_ranks) 
 
 // The run's configuration as the report states it.
 json config_json(const BenchConfig& c, int rounds) {
+  const bool gpu = c.device == "cuda";
+  const std::string reduce = c.reduce_dtype.empty() ? c.param_dtype : c.reduce_dtype;
   return {
       {"model", {{"kind", "GPT-2 (hp::nn::GPT / tests/nn/gpt_reference.py)"},
                  {"vocab", c.vocab}, {"seq", c.seq}, {"d", c.d}, {"heads", c.heads},
                  {"layers", c.layers}, {"ctx", c.ctx}, {"dtype", "float32"}}},
+      {"device", c.device},
+      {"mixed_precision",
+       {{"param_dtype", c.param_dtype}, {"reduce_dtype", reduce},
+        {"rows", "the fully_shard rows but ddp, and torch_fsdp2; the others compute in fp32"}}},
       {"batch_per_rank", c.batch},
       {"optimizer", {{"kind", "AdamW"}, {"lr", c.lr}, {"betas", {c.beta1, c.beta2}},
                      {"eps", c.eps}, {"weight_decay", c.weight_decay}}},
@@ -89,10 +95,14 @@ json config_json(const BenchConfig& c, int rounds) {
       {"warmup_steps_per_process", c.warmup},
       {"timed_steps_per_process", c.steps},
       {"rounds", rounds},
-      {"timing", "per step: zero_grad + batch slice + forward + loss + backward + AdamW step, "
-                 "no barrier; each step's time is the max over ranks (gathered after the timed "
-                 "steps); the figure is the median over all timed steps of all rounds. Rounds "
-                 "run every row once, in forward order then reversed, never two rows at once."},
+      {"timing", std::string("per step: zero_grad + batch slice + forward + loss + backward + "
+                             "AdamW step, no barrier; ") +
+                     (gpu ? "its GPU time between two CUDA events on the compute stream, the "
+                            "step ending with its loss read on the host; "
+                          : "") +
+                     "each step's time is the max over ranks (gathered after the timed steps); "
+                     "the figure is the median over all timed steps of all rounds. Rounds run "
+                     "every row once, in forward order then reversed, never two rows at once."},
       {"libtorch", TORCH_VERSION},
       {"machine", {{"cores", std::thread::hardware_concurrency()},
                    {"load_average_at_start", load_average()}}},

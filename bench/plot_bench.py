@@ -72,9 +72,17 @@ def main(path, out):
     bars(ax, rows, "tokens_per_s", fmt="{:.0f}", title="tokens / s (all ranks)")
 
     ax = axes[1][0]
-    bars(ax, rows, "peak_bytes_per_rank", scale=1 / 2**20, fmt="{:.1f}",
-         title="peak memory per rank (MiB); torch_ rows hatched = RSS delta", hatch_torch=True)
-    rss = [(x, value(r, "peak_rss_delta_bytes_per_rank")) for x, r in enumerate(rows)]
+    gpu = cfg.get("device") == "cuda"
+    if gpu:
+        # Every row's bar is the caching allocator's peak: nothing to hatch,
+        # and host RSS says nothing about GPU memory.
+        bars(ax, rows, "peak_bytes_per_rank", scale=1 / 2**20, fmt="{:.1f}",
+             title="GPU peak allocated per rank (MiB), CUDA caching allocator")
+    else:
+        bars(ax, rows, "peak_bytes_per_rank", scale=1 / 2**20, fmt="{:.1f}",
+             title="peak memory per rank (MiB); torch_ rows hatched = RSS delta", hatch_torch=True)
+    rss = [] if gpu else [(x, value(r, "peak_rss_delta_bytes_per_rank"))
+                          for x, r in enumerate(rows)]
     rss = [(x, v / 2**20) for x, v in rss if v is not None]
     if rss:
         ax.scatter([x for x, _ in rss], [v for _, v in rss], marker="_", s=400, color="black",
@@ -112,10 +120,14 @@ def main(path, out):
     ax.set_title("collectives per step (rank 0)", fontsize=10)
 
     m = cfg["model"]
+    mp = cfg.get("mixed_precision", {})
+    where = ("on GPUs, fully_shard rows {} / {} reduce".format(mp.get("param_dtype"),
+                                                               mp.get("reduce_dtype"))
+             if gpu else "fp32, 1 thread/rank")
     fig.suptitle(
-        "hp-bench: GPT vocab {} seq {} d {} heads {} layers {}, batch {}/rank, AdamW, fp32, "
-        "1 thread/rank; {} x {} timed steps".format(
-            m["vocab"], m["seq"], m["d"], m["heads"], m["layers"], cfg["batch_per_rank"],
+        "hp-bench: GPT vocab {} seq {} d {} heads {} layers {}, batch {}/rank, AdamW, {}; "
+        "{} x {} timed steps".format(
+            m["vocab"], m["seq"], m["d"], m["heads"], m["layers"], cfg["batch_per_rank"], where,
             cfg["rounds"], cfg["timed_steps_per_process"]), fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.96))
     fig.savefig(out, dpi=110)
