@@ -9,25 +9,7 @@ src=$1 build=$2 python=$3
 script=$src/scripts/gpu-check.sh
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-failures=0
-
-# expect NAME STATUS TEXT CMD...: CMD's exit status and that its output
-# contains TEXT.
-expect() {
-  local name=$1 status=$2 text=$3
-  shift 3
-  local out code
-  out=$("$@" 2>&1)
-  code=$?
-  if [ "$code" -ne "$status" ] || ! grep -qF -- "$text" <<<"$out"; then
-    echo "FAIL $name: status $code (expected $status), output:"
-    echo "$out" | sed 's/^/    /'
-    echo "  expected to contain: $text"
-    failures=$((failures + 1))
-  else
-    echo "ok   $name"
-  fi
-}
+source "$(dirname "$0")/expect.sh"
 
 expect unknown-step 2 "gpu-check: unknown step 'tset'; usage: scripts/gpu-check.sh [--out DIR] [STEP...]; steps: versions probe build tests train bench" \
   env HP_PYTHON="$python" bash "$script" tset

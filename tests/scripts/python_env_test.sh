@@ -9,27 +9,16 @@ src=$1
 script=$src/scripts/python-env.sh
 tmp=$(mktemp -d)
 trap 'umount "$tmp/small" 2>/dev/null; rm -rf "$tmp"' EXIT
-failures=0
+source "$(dirname "$0")/expect.sh"
 
-# expect NAME STATUS TEXT -- ENV... : runs python-env.sh with ENV, checks
-# its exit status and that its output contains TEXT.
-expect() {
+# expect_env NAME STATUS TEXT -- ENV...: python-env.sh run with ENV.
+expect_env() {
   local name=$1 status=$2 text=$3
   shift 4
-  local out code
-  out=$(env "$@" bash "$script" 2>&1)
-  code=$?
-  if [ "$code" -ne "$status" ] || ! grep -qF -- "$text" <<<"$out"; then
-    echo "FAIL $name: status $code (expected $status), output:"
-    echo "$out" | sed 's/^/    /'
-    echo "  expected to contain: $text"
-    failures=$((failures + 1))
-  else
-    echo "ok   $name"
-  fi
+  expect "$name" "$status" "$text" env "$@" bash "$script"
 }
 
-expect "no interpreter" 1 "no Python interpreter found" -- \
+expect_env "no interpreter" 1 "no Python interpreter found" -- \
   HP_VENV="$tmp/venv" HP_PYTHON="$tmp/no-such-python"
 
 # An interpreter that reports Python 3.9.
@@ -41,7 +30,7 @@ fi
 exec python3 "$@"
 EOF
 chmod +x "$tmp/python3.9"
-expect "python too old" 1 "is Python 3.9, too old: torch==2.15.0 needs Python >= 3.11" -- \
+expect_env "python too old" 1 "is Python 3.9, too old: torch==2.15.0 needs Python >= 3.11" -- \
   HP_VENV="$tmp/venv" HP_PYTHON="$tmp/python3.9"
 
 # A half-made environment (no stamp) and no path to the registry: the
@@ -50,10 +39,10 @@ mkdir -p "$tmp/venv/lib"
 touch "$tmp/venv/lib/half-written"
 offline=(PIP_INDEX_URL=http://127.0.0.1:9/simple PIP_FIND_LINKS= PIP_NO_INDEX= PIP_RETRIES=0
          PIP_DEFAULT_TIMEOUT=3 PIP_CONFIG_FILE=/dev/null)
-expect "incomplete environment is not kept" 1 "is incomplete or out of date: removing it" -- \
+expect_env "incomplete environment is not kept" 1 "is incomplete or out of date: removing it" -- \
   HP_VENV="$tmp/venv" "${offline[@]}"
 mkdir -p "$tmp/venv/lib"
-expect "registry unreachable" 1 "cannot reach the Python package registry" -- \
+expect_env "registry unreachable" 1 "cannot reach the Python package registry" -- \
   HP_VENV="$tmp/venv" "${offline[@]}"
 if [ -e "$tmp/venv" ]; then
   echo "FAIL registry unreachable: $tmp/venv was left behind"
@@ -63,7 +52,7 @@ fi
 # Too little disk: a 64 MiB file system (needs root to mount; skipped otherwise).
 mkdir -p "$tmp/small"
 if mount -t tmpfs -o size=64M tmpfs "$tmp/small" 2>/dev/null; then
-  expect "too little space" 1 "GiB free under $tmp/small, the environment needs about" -- \
+  expect_env "too little space" 1 "GiB free under $tmp/small, the environment needs about" -- \
     HP_VENV="$tmp/small/venv" "${offline[@]}"
 else
   echo "skip too little space: cannot mount a small file system here (not root?)"
