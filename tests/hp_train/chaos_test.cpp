@@ -381,7 +381,7 @@ void expect_survives(const ChaosPlan& plan, const Args& args, const Args& save_f
   fs::create_directories(root);
   Args argv = {HPRUN_PATH, "-n", std::to_string(plan.world), "--max-restarts",
                std::to_string(plan.max_kills), HP_TRAIN_PATH};
-  argv = concat(concat(concat(argv, args), save_flags),
+  argv = concat(concat(concat(concat(argv, test_run::kOnTheCpu), args), save_flags),
                 {"--save-dir", root, "--save-every", "5", "--resume", "auto", "--log-json",
                  dir.file("chaos.jsonl"), "--export", dir.file("chaos.safetensors")});
   const uint32_t seed = chaos_seed();

@@ -21,10 +21,16 @@ inline Args concat(Args a, const Args& b) {
   return a;
 }
 
+// The suite's comparisons are derived for the CPU's kernels, so every run
+// is on the CPU, also on a machine with a GPU (where hp-train would default
+// to it). It goes first: a test's own --device, given later, wins.
+inline const Args kOnTheCpu = {"--device", "cpu"};
+
 // hp-train with `args` on `ranks` ranks under hprun, or alone when ranks is 0.
 inline launcher::testing::ProcessResult hp_train(int ranks, const Args& args) {
   Args argv = ranks == 0 ? Args{HP_TRAIN_PATH}
                          : Args{HPRUN_PATH, "-n", std::to_string(ranks), HP_TRAIN_PATH};
+  argv.insert(argv.end(), kOnTheCpu.begin(), kOnTheCpu.end());
   argv.insert(argv.end(), args.begin(), args.end());
   return launcher::testing::run_process(argv, {"OMP_NUM_THREADS=1"}, /*limit_s=*/120);
 }

@@ -106,7 +106,7 @@ TEST(DryRun, JoinsNoProcessGroup) {
   // A rank of a world of two whose rendezvous address has nobody behind it:
   // joining would wait for the store until it timed out.
   const ProcessResult r = run_process(
-      concat({HP_TRAIN_PATH}, concat(kTiny, {"--dry-run"})),
+      concat(concat({HP_TRAIN_PATH}, test_run::kOnTheCpu), concat(kTiny, {"--dry-run"})),
       {"OMP_NUM_THREADS=1", "RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=2",
        "MASTER_ADDR=127.0.0.1", "MASTER_PORT=9", "HP_TIMEOUT_S=60"},
       /*limit_s=*/30);
