@@ -61,9 +61,10 @@ StepRecord Trainer::step(int64_t step) {
   if (before_optimizer_step_) before_optimizer_step_();
   optimizer_->step();
 
-  // One gather carries both metrics: every rank's local loss (equal local
+  // One gather carries every metric: each rank's local loss (equal local
   // batches, so their mean is the global-batch mean; under tensor
-  // parallelism every rank holds the same loss) and its memory peak.
+  // parallelism every rank holds the same loss), its host memory peak and,
+  // on a GPU, the caching allocator's two peaks (0 on the CPU).
   // On a GPU, loss.item() waits for the step's kernels: the step time and
   // the allocator's peaks below cover the whole step.
   const double local_loss = loss.item<double>();
