@@ -235,6 +235,13 @@ class Killer {
         while (!stop && progress_.step < target) {
           std::this_thread::sleep_for(std::chrono::microseconds(500));
         }
+        // ... and once that checkpoint is committed: it is written in the
+        // background (--save-async), so a kill at step 6 could come before
+        // step-5 is, and the next attempts would then all start from scratch.
+        const double deadline = now_seconds() + plan_.attempt_limit_s;
+        while (!stop && !has_committed_checkpoint() && now_seconds() < deadline) {
+          std::this_thread::sleep_for(std::chrono::microseconds(500));
+        }
         if (stop) break;
         send(ranks, victim, "after step " + std::to_string(progress_.step.load()) + "/" +
                                 std::to_string(plan_.steps));
@@ -247,6 +254,16 @@ class Killer {
   }
 
  private:
+  // Whether the save root holds a committed checkpoint (a step-N directory,
+  // not a .tmp- one).
+  bool has_committed_checkpoint() const {
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(root_, ec)) {
+      if (entry.path().filename().string().rfind("step-", 0) == 0) return true;
+    }
+    return false;
+  }
+
   bool wants_save_kill(int save_kill_at) const {
     return save_kill_at >= 0 && !report_.killed_during_save;
   }
