@@ -38,7 +38,7 @@ EOF
 
 train=$build/tools/hp_train/hp-train
 # The GPU configuration: a GPT of d 1024, 12 layers, 16 heads over 1024
-# tokens (152M parameters with the byte vocabulary), 8 x 1024 tokens a step.
+# tokens (152.7M parameters with the byte vocabulary), 8 x 1024 tokens a step.
 gpu_model=(--layers 12 --d 1024 --heads 16 --ctx 1024 --seq 1024 --batch 8
            --data-file "$tokens" --vocab 256 --lr 3e-4 --log-every 10 --sample-tokens 0)
 recipe=(--param-dtype bf16 --reduce-dtype fp32)
