@@ -13,12 +13,10 @@
 
 #include <chrono>
 #include <cmath>
-#include <fstream>
 #include <iostream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 
 #include "bench/median.h"
 #include "bench/op_compare.h"
@@ -42,25 +40,11 @@
 #include "tools/hp_train/corpus.h"
 #include "tools/hp_train/dry_run.h"
 #include "tools/hp_train/parallelize.h"
+#include "tools/hp_train/startup.h"
 
 namespace hp::bench {
 
 namespace {
-
-// Process memory, measured the same way for our rows and PyTorch's.
-int64_t current_rss_bytes() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) {
-      std::istringstream in(line.substr(6));
-      int64_t kib = 0;
-      in >> kib;
-      return kib * 1024;
-    }
-  }
-  return 0;
-}
 
 rusage process_usage() {
   rusage usage{};
@@ -144,7 +128,8 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
   }
 
   enable_memory_tracking();
-  const int64_t rss_before_model = current_rss_bytes();
+  // Process memory, measured the same way for our rows and PyTorch's.
+  const int64_t rss_before_model = train::resident_bytes();
   const nn::GPTConfig config = c.gpt_config(c.layers, c.d);
   torch::manual_seed(c.seed);
   nn::GPT model(config);

@@ -64,9 +64,7 @@ void validate(const DriverOptions& o) {
   // fail at the plot, after every row ran.
   HP_CHECK_ARG(o.python.find('/') != std::string::npos, "--python '", o.python,
                "' must be a path to the interpreter, e.g. $(command -v ", o.python, ")");
-  HP_CHECK_ARG(c.device == "cpu" || hp::compat::cuda_available(), "--device ", c.device,
-               " needs a CUDA device; this libtorch ", hp::compat::torch_version(),
-               (hp::compat::cuda_device_count() == 0 ? " sees none" : ""));
+  if (c.device == "cuda") hp::compat::require_cuda("--device cuda");
 }
 
 }  // namespace

@@ -108,24 +108,25 @@ void add_memory(json& row, const Row& spec, const std::vector<json>& runs) {
 // thread): kernel CPU time over the timed steps and the median step's minor
 // page faults, averaged over the ranks, the median over the rounds. Unlike
 // step times, these hardly move with the machine's load.
-void add_kernel_work(json& row, const std::vector<json>& runs) {
-  struct Figure {
-    const char* key;  // the worker's, per rank
-    const char* name;
-    double scale;
-  };
-  for (const Figure& f : {Figure{"kernel_s_per_step_per_rank", "kernel_ms_per_step", 1e3},
-                          Figure{"page_faults_per_step_per_rank", "page_faults_per_step", 1.0}}) {
-    std::vector<double> by_round;
-    for (const auto& r : runs) {
-      if (!r.contains(f.key)) continue;
-      const auto each = r[f.key].get<std::vector<double>>();
-      double sum = 0;
-      for (double v : each) sum += v;
-      by_round.push_back(sum / static_cast<double>(each.size()));
-    }
-    row[f.name] = by_round.empty() ? json(nullptr) : number_or_null(f.scale * median(by_round));
+// The runs' per-rank figure `key`: each round's mean over the ranks (divided
+// by the round's `per`, when given), the median over the rounds, times
+// `scale`; null where no round has it.
+json rank_mean_round_median(const std::vector<json>& runs, const char* key, double scale,
+                            const char* per = nullptr) {
+  std::vector<double> by_round;
+  for (const auto& r : runs) {
+    if (!r.contains(key) || (per && !r.contains(per))) continue;
+    const auto each = r[key].get<std::vector<double>>();
+    double sum = 0;
+    for (double v : each) sum += v;
+    by_round.push_back(sum / static_cast<double>(each.size()) / (per ? r[per].get<double>() : 1.0));
   }
+  return by_round.empty() ? json(nullptr) : number_or_null(scale * median(by_round));
+}
+
+void add_kernel_work(json& row, const std::vector<json>& runs) {
+  row["kernel_ms_per_step"] = rank_mean_round_median(runs, "kernel_s_per_step_per_rank", 1e3);
+  row["page_faults_per_step"] = rank_mean_round_median(runs, "page_faults_per_step_per_rank", 1.0);
 }
 
 // The host's time to issue one step (bench_worker.cpp, and the same on
@@ -134,16 +135,8 @@ void add_kernel_work(json& row, const std::vector<json>& runs) {
 // the rounds. On a GPU this is the CPU overhead a C++ runtime saves; on the
 // CPU it is the whole step.
 void add_host_time(json& row, const std::vector<json>& runs) {
-  std::vector<double> by_round;
-  for (const auto& r : runs) {
-    if (!r.contains("host_s_per_step_per_rank") || !r.contains("units")) continue;
-    const auto each = r["host_s_per_step_per_rank"].get<std::vector<double>>();
-    double sum = 0;
-    for (double v : each) sum += v;
-    by_round.push_back(sum / static_cast<double>(each.size()) / r["units"].get<double>());
-  }
   row["host_ms_per_unit_step"] =
-      by_round.empty() ? json(nullptr) : number_or_null(1e3 * median(by_round));
+      rank_mean_round_median(runs, "host_s_per_step_per_rank", 1e3, "units");
 }
 
 // A GPU row: its memory is the CUDA caching allocator's peak (ours and

@@ -13,14 +13,6 @@
 
 namespace hp {
 
-bool cuda_memory_stats_available() {
-#ifdef HP_HAS_DEVICE_ALLOCATOR_STATS
-  return compat::cuda_available();
-#else
-  return false;
-#endif
-}
-
 namespace {
 
 void check_device(int device_index) {
@@ -28,10 +20,7 @@ void check_device(int device_index) {
   HP_CHECK_ARG(false, "CUDA memory statistics need libtorch 2.11 or later; this one is ",
                compat::torch_version());
 #endif
-  compat::require_cuda("CUDA memory statistics");
-  HP_CHECK_ARG(device_index >= 0 && device_index < compat::cuda_device_count(),
-               "CUDA memory statistics: device index ", device_index, " is out of range for ",
-               compat::cuda_device_count(), " device(s)");
+  compat::require_cuda_device(device_index, "CUDA memory statistics");
 }
 
 }  // namespace

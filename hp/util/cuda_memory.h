@@ -23,10 +23,6 @@ struct CudaMemoryStats {
   int64_t peak_reserved_bytes = 0;
 };
 
-// Whether this libtorch can report the caching allocator's counters (2.x
-// with CUDA and a visible device).
-bool cuda_memory_stats_available();
-
 // The counters of CUDA device `device_index`.
 CudaMemoryStats cuda_memory_stats(int device_index);
 

@@ -93,25 +93,35 @@ int cuda_device_count() {
 bool cuda_available() { return cuda_device_count() > 0; }
 
 void require_cuda(const std::string& what) {
+#ifdef USE_C10D_NCCL
+  // A CUDA libtorch (the CUDA wheel on a machine without a GPU): at::hasCUDA
+  // is false without a driver and a device, not only without CUDA.
+  HP_CHECK_ARG(at::hasCUDA(), what, " needs a CUDA device; this libtorch ", TORCH_VERSION,
+               " has CUDA but finds no GPU (none here, or no driver: nvidia-smi, "
+               "CUDA_VISIBLE_DEVICES): use device 'cpu'");
+#else
   HP_CHECK_ARG(at::hasCUDA(), what, " needs a libtorch built with CUDA; this libtorch ",
                TORCH_VERSION, " is CPU-only: use device 'cpu'");
+#endif
   HP_CHECK_ARG(cuda_device_count() > 0, what, " needs a CUDA device; this libtorch ",
                TORCH_VERSION, " has CUDA but sees no device (CUDA_VISIBLE_DEVICES, driver)");
 }
 
-c10::Device set_current_cuda_device(int index) {
-  require_cuda("device 'cuda'");
-  HP_CHECK_ARG(index >= 0 && index < cuda_device_count(), "CUDA device index ", index,
+void require_cuda_device(int index, const std::string& what) {
+  require_cuda(what);
+  HP_CHECK_ARG(index >= 0 && index < cuda_device_count(), what, ": CUDA device index ", index,
                " is out of range for ", cuda_device_count(), " device(s)");
+}
+
+c10::Device set_current_cuda_device(int index) {
+  require_cuda_device(index, "device 'cuda'");
   c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
   c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->setDevice(device);
   return device;
 }
 
 std::string cuda_device_name(int index) {
-  require_cuda("cuda_device_name");
-  HP_CHECK_ARG(index >= 0 && index < cuda_device_count(), "CUDA device index ", index,
-               " is out of range for ", cuda_device_count(), " device(s)");
+  require_cuda_device(index, "cuda_device_name");
 #ifdef USE_C10D_NCCL
   return at::cuda::getDeviceProperties(static_cast<c10::DeviceIndex>(index))->name;
 #else

@@ -150,6 +150,9 @@ bool cuda_available();
 int cuda_device_count();
 // Raises ArgumentError naming `what` needs CUDA when !cuda_available().
 void require_cuda(const std::string& what);
+// require_cuda, then ArgumentError naming `what` when `index` is not one of
+// the visible devices.
+void require_cuda_device(int index, const std::string& what);
 // Makes CUDA device `index` the calling thread's current device and returns
 // it (which index a rank uses is hp::dist::local_cuda_index's choice).
 c10::Device set_current_cuda_device(int index);

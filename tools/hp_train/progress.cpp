@@ -25,15 +25,19 @@ void ProgressMeter::set_mfu_basis(double flops_per_step, double peak_flops) {
   peak_flops_ = peak_flops;
 }
 
+double ProgressMeter::per_step() const {
+  return recent_.empty() ? 0 : recent_sum_ / static_cast<double>(recent_.size());
+}
+
 std::optional<double> ProgressMeter::mfu() const {
-  const double per_step = recent_.empty() ? 0 : recent_sum_ / recent_.size();
+  const double per_step = this->per_step();
   if (per_step <= 0 || flops_per_step_ <= 0 || peak_flops_ <= 0) return std::nullopt;
   return flops_per_step_ / per_step / peak_flops_;
 }
 
 std::string ProgressMeter::line(double loss,
                                 std::optional<std::pair<int64_t, int64_t>> gpu_peaks) const {
-  const double per_step = recent_.empty() ? 0 : recent_sum_ / recent_.size();
+  const double per_step = this->per_step();
   const double tokens_per_s = per_step > 0 ? tokens_per_step_ / per_step : 0;
   const size_t width = fmt::formatted_size("{}", total_);
   std::string text = fmt::format("step {:>{}}/{} | loss {:.4f} | {} tok/s", done_, width, total_,

@@ -40,6 +40,8 @@ class ProgressMeter {
   std::optional<double> mfu() const;
 
  private:
+  double per_step() const;  // the window's mean step time; 0 before a step
+
   int64_t total_;
   int64_t tokens_per_step_;
   size_t window_;
