@@ -25,8 +25,8 @@
 #include <iostream>
 
 #include "bench/median.h"
-#include "hp/dist/collectives.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/collectives.h"
+#include "hp/distributed/world.h"
 
 namespace {
 

@@ -20,9 +20,9 @@
 
 #include "bench/median.h"
 #include "bench/op_compare.h"
-#include "hp/dist/collectives.h"
-#include "hp/dist/comm_stats.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/collectives.h"
+#include "hp/distributed/comm_stats.h"
+#include "hp/distributed/world.h"
 #include "hp/fsdp/fully_shard.h"
 #include "hp/optim/fused_adamw.h"
 #include "hp/mesh/device_mesh.h"
@@ -188,7 +188,7 @@ int run_gpt_worker(const std::string& row, const BenchConfig& c) {
   reset_peak_memory();
   // A GPU's step is its GPU time, between two events on the compute
   // stream; its exposed communication the time that stream stood at a
-  // collective's wait (hp/dist/comm_stats.h).
+  // collective's wait (hp/distributed/comm_stats.h).
   if (cuda) {
     reset_cuda_peak_memory(device.index());
     dist::set_stream_wait_timing(true);

@@ -15,7 +15,7 @@
 #include "bench/bench_config.h"
 #include "bench/bench_worker.h"
 #include "bench/median.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/world.h"
 #include "hp/mesh/device_mesh.h"
 #include "hp/tensor/dtensor_tensor.h"
 

@@ -13,8 +13,8 @@
 
 #include "bench/bench_worker.h"
 #include "bench/median.h"
-#include "hp/dist/comm_stats.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/comm_stats.h"
+#include "hp/distributed/world.h"
 #include "hp/fsdp/fully_shard.h"
 #include "hp/nn/module.h"
 

@@ -19,7 +19,7 @@ add_library(hp INTERFACE)
 target_link_libraries(hp INTERFACE hp_fsdp hp_checkpoint hp_tp hp_plan hp_optim)
 add_library(HyperParallel::hp ALIAS hp)
 
-install(TARGETS hp hp_fsdp hp_tp hp_plan hp_optim hp_nn hp_tensor hp_mesh hp_dist hp_checkpoint hp_util
+install(TARGETS hp hp_fsdp hp_tp hp_plan hp_optim hp_nn hp_tensor hp_mesh hp_distributed hp_checkpoint hp_util
                 hp_link_order hp_fmt hp_gloo_headers
         EXPORT HyperParallelTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}

@@ -11,8 +11,8 @@
 #include <iostream>
 #include <sstream>
 
-#include "hp/dist/collectives.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/collectives.h"
+#include "hp/distributed/world.h"
 #include "hp/tensor/dtensor.h"
 #include "hp/util/error.h"
 

@@ -9,8 +9,8 @@
 #include <cstdio>
 #include <string>
 
-#include "hp/dist/collectives.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/collectives.h"
+#include "hp/distributed/world.h"
 #include "hp/fsdp/fully_shard.h"
 #include "hp/mesh/device_mesh.h"
 #include "hp/nn/gpt.h"

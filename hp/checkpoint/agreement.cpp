@@ -6,8 +6,8 @@
 #include <string>
 
 #include "hp/checkpoint/errors.h"
-#include "hp/dist/collectives.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/collectives.h"
+#include "hp/distributed/world.h"
 #include "hp/util/error.h"
 
 namespace hp::checkpoint {

@@ -16,7 +16,7 @@
 #include "hp/checkpoint/agreement.h"
 #include "hp/checkpoint/errors.h"
 #include "hp/checkpoint/save_core.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/world.h"
 #include "hp/util/error.h"
 
 namespace hp::checkpoint {

@@ -9,7 +9,7 @@
 #include "hp/checkpoint/load_core.h"
 #include "hp/checkpoint/metadata.h"
 #include "hp/checkpoint/safetensors.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/world.h"
 #include "hp/util/error.h"
 
 namespace hp::checkpoint {

@@ -14,8 +14,8 @@
 #include "hp/checkpoint/plan.h"
 #include "hp/checkpoint/save_core.h"
 #include "hp/checkpoint/safetensors.h"
-#include "hp/dist/collectives.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/collectives.h"
+#include "hp/distributed/world.h"
 #include "hp/util/error.h"
 
 namespace hp::checkpoint {

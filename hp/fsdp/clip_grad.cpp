@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "hp/dist/collectives.h"
+#include "hp/distributed/collectives.h"
 #include "hp/fsdp/registry.h"
 #include "hp/fsdp/unit.h"
 #include "hp/tensor/dtensor_tensor.h"

@@ -5,7 +5,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include "hp/dist/collectives.h"
+#include "hp/distributed/collectives.h"
 #include "hp/fsdp/dtensor_param.h"
 #include "hp/fsdp/storage.h"
 #include "hp/tensor/dtensor_tensor.h"

@@ -36,7 +36,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "hp/dist/work.h"
+#include "hp/distributed/work.h"
 #include "hp/fsdp/mesh_info.h"
 #include "hp/fsdp/options.h"
 #include "hp/tensor/layout.h"

@@ -11,7 +11,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "hp/dist/world.h"
+#include "hp/distributed/world.h"
 #include "hp/fsdp/dtensor_param.h"
 #include "hp/fsdp/hook_check.h"
 #include "hp/fsdp/registry.h"

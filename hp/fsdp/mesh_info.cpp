@@ -1,6 +1,6 @@
 #include "hp/fsdp/mesh_info.h"
 
-#include "hp/dist/world.h"
+#include "hp/distributed/world.h"
 #include "hp/util/error.h"
 
 namespace hp::fsdp {

@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "hp/dist/group.h"
+#include "hp/distributed/group.h"
 #include "hp/mesh/device_mesh.h"
 #include "hp/tensor/placement.h"
 

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "hp/dist/collectives.h"
+#include "hp/distributed/collectives.h"
 #include "hp/fsdp/storage.h"
 #include "hp/util/error.h"
 

@@ -20,7 +20,7 @@
 #include <functional>
 #include <vector>
 
-#include "hp/dist/work.h"
+#include "hp/distributed/work.h"
 #include "hp/fsdp/fsdp_param.h"
 #include "hp/fsdp/mesh_info.h"
 

@@ -2,7 +2,7 @@
 
 #include <ATen/ATen.h>
 
-#include "hp/dist/collectives.h"
+#include "hp/distributed/collectives.h"
 #include "hp/fsdp/storage.h"
 
 #include <algorithm>

@@ -31,7 +31,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "hp/dist/work.h"
+#include "hp/distributed/work.h"
 #include "hp/fsdp/fsdp_param.h"
 #include "hp/fsdp/mesh_info.h"
 

@@ -9,8 +9,8 @@
 #include <map>
 #include <set>
 
-#include "hp/dist/collectives.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/collectives.h"
+#include "hp/distributed/world.h"
 #include "hp/fsdp/fully_shard.h"
 #include "hp/fsdp/registry.h"
 #include "hp/fsdp/unit.h"

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "hp/dist/world.h"
+#include "hp/distributed/world.h"
 #include "hp/fsdp/registry.h"
 #include "hp/fsdp/storage.h"
 #include "hp/nn/activation_checkpoint.h"

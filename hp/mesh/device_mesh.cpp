@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <set>
 
-#include "hp/dist/world.h"
+#include "hp/distributed/world.h"
 #include "hp/util/error.h"
 #include "hp/util/torch_compat.h"
 

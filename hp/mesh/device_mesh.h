@@ -18,8 +18,8 @@
 
 #include <c10/core/Device.h>
 
-#include "hp/dist/group.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/group.h"
+#include "hp/distributed/world.h"
 
 namespace hp {
 

@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <mutex>
 
-#include "hp/dist/collectives.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/collectives.h"
+#include "hp/distributed/world.h"
 #include "hp/tensor/dtensor_autograd.h"
 #include "hp/tensor/redistribute_exec.h"
 #include "hp/tensor/redistribute_plan.h"

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "hp/dist/reduce_op.h"
+#include "hp/distributed/reduce_op.h"
 
 namespace hp {
 

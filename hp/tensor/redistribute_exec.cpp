@@ -5,7 +5,7 @@
 
 #include <algorithm>
 
-#include "hp/dist/collectives.h"
+#include "hp/distributed/collectives.h"
 #include "hp/util/error.h"
 
 namespace hp {

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "hp/dist/reduce_op.h"
+#include "hp/distributed/reduce_op.h"
 #include "hp/tensor/shard_spec.h"
 
 namespace hp {

@@ -8,8 +8,8 @@
 #include <filesystem>
 #include <string>
 
-#include "hp/dist/collectives.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/collectives.h"
+#include "hp/distributed/world.h"
 #include "tests/support/tensor_checks.h"
 
 namespace hp::test {

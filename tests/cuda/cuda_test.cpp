@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "hp/checkpoint/checkpoint.h"
-#include "hp/dist/collectives.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/collectives.h"
+#include "hp/distributed/world.h"
 #include "hp/fsdp/clip_grad.h"
 #include "hp/fsdp/fully_shard.h"
 #include "hp/mesh/device_mesh.h"

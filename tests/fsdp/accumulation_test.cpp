@@ -18,8 +18,8 @@
 
 #include <optional>
 
-#include "hp/dist/comm_stats.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/comm_stats.h"
+#include "hp/distributed/world.h"
 #include "hp/fsdp/fully_shard.h"
 #include "hp/fsdp/storage.h"
 #include "hp/tensor/shard_spec.h"

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "hp/dist/comm_stats.h"
+#include "hp/distributed/comm_stats.h"
 #include "hp/util/memory_stats.h"
 #include "tests/fsdp/gpt_fixture.h"
 #include "tests/support/model_configs.h"

@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "hp/dist/collective_checks.h"
+#include "hp/distributed/collective_checks.h"
 #include "hp/fsdp/fully_shard.h"
 #include "hp/util/error.h"
 #include "tests/fsdp/fsdp_test_util.h"

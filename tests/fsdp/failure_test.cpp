@@ -20,9 +20,9 @@
 #include <chrono>
 #include <thread>
 
-#include "hp/dist/collectives.h"
-#include "hp/dist/comm_stats.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/collectives.h"
+#include "hp/distributed/comm_stats.h"
+#include "hp/distributed/world.h"
 #include "hp/fsdp/fully_shard.h"
 #include "hp/tensor/shard_spec.h"
 #include "hp/util/error.h"

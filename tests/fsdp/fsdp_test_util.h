@@ -7,9 +7,9 @@
 #include <map>
 #include <string>
 
-#include "hp/dist/collectives.h"
-#include "hp/dist/comm_stats.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/collectives.h"
+#include "hp/distributed/comm_stats.h"
+#include "hp/distributed/world.h"
 #include "hp/fsdp/state_dict.h"
 #include "hp/mesh/device_mesh.h"
 #include "hp/nn/module.h"

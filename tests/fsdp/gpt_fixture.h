@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "hp/dist/world.h"
+#include "hp/distributed/world.h"
 #include "hp/fsdp/fully_shard.h"
 #include "hp/nn/gpt.h"
 #include "hp/nn/loss.h"

@@ -21,7 +21,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "hp/dist/comm_stats.h"
+#include "hp/distributed/comm_stats.h"
 #include "hp/fsdp/clip_grad.h"
 #include "tests/fsdp/fsdp_test_util.h"
 #include "tests/fsdp/gpt_fixture.h"

@@ -16,7 +16,7 @@
 
 #include <cstdio>
 
-#include "hp/dist/collectives.h"
+#include "hp/distributed/collectives.h"
 #include "hp/util/memory_stats.h"
 #include "tests/fsdp/fsdp_test_util.h"
 #include "tests/fsdp/gpt_fixture.h"

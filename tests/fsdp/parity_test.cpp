@@ -13,7 +13,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "hp/dist/world.h"
+#include "hp/distributed/world.h"
 #include "hp/fsdp/fully_shard.h"
 #include "hp/fsdp/storage.h"
 #include "hp/tensor/shard_spec.h"

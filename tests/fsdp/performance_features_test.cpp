@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "hp/dist/comm_stats.h"
+#include "hp/distributed/comm_stats.h"
 #include "hp/fsdp/fsdp_param.h"
 #include "hp/fsdp/registry.h"
 #include "hp/fsdp/storage.h"

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "hp/dist/comm_stats.h"
+#include "hp/distributed/comm_stats.h"
 #include "hp/fsdp/fsdp_param.h"
 #include "hp/fsdp/registry.h"
 #include "hp/tensor/dtensor_tensor.h"

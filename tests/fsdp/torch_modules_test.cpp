@@ -17,7 +17,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "hp/dist/world.h"
+#include "hp/distributed/world.h"
 #include "hp/fsdp/fully_shard.h"
 #include "hp/nn/activation_checkpoint.h"
 #include "hp/nn/hooked.h"

@@ -12,7 +12,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "hp/dist/comm_stats.h"
+#include "hp/distributed/comm_stats.h"
 #include "hp/fsdp/fully_shard.h"
 #include "hp/fsdp/storage.h"
 #include "hp/tensor/shard_spec.h"

@@ -17,8 +17,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "hp/dist/comm_stats.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/comm_stats.h"
+#include "hp/distributed/world.h"
 #include "hp/fsdp/fully_shard.h"
 #include "hp/tp/value_and_grad.h"
 #include "hp/util/error.h"

@@ -4,8 +4,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "hp/dist/collectives.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/collectives.h"
+#include "hp/distributed/world.h"
 #include "hp/mesh/device_mesh.h"
 #include "hp/util/error.h"
 

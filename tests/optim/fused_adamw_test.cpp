@@ -7,7 +7,7 @@
 #include <cmath>
 #include <vector>
 
-#include "hp/dist/world.h"
+#include "hp/distributed/world.h"
 #include "hp/mesh/device_mesh.h"
 #include "hp/optim/fused_adamw.h"
 #include "hp/tensor/dtensor_tensor.h"

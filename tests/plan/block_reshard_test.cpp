@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "hp/dist/comm_stats.h"
-#include "hp/dist/launch_env.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/comm_stats.h"
+#include "hp/distributed/launch_env.h"
+#include "hp/distributed/world.h"
 #include "hp/fsdp/storage.h"
 #include "hp/nn/loss.h"
 #include "hp/plan/parallel_layout.h"

@@ -34,8 +34,8 @@
 
 #include <fmt/format.h>
 
-#include "hp/dist/launch_env.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/launch_env.h"
+#include "hp/distributed/world.h"
 #include "hp/plan/memory_plan.h"
 #include "hp/util/error.h"
 #include "hp/util/memory_stats.h"

@@ -17,9 +17,9 @@
 
 #include <fmt/format.h>
 
-#include "hp/dist/collectives.h"
-#include "hp/dist/launch_env.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/collectives.h"
+#include "hp/distributed/launch_env.h"
+#include "hp/distributed/world.h"
 #include "hp/fsdp/clip_grad.h"
 #include "hp/nn/loss.h"
 #include "hp/util/memory_stats.h"

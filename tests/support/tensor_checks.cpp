@@ -4,7 +4,7 @@
 
 #include <sstream>
 
-#include "hp/dist/world.h"
+#include "hp/distributed/world.h"
 
 namespace hp::test {
 

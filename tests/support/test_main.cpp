@@ -13,8 +13,8 @@
 #include <iostream>
 #include <string>
 
-#include "hp/dist/launch_env.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/launch_env.h"
+#include "hp/distributed/world.h"
 #include "hp/util/torch_compat.h"
 #include "tests/support/rounding_bounds.h"
 

@@ -8,7 +8,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "hp/dist/world.h"
+#include "hp/distributed/world.h"
 #include "hp/tensor/dtensor.h"
 #include "hp/util/error.h"
 #include "tests/support/tensor_checks.h"

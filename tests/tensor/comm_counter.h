@@ -4,7 +4,7 @@
 // Takes differences of dist::comm_stats() rather than resetting it.
 #pragma once
 
-#include "hp/dist/comm_stats.h"
+#include "hp/distributed/comm_stats.h"
 
 namespace hp::test {
 

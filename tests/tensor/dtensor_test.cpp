@@ -5,7 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "hp/dist/world.h"
+#include "hp/distributed/world.h"
 #include "hp/tensor/dtensor.h"
 #include "hp/tensor/redistribute_plan.h"
 #include "hp/util/error.h"

@@ -4,7 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "hp/dist/world.h"
+#include "hp/distributed/world.h"
 #include "hp/tensor/layout.h"
 #include "hp/tensor/redistribute_plan.h"
 #include "hp/util/error.h"

@@ -10,8 +10,8 @@
 
 #include <functional>
 
-#include "hp/dist/collectives.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/collectives.h"
+#include "hp/distributed/world.h"
 #include "hp/tensor/dtensor.h"
 #include "hp/tensor/redistribute_plan.h"
 #include "tests/support/tensor_checks.h"

@@ -1,7 +1,7 @@
 // The 1-D mesh "x" over every rank that most DTensor tests place tensors on.
 #pragma once
 
-#include "hp/dist/world.h"
+#include "hp/distributed/world.h"
 #include "hp/mesh/device_mesh.h"
 
 namespace hp::test {

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "hp/dist/world.h"
+#include "hp/distributed/world.h"
 #include "hp/nn/gpt.h"
 #include "hp/nn/loss.h"
 #include "hp/tensor/dtensor_tensor.h"

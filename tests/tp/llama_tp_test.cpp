@@ -15,7 +15,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "hp/dist/world.h"
+#include "hp/distributed/world.h"
 #include "hp/fsdp/fsdp_param.h"
 #include "hp/fsdp/fully_shard.h"
 #include "hp/fsdp/registry.h"

@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "hp/dist/world.h"
+#include "hp/distributed/world.h"
 #include "hp/fsdp/fsdp_param.h"
 #include "hp/fsdp/registry.h"
 #include "hp/mesh/device_mesh.h"

@@ -13,7 +13,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "hp/dist/world.h"
+#include "hp/distributed/world.h"
 #include "hp/mesh/device_mesh.h"
 #include "hp/tensor/dtensor_tensor.h"
 #include "hp/tp/shard_module.h"

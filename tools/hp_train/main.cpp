@@ -27,10 +27,10 @@
 #include <fmt/format.h>
 
 #include "hp/plan/parallel_layout.h"
-#include "hp/dist/collectives.h"
-#include "hp/dist/comm_stats.h"
-#include "hp/dist/launch_env.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/collectives.h"
+#include "hp/distributed/comm_stats.h"
+#include "hp/distributed/launch_env.h"
+#include "hp/distributed/world.h"
 #include "hp/util/error.h"
 #include "hp/util/host_memory.h"
 #include "hp/util/memory_stats.h"

@@ -10,7 +10,7 @@
 
 #include "hp/checkpoint/checkpoint.h"
 #include "hp/checkpoint/load_into_shards.h"
-#include "hp/dist/collectives.h"
+#include "hp/distributed/collectives.h"
 #include "hp/fsdp/materialize.h"
 #include "hp/util/cuda_memory.h"
 #include "hp/util/error.h"

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "hp/dist/group.h"
+#include "hp/distributed/group.h"
 #include "tools/hp_train/model.h"
 #include "tools/hp_train/train_options.h"
 

@@ -1,6 +1,6 @@
 #include "tools/hp_train/train_device.h"
 
-#include "hp/dist/launch_env.h"
+#include "hp/distributed/launch_env.h"
 #include "hp/util/error.h"
 #include "hp/util/torch_compat.h"
 #include "tools/hp_train/model_flops.h"

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "hp/dist/collectives.h"
+#include "hp/distributed/collectives.h"
 #include "hp/fsdp/clip_grad.h"
 #include "hp/nn/loss.h"
 #include "hp/optim/fused_adamw.h"

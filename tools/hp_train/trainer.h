@@ -12,7 +12,7 @@
 #include <optional>
 #include <vector>
 
-#include "hp/dist/group.h"
+#include "hp/distributed/group.h"
 #include "hp/fsdp/fully_shard.h"
 #include "tools/hp_train/model.h"
 #include "tools/hp_train/train_options.h"

@@ -17,8 +17,8 @@
 
 #include <c10/core/Device.h>
 
-#include "hp/dist/group.h"
-#include "hp/dist/launch_env.h"
+#include "hp/distributed/group.h"
+#include "hp/distributed/launch_env.h"
 
 namespace hp::dist {
 

@@ -12,8 +12,8 @@
 
 #include <cstdint>
 
-#include "hp/dist/group.h"
-#include "hp/dist/op_type.h"
+#include "hp/distributed/group.h"
+#include "hp/distributed/op_type.h"
 
 namespace hp::dist {
 

@@ -13,8 +13,8 @@
 #include <iostream>
 #include <thread>
 
-#include "hp/dist/collectives.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/collectives.h"
+#include "hp/distributed/world.h"
 #include "hp/util/error.h"
 
 int main(int argc, char** argv) {

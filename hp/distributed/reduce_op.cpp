@@ -1,4 +1,4 @@
-#include "hp/dist/reduce_op.h"
+#include "hp/distributed/reduce_op.h"
 
 #include "hp/util/error.h"
 

@@ -1,4 +1,4 @@
-#include "hp/dist/world.h"
+#include "hp/distributed/world.h"
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -14,7 +14,7 @@
 
 #include <unistd.h>
 
-#include "hp/dist/shm_channel.h"
+#include "hp/distributed/shm_channel.h"
 #include "hp/util/error.h"
 #include "hp/util/torch_compat.h"
 

@@ -1,4 +1,4 @@
-#include "hp/dist/comm_stats.h"
+#include "hp/distributed/comm_stats.h"
 
 #include <fmt/format.h>
 

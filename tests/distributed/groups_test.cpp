@@ -7,8 +7,8 @@
 
 #include <chrono>
 
-#include "hp/dist/collectives.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/collectives.h"
+#include "hp/distributed/world.h"
 #include "hp/util/error.h"
 #include "tests/support/tensor_checks.h"
 

@@ -17,9 +17,9 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "hp/dist/group.h"
-#include "hp/dist/reduce_op.h"
-#include "hp/dist/work.h"
+#include "hp/distributed/group.h"
+#include "hp/distributed/reduce_op.h"
+#include "hp/distributed/work.h"
 
 namespace hp::dist {
 

@@ -17,9 +17,9 @@
 #include <string>
 #include <thread>
 
-#include "hp/dist/collectives.h"
-#include "hp/dist/shm_channel.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/collectives.h"
+#include "hp/distributed/shm_channel.h"
+#include "hp/distributed/world.h"
 #include "hp/util/error.h"
 #include "tests/support/rounding_bounds.h"
 #include "tests/support/tensor_checks.h"

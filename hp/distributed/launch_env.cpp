@@ -1,4 +1,4 @@
-#include "hp/dist/launch_env.h"
+#include "hp/distributed/launch_env.h"
 
 #include <cerrno>
 #include <cstdlib>

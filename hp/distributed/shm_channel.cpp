@@ -1,4 +1,4 @@
-#include "hp/dist/shm_channel.h"
+#include "hp/distributed/shm_channel.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>

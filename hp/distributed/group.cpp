@@ -1,8 +1,8 @@
-#include "hp/dist/group.h"
+#include "hp/distributed/group.h"
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-#include "hp/dist/shm_channel.h"
+#include "hp/distributed/shm_channel.h"
 #include "hp/util/error.h"
 
 namespace hp::dist {

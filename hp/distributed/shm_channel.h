@@ -38,7 +38,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "hp/dist/reduce_op.h"
+#include "hp/distributed/reduce_op.h"
 
 namespace c10d {
 class Store;

@@ -7,7 +7,7 @@
 #include <functional>
 #include <map>
 
-#include "hp/dist/launch_env.h"
+#include "hp/distributed/launch_env.h"
 #include "hp/util/error.h"
 
 namespace hp::dist {

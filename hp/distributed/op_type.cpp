@@ -1,4 +1,4 @@
-#include "hp/dist/op_type.h"
+#include "hp/distributed/op_type.h"
 
 namespace hp::dist {
 

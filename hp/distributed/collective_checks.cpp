@@ -1,4 +1,4 @@
-#include "hp/dist/collective_checks.h"
+#include "hp/distributed/collective_checks.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>

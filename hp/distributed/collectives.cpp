@@ -1,4 +1,4 @@
-#include "hp/dist/collectives.h"
+#include "hp/distributed/collectives.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/Event.h>
@@ -15,9 +15,9 @@
 #include <utility>
 #include <vector>
 
-#include "hp/dist/collective_checks.h"
-#include "hp/dist/comm_stats.h"
-#include "hp/dist/shm_channel.h"
+#include "hp/distributed/collective_checks.h"
+#include "hp/distributed/comm_stats.h"
+#include "hp/distributed/shm_channel.h"
 #include "hp/util/cuda_timer.h"
 #include "hp/util/error.h"
 #include "hp/util/torch_compat.h"

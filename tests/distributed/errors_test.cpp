@@ -9,10 +9,10 @@
 #include <chrono>
 #include <thread>
 
-#include "hp/dist/collective_checks.h"
-#include "hp/dist/collectives.h"
-#include "hp/dist/shm_channel.h"
-#include "hp/dist/world.h"
+#include "hp/distributed/collective_checks.h"
+#include "hp/distributed/collectives.h"
+#include "hp/distributed/shm_channel.h"
+#include "hp/distributed/world.h"
 #include "hp/util/error.h"
 
 namespace hp::dist {

@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <string>
 
-#include "hp/dist/op_type.h"
+#include "hp/distributed/op_type.h"
 
 namespace hp::dist {
 
