@@ -12,12 +12,14 @@
 #include <mutex>
 #include <optional>
 #include <ostream>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "hp/distributed/collective_checks.h"
 #include "hp/distributed/comm_stats.h"
 #include "hp/distributed/shm_channel.h"
+#include "hp/distributed/work_launch.h"
 #include "hp/util/cuda_timer.h"
 #include "hp/util/error.h"
 #include "hp/util/torch_compat.h"
@@ -25,67 +27,7 @@
 
 namespace hp::dist {
 
-// What a Work needs to finish a collective and to explain a failure.
-//
-// The backend reports completion through its future, on its own thread;
-// complete() then runs the local step and the continuations there, so that
-// buffers are released and local reductions done while the caller computes.
-// wait() only blocks until complete() has run.
-//
-// On CUDA tensors the backend completes its future once the collective is
-// queued on its own stream (NCCL) or copied back (Gloo), and runs the
-// callback on a stream that waits for it; the local step and continuations
-// are queued there. complete() records an event on that stream, and wait()
-// (and then() after completion) make the caller's current stream wait for
-// it: the host never blocks on the GPU, and compute queued meanwhile
-// overlaps the communication.
-//
-// The text a failure message needs is not built on the success path: the
-// group's description is the group's own shared string, and `sizes` formats
-// the arguments only when called.
-struct Work::State {
-  const char* op = "";
-  std::shared_ptr<const std::string> group;  // Group::describe()
-  uint64_t sequence = 0;
-  int group_rank = 0;
-  std::chrono::milliseconds timeout{0};
-  std::function<std::string()> sizes;
-  int64_t issued_us = 0;  // trace::now_us()
-
-  std::mutex mutex;
-  std::condition_variable finished_cv;
-  bool completing = false;  // complete() is running
-  bool finished = false;
-  bool waited = false;
-  int64_t completed_us = -1;
-  std::exception_ptr error;
-  c10::intrusive_ptr<c10d::Work> backend_work;  // dropped once finished
-  std::function<void()> finish;                 // the local step
-  std::vector<std::function<void()>> continuations;
-  std::optional<c10::Device> device;  // the CUDA device of the tensors, if any
-  std::optional<c10::Event> done;     // recorded after the local step (CUDA)
-
-  // Makes the calling thread's current stream wait for the local step (CUDA).
-  void order_current_stream() const;
-
-  // Runs the local step and continuations once; `cause` is the backend's error.
-  void complete(std::exception_ptr cause);
-};
-
 namespace {
-
-// Every collective updates these, from any thread: relaxed atomics, so
-// that counting costs no lock. Each counter is exact; a snapshot taken while
-// collectives are in flight may mix moments (benchmarks read between steps).
-struct Stats {
-  std::array<std::atomic<int64_t>, kOpTypeCount> calls{};  // indexed by OpType
-  std::atomic<int64_t> comm_us{0}, wait_us{0};  // microseconds, summed exactly
-};
-Stats g_stats;
-
-void count(OpType op) {
-  g_stats.calls[static_cast<size_t>(op)].fetch_add(1, std::memory_order_relaxed);
-}
 
 // A tensor's sizes and dtype, kept for a failure message without keeping the
 // tensor (and its memory) alive. Streams as "[2, 3] Float".
@@ -102,12 +44,6 @@ std::ostream& operator<<(std::ostream& out, const TensorDesc& d) {
 }
 
 std::string describe_tensor(const at::Tensor& t) { return cat(TensorDesc(t)); }
-
-std::string failure_message(const Work::State& s, const std::string& cause) {
-  return cat(s.op, " failed on ", *s.group, " (this rank is group rank ", s.group_rank,
-             ", sequence number ", s.sequence, ", timeout ", s.timeout.count(), " ms); ",
-             s.sizes(), ": ", cause);
-}
 
 // Gloo 1.13 rejects bf16, bool and int16 ("Invalid scalar type"): move their
 // bytes as a same-size type it knows (fp16 for bf16: gathers, broadcasts and
@@ -176,260 +112,40 @@ void check_reduce_dtype(const at::Tensor& t, ReduceOp op_kind, const char* op) {
 // A collective's state, with its sequence number claimed and (under
 // HP_CHECK_COLLECTIVES) the call compared across the group. `sizes` formats
 // the arguments for a failure message; it runs only then.
-std::shared_ptr<Work::State> begin(Group& group, const char* op, std::function<std::string()> sizes,
-                                   CallFingerprint fingerprint, std::function<void()> finish) {
-  auto state = std::make_shared<Work::State>();
-  state->op = op;
-  state->group = group.shared_description();
-  state->group_rank = group.rank();
-  state->timeout = group.timeout();
-  state->sizes = std::move(sizes);
-  state->sequence = group.next_sequence_number();
-  state->finish = std::move(finish);
-  fingerprint.sequence = state->sequence;
-  try {
-    if (collective_checks_enabled()) verify_same_call(group, fingerprint);
-  } catch (const CollectiveError&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw CollectiveError(failure_message(*state, exception_message(e)));
-  }
-  state->issued_us = trace::now_us();
-  count(fingerprint.op);
-  return state;
-}
-
-// Whether the group's shared-memory channel runs a collective on these
 // tensors (the facade's arguments are checked by then).
 bool on_channel(const Group& group, const at::Tensor& a, const at::Tensor& b) {
   return group.shm_channel() != nullptr && ShmChannel::carries(a) && ShmChannel::carries(b);
 }
 
 // Queues `channel_op` on the group's shared-memory channel; `finish` is the
-// local step, as for launch().
-Work launch_on_channel(Group& group, const char* op, std::function<std::string()> sizes,
-                       CallFingerprint fingerprint, ShmChannel::Op channel_op,
-                       std::function<void()> finish) {
-  std::shared_ptr<Work::State> state =
-      begin(group, op, std::move(sizes), fingerprint, std::move(finish));
-  // A weak reference, as for the backend's future: a dropped Work is not
-  // kept alive by the channel.
-  std::weak_ptr<Work::State> weak = state;
-  group.shm_channel()->submit(std::move(channel_op), [weak](std::exception_ptr cause) {
-    if (auto s = weak.lock()) s->complete(cause);
-  });
-  return Work(std::move(state));
+
+// c10d options for `group`: on NCCL the collective runs on the current
+// stream with no c10d stash (detail::stream_ordered); Gloo keeps its own
+// threads.
+template <typename Options>
+Options options_for(const Group& group, Options options = {}) {
+  return group.backend_type() == BackendType::kNccl ? detail::stream_ordered(options) : options;
 }
 
-// Runs `issue` (which hands the tensors to the backend); a backend exception
-// becomes a CollectiveError.
-Work launch(Group& group, const char* op, std::function<std::string()> sizes,
-            CallFingerprint fingerprint,
-            const std::function<c10::intrusive_ptr<c10d::Work>()>& issue,
-            std::function<void()> finish) {
-  std::shared_ptr<Work::State> state =
-      begin(group, op, std::move(sizes), fingerprint, std::move(finish));
-  c10::intrusive_ptr<c10d::Work> backend_work;
-  try {
-    if (issue) backend_work = issue();
-  } catch (const std::exception& e) {
-    throw CollectiveError(failure_message(*state, exception_message(e)));
-  }
-  if (!backend_work) {
-    state->complete(nullptr);
-    return Work(std::move(state));
-  }
-  for (const c10::Device& device : backend_work->getFuture()->devices()) {
-    if (!device.is_cpu()) state->device = device;
-  }
-  {
-    std::lock_guard<std::mutex> lock(state->mutex);
-    state->backend_work = backend_work;
-  }
-  // A weak reference: the backend's future may outlive the Work. If it has
-  // already completed, addCallback runs the callback right here.
-  std::weak_ptr<Work::State> weak = state;
-  backend_work->getFuture()->addCallback([weak](c10::ivalue::Future& future) {
-    auto s = weak.lock();
-    if (!s) return;
-    s->complete(future.hasError() ? future.exception_ptr() : nullptr);
-  });
-  return Work(std::move(state));
+// An fp16 average on NCCL: the sum of group.size() fp16 values can overflow
+// where their average does not, so the inputs are divided by `pre` before
+// the sum and the result by `post` after (pre * post = size), pre the
+// largest power of two with pre * pre <= size that divides it. bf16 and fp32
+// have the range for NCCL's own average.
+std::pair<int, int> fp16_average_factors(int size) {
+  int pre = 1;
+  while (size % (pre * 2) == 0 && (pre * 2) * (pre * 2) <= size) pre *= 2;
+  return {pre, size / pre};
+}
+
+// The tensors' device, for the Work (the CPU for a barrier).
+detail::LaunchInfo info_for(const char* op, std::function<std::string()> sizes, CallFingerprint fp,
+                            const at::Tensor& tensor) {
+  return {op, std::move(sizes), fp, tensor.defined() ? tensor.device() : c10::Device(c10::kCPU),
+          tensor.defined() ? static_cast<int64_t>(tensor.nbytes()) : 0};
 }
 
 }  // namespace
-
-CommStats comm_stats() {
-  constexpr auto relaxed = std::memory_order_relaxed;
-  CommStats stats;
-  for (size_t i = 0; i < stats.calls.size(); ++i) stats.calls[i] = g_stats.calls[i].load(relaxed);
-  stats.comm_seconds = g_stats.comm_us.load(relaxed) * 1e-6;
-  stats.wait_seconds = g_stats.wait_us.load(relaxed) * 1e-6;
-  return stats;
-}
-
-namespace {
-
-// The stream waits timed by Work::wait() (set_stream_wait_timing).
-// Each read folds the timers into `seconds` and drops them: no CUDA event
-// outlives the reading, so none is left for static destruction, when
-// destroying one would meet a CUDA driver already shutting down.
-struct StreamWaitTimes {
-  std::atomic<bool> on{false};
-  std::mutex mutex;
-  std::vector<CudaTimer> waits;  // not yet read
-  double seconds = 0;            // of those read since the last reset
-};
-StreamWaitTimes g_stream_waits;
-
-// A started timer on `device`'s current stream when wait timing is on and
-// the device a GPU; else none.
-std::optional<CudaTimer> start_wait_timer(c10::Device device) {
-  if (!g_stream_waits.on.load(std::memory_order_relaxed) || !device.is_cuda()) return std::nullopt;
-  CudaTimer timer(device);
-  timer.start();
-  return timer;
-}
-
-}  // namespace
-
-void reset_comm_stats() {
-  for (auto& counter : g_stats.calls) counter.store(0, std::memory_order_relaxed);
-  g_stats.comm_us.store(0, std::memory_order_relaxed);
-  g_stats.wait_us.store(0, std::memory_order_relaxed);
-  std::lock_guard<std::mutex> lock(g_stream_waits.mutex);
-  g_stream_waits.waits.clear();
-  g_stream_waits.seconds = 0;
-}
-
-void set_stream_wait_timing(bool on) {
-  g_stream_waits.on.store(on, std::memory_order_relaxed);
-  if (!on) stream_wait_seconds();  // folds and drops the events
-}
-
-double stream_wait_seconds() {
-  std::lock_guard<std::mutex> lock(g_stream_waits.mutex);
-  for (CudaTimer& wait : g_stream_waits.waits) g_stream_waits.seconds += wait.seconds();
-  g_stream_waits.waits.clear();
-  return g_stream_waits.seconds;
-}
-
-void Work::State::complete(std::exception_ptr cause) {
-  std::function<void()> step;
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (finished || completing) return;
-    completing = true;
-    step = std::move(finish);
-  }
-  if (!cause) {
-    try {
-      if (step) step();
-    } catch (...) {
-      cause = std::current_exception();
-    }
-  }
-  // Continuations added while this runs are picked up too: `finished` is set
-  // under the same lock that finds none left, so then() either queues before
-  // that or runs its function itself after.
-  auto describe = [this](std::exception_ptr e) {
-    try {
-      std::rethrow_exception(e);
-    } catch (const std::exception& ex) {
-      return failure_message(*this, exception_message(ex));
-    } catch (...) {
-      return failure_message(*this, "unknown error");
-    }
-  };
-  for (;;) {
-    std::vector<std::function<void()>> then;
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      if (continuations.empty()) {
-        if (cause) error = std::make_exception_ptr(CollectiveError(describe(cause)));
-        if (device && !cause) {
-          done.emplace(device->type());
-          done->record(c10::impl::getDeviceGuardImpl(device->type())->getStream(*device));
-        }
-        completed_us = trace::now_us();
-        finished = true;
-        backend_work.reset();  // the backend's tensors go as soon as it lets them
-        break;
-      }
-      then = std::move(continuations);
-      continuations.clear();
-    }
-    if (cause) continue;
-    try {
-      for (auto& fn : then) fn();
-    } catch (...) {
-      cause = std::current_exception();
-    }
-  }
-  step = nullptr;  // releases the local step's buffers outside the lock
-  finished_cv.notify_all();
-}
-
-void Work::State::order_current_stream() const {
-  if (!done) return;
-  done->block(c10::impl::getDeviceGuardImpl(device->type())->getStream(*device));
-}
-
-void Work::wait() {
-  if (!state_) return;
-  State& s = *state_;
-  std::unique_lock<std::mutex> lock(s.mutex);
-  // Before the host waits: while it is blocked, the caller's stream may
-  // run dry, and that stall is what the pair measures.
-  std::optional<CudaTimer> stall;
-  if (s.device && !s.waited) stall = start_wait_timer(*s.device);
-  if (!s.waited) {
-    const int64_t wait_start = trace::now_us();
-    s.finished_cv.wait(lock, [&s] { return s.finished; });
-    const int64_t wait_end = trace::now_us();
-    s.waited = true;
-    g_stats.comm_us.fetch_add(s.completed_us - s.issued_us, std::memory_order_relaxed);
-    g_stats.wait_us.fetch_add(wait_end - wait_start, std::memory_order_relaxed);
-    if (trace::enabled()) {
-      trace::record(cat(s.op, " ", *s.group, " #", s.sequence), "comm", s.op, s.issued_us,
-                    s.completed_us);
-      if (wait_end > wait_start) {
-        trace::record(cat("wait ", s.op), "wait", "wait", wait_start, wait_end);
-      }
-    }
-  }
-  if (s.error) std::rethrow_exception(s.error);
-  s.order_current_stream();
-  if (stall && s.done) {
-    stall->stop();
-    std::lock_guard<std::mutex> guard(g_stream_waits.mutex);
-    g_stream_waits.waits.push_back(std::move(*stall));
-  }
-}
-
-void Work::then(std::function<void()> fn) {
-  if (!fn) return;
-  if (!state_) {
-    fn();
-    return;
-  }
-  {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    if (!state_->finished) {
-      state_->continuations.push_back(std::move(fn));
-      return;
-    }
-    if (state_->error) return;  // wait() reports it
-  }
-  state_->order_current_stream();
-  fn();
-}
-
-bool Work::is_completed() const {
-  if (!state_) return true;
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  return state_->finished;
-}
 
 Work all_gather_into(Group& group, const at::Tensor& output, const at::Tensor& input) {
   constexpr const char* op = "all_gather";
@@ -449,28 +165,30 @@ Work all_gather_into(Group& group, const at::Tensor& output, const at::Tensor& i
   };
   CallFingerprint fp{OpType::kAllGather, 0, n, output.numel(), int(input.scalar_type())};
   if (group.size() == 1 || n == 0) {
-    return launch(group, op, std::move(sizes), fp, nullptr, [output, in] {
+    return detail::launch(group, info_for(op, std::move(sizes), fp, in), nullptr, [output, in] {
       if (output.data_ptr() != in.data_ptr()) output.view(-1).copy_(in.view(-1));
     });
   }
   if (on_channel(group, in, output)) {
-    return launch_on_channel(group, op, std::move(sizes), fp,
+    return detail::launch_on_channel(group, info_for(op, std::move(sizes), fp, in),
                              {ShmChannel::Kind::kAllGather, in, output}, nullptr);
   }
   if (gathers_flat(group, in)) {
-    return launch(group, op, std::move(sizes), fp, [&group, output, in] {
+    return detail::launch(group, info_for(op, std::move(sizes), fp, in), [&group, output, in] {
       at::Tensor flat_out = wire_view(output).view(-1);
       at::Tensor flat_in = wire_view(in).view(-1);
-      return group.process_group()._allgather_base(flat_out, flat_in);
+      return group.process_group()._allgather_base(flat_out, flat_in,
+                                                   options_for<c10d::AllgatherOptions>(group));
     }, nullptr);
   }
-  return launch(group, op, std::move(sizes), fp, [&group, output, in, n] {
+  return detail::launch(group, info_for(op, std::move(sizes), fp, in), [&group, output, in, n] {
     at::Tensor flat_out = wire_view(output).view(-1);
     std::vector<std::vector<at::Tensor>> outputs(1);
     outputs[0].reserve(group.size());
     for (int r = 0; r < group.size(); ++r) outputs[0].push_back(flat_out.narrow(0, r * n, n));
     std::vector<at::Tensor> inputs{wire_view(in).view(-1)};
-    return group.process_group().allgather(outputs, inputs);
+    return group.process_group().allgather(outputs, inputs,
+                                           options_for<c10d::AllgatherOptions>(group));
   }, nullptr);
 }
 
@@ -506,7 +224,7 @@ Work all_gather_coalesced(Group& group, const std::vector<std::vector<at::Tensor
   CallFingerprint fp{OpType::kAllGather, 0, numel, numel * group.size(), int(dtype)};
   const int me = group.rank();
   if (group.size() == 1 || numel == 0) {
-    return launch(group, op, std::move(sizes), fp, nullptr, [outputs, inputs, me] {
+    return detail::launch(group, info_for(op, std::move(sizes), fp, inputs[0]), nullptr, [outputs, inputs, me] {
       for (size_t i = 0; i < inputs.size(); ++i) {
         if (!outputs[me][i].is_same(inputs[i])) outputs[me][i].view_as(inputs[i]).copy_(inputs[i]);
       }
@@ -527,7 +245,7 @@ Work all_gather_coalesced(Group& group, const std::vector<std::vector<at::Tensor
       channel_op.kind = ShmChannel::Kind::kAllGatherCoalesced;
       for (const at::Tensor& t : inputs) channel_op.inputs.push_back(t.contiguous());
       channel_op.outputs = outputs;
-      return launch_on_channel(group, op, std::move(sizes), fp, std::move(channel_op), nullptr);
+      return detail::launch_on_channel(group, info_for(op, std::move(sizes), fp, inputs[0]), std::move(channel_op), nullptr);
     }
   }
   if (group.backend_type() == BackendType::kNccl || inputs[0].is_cuda()) {
@@ -549,14 +267,14 @@ Work all_gather_coalesced(Group& group, const std::vector<std::vector<at::Tensor
         }
       }
     };
-    return launch(group, op, std::move(sizes), fp, [&group, packed, gathered, numel] {
+    return detail::launch(group, info_for(op, std::move(sizes), fp, inputs[0]), [&group, packed, gathered, numel] {
       std::vector<std::vector<at::Tensor>> out(1);
       for (int r = 0; r < group.size(); ++r) out[0].push_back(gathered.narrow(0, r * numel, numel));
       std::vector<at::Tensor> in{packed};
-      return group.process_group().allgather(out, in);
+      return group.process_group().allgather(out, in, options_for<c10d::AllgatherOptions>(group));
     }, std::move(unpack));
   }
-  return launch(group, op, std::move(sizes), fp, [&group, outputs, inputs] {
+  return detail::launch(group, info_for(op, std::move(sizes), fp, inputs[0]), [&group, outputs, inputs] {
     // The backend flattens the inputs, gathers once and copies each piece
     // into outputs[r][i] (as copy_, so strided views work); shapes must
     // match the inputs exactly. Those two host copies were measured against
@@ -598,30 +316,44 @@ Work reduce_scatter(Group& group, const at::Tensor& output, const at::Tensor& in
   CallFingerprint fp{OpType::kReduceScatter, 0, in.numel(), n, int(input.scalar_type()),
                      int(op_kind)};
   if (size == 1 || n == 0) {
-    return launch(group, op, std::move(sizes), fp, nullptr, [output, in] {
+    return detail::launch(group, info_for(op, std::move(sizes), fp, in), nullptr, [output, in] {
       if (output.data_ptr() != in.data_ptr()) output.view(-1).copy_(in.view(-1));
     });
   }
-  // Low-precision data travels as its own bits and is summed in fp32 here.
-  const bool low = is_low_precision(in.scalar_type());
-  // Where the backend reduces into the output itself (NCCL, the channel),
-  // an average is its sum divided afterwards.
+  const bool nccl = group.backend_type() == BackendType::kNccl;
+  // Low-precision data travels as its own bits and is summed in fp32 here
+  // (NCCL sums bf16 and fp16 natively, as FSDP2 does).
+  const bool low = is_low_precision(in.scalar_type()) && !nccl;
+  // Where the backend reduces into the output itself (the channel), an
+  // average is its sum divided afterwards.
   std::function<void()> divide_for_average;
   if (op_kind == ReduceOp::kAvg) divide_for_average = [output, size] { output.div_(size); };
-  if (!low && group.backend_type() == BackendType::kNccl) {
-    // NCCL: one reduce-scatter into the output itself (no group-size
-    // receive buffer); an average is the sum divided afterwards, as on the
-    // fallback. bf16 and fp16 keep the fallback's fp32 sum.
-    return launch(group, op, std::move(sizes), fp, [&group, output, in, op_kind] {
-      at::Tensor out = output.view(-1), flat_in = in.view(-1);
-      c10d::ReduceScatterOptions options;
-      options.reduceOp = to_c10d(op_kind);
-      return group.process_group()._reduce_scatter_base(out, flat_in, options);
-    }, std::move(divide_for_average));
+  if (nccl) {
+    // One reduce-scatter into the output itself (no group-size receive
+    // buffer). An average is NCCL's own (fp32, bf16), or for fp16 a sum
+    // between a division before and one after (fp16_average_factors).
+    c10d::ReduceScatterOptions options = options_for<c10d::ReduceScatterOptions>(group);
+    options.reduceOp = to_c10d(op_kind);
+    std::function<void()> post;
+    at::Tensor send = in;
+    if (op_kind == ReduceOp::kAvg && in.scalar_type() == at::kHalf) {
+      const auto [pre, after] = fp16_average_factors(size);
+      if (pre > 1) send = in / pre;
+      post = [output, after = after] { output.div_(after); };
+    } else if (op_kind == ReduceOp::kAvg) {
+      options.reduceOp = c10d::ReduceOp::AVG;
+    }
+    return detail::launch(group, info_for(op, std::move(sizes), fp, in),
+                          [&group, output, send, options] {
+                            at::Tensor out = output.view(-1), flat_in = send.view(-1);
+                            return group.process_group()._reduce_scatter_base(out, flat_in,
+                                                                              options);
+                          },
+                          std::move(post));
   }
   if (!low && on_channel(group, in, output)) {
     // Straight into the output: no group-size receive buffer, no local sum.
-    return launch_on_channel(group, op, std::move(sizes), fp,
+    return detail::launch_on_channel(group, info_for(op, std::move(sizes), fp, in),
                              {ShmChannel::Kind::kReduceScatter, wire_view(in).view(-1),
                               wire_view(output).view(-1), op_kind},
                              std::move(divide_for_average));
@@ -652,11 +384,17 @@ Work reduce_scatter(Group& group, const at::Tensor& output, const at::Tensor& in
     }
     if (low) out.copy_(reduced);
   };
-  return launch(group, op, std::move(sizes), fp, [&group, send, recv] {
+  return detail::launch(group, info_for(op, std::move(sizes), fp, in), [&group, send, recv] {
     at::Tensor s = send, r = recv;
     std::vector<int64_t> equal_splits;
-    return group.process_group().alltoall_base(r, s, equal_splits, equal_splits);
+    return group.process_group().alltoall_base(r, s, equal_splits, equal_splits,
+                                               options_for<c10d::AllToAllOptions>(group));
   }, std::move(finish));
+}
+
+bool reduce_scatter_uses_scratch(const Group& group, const at::Tensor& input) {
+  if (group.size() == 1 || group.backend_type() == BackendType::kNccl) return false;
+  return is_low_precision(input.scalar_type()) || !on_channel(group, input, input);
 }
 
 Work all_reduce(Group& group, const at::Tensor& tensor, ReduceOp op_kind) {
@@ -672,7 +410,31 @@ Work all_reduce(Group& group, const at::Tensor& tensor, ReduceOp op_kind) {
                      int(tensor.scalar_type()), int(op_kind)};
   const int size = group.size();
   if (size == 1 || tensor.numel() == 0) {
-    return launch(group, op, std::move(sizes), fp, nullptr, nullptr);
+    return detail::launch(group, info_for(op, std::move(sizes), fp, tensor), nullptr, nullptr);
+  }
+  const bool nccl = group.backend_type() == BackendType::kNccl;
+  if (nccl) {
+    // NCCL reduces bf16 and fp16 natively and averages itself (fp16: a sum
+    // between two divisions, as in reduce_scatter).
+    c10d::AllreduceOptions options = options_for<c10d::AllreduceOptions>(group);
+    options.reduceOp = to_c10d(op_kind);
+    std::function<void()> post;
+    at::Tensor pre_scale;
+    int pre = 1;
+    if (op_kind == ReduceOp::kAvg && tensor.scalar_type() == at::kHalf) {
+      int after = 1;
+      std::tie(pre, after) = fp16_average_factors(size);
+      post = [tensor, after] { tensor.div_(after); };
+    } else if (op_kind == ReduceOp::kAvg) {
+      options.reduceOp = c10d::ReduceOp::AVG;
+    }
+    return detail::launch(group, info_for(op, std::move(sizes), fp, tensor),
+                          [&group, tensor, options, pre] {
+                            if (pre > 1) tensor.div_(pre);
+                            std::vector<at::Tensor> tensors{tensor};
+                            return group.process_group().allreduce(tensors, options);
+                          },
+                          std::move(post));
   }
   // bf16 and fp16 are reduced (and averaged) in fp32 and copied back, as in
   // reduce_scatter; bool reduces as bytes.
@@ -686,11 +448,11 @@ Work all_reduce(Group& group, const at::Tensor& tensor, ReduceOp op_kind) {
     };
   }
   if (on_channel(group, buffer, buffer)) {
-    return launch_on_channel(group, op, std::move(sizes), fp,
+    return detail::launch_on_channel(group, info_for(op, std::move(sizes), fp, tensor),
                              {ShmChannel::Kind::kAllReduce, buffer.view(-1), {}, op_kind},
                              std::move(finish));
   }
-  return launch(group, op, std::move(sizes), fp, [&group, buffer, op_kind] {
+  return detail::launch(group, info_for(op, std::move(sizes), fp, tensor), [&group, buffer, op_kind] {
     std::vector<at::Tensor> tensors{buffer};
     c10d::AllreduceOptions options;
     options.reduceOp = to_c10d(op_kind);
@@ -710,11 +472,11 @@ Work broadcast(Group& group, const at::Tensor& tensor, int source) {
   CallFingerprint fp{OpType::kBroadcast, 0, tensor.numel(), tensor.numel(),
                      int(tensor.scalar_type()), source};
   if (group.size() == 1 || tensor.numel() == 0) {
-    return launch(group, op, std::move(sizes), fp, nullptr, nullptr);
+    return detail::launch(group, info_for(op, std::move(sizes), fp, tensor), nullptr, nullptr);
   }
-  return launch(group, op, std::move(sizes), fp, [&group, tensor, source] {
+  return detail::launch(group, info_for(op, std::move(sizes), fp, tensor), [&group, tensor, source] {
     std::vector<at::Tensor> tensors{wire_view(tensor)};
-    c10d::BroadcastOptions options;
+    c10d::BroadcastOptions options = options_for<c10d::BroadcastOptions>(group);
     options.rootRank = source;
     return group.process_group().broadcast(tensors, options);
   }, nullptr);
@@ -773,15 +535,16 @@ Work all_to_all(Group& group, const at::Tensor& output, const at::Tensor& input,
   };
   CallFingerprint fp{OpType::kAllToAll, 0, in.numel(), output.numel(), int(in.scalar_type())};
   if (size == 1) {
-    return launch(group, op, std::move(sizes), fp, nullptr, [output, in] {
+    return detail::launch(group, info_for(op, std::move(sizes), fp, in), nullptr, [output, in] {
       if (output.data_ptr() != in.data_ptr()) output.copy_(in);
     });
   }
-  return launch(group, op, std::move(sizes), fp,
+  return detail::launch(group, info_for(op, std::move(sizes), fp, in),
                 [&group, output, in, output_splits, input_splits] {
                   at::Tensor o = wire_view(output), i = wire_view(in);
                   std::vector<int64_t> os = output_splits, is = input_splits;
-                  return group.process_group().alltoall_base(o, i, os, is);
+                  return group.process_group().alltoall_base(o, i, os, is,
+                                                             options_for<c10d::AllToAllOptions>(group));
                 },
                 nullptr);
 }
@@ -791,8 +554,8 @@ Work barrier(Group& group) {
   check_member(group, op);
   CallFingerprint fp{OpType::kBarrier, 0, 0, 0, 0};
   auto sizes = [] { return std::string("no tensors"); };
-  if (group.size() == 1) return launch(group, op, std::move(sizes), fp, nullptr, nullptr);
-  return launch(group, op, std::move(sizes), fp,
+  if (group.size() == 1) return detail::launch(group, info_for(op, std::move(sizes), fp, at::Tensor()), nullptr, nullptr);
+  return detail::launch(group, info_for(op, std::move(sizes), fp, at::Tensor()),
                 [&group] { return group.process_group().barrier(); },
                 nullptr);
 }

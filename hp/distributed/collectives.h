@@ -37,17 +37,25 @@ Work all_gather_coalesced(Group& group, const std::vector<std::vector<at::Tensor
                           const std::vector<at::Tensor>& inputs);
 
 // output = op over ranks of input[r*n:(r+1)*n] where r is this rank's group
-// rank and n = output.numel(). On NCCL (fp32 and wider) one reduce-scatter
-// into output. Otherwise one all-to-all plus a local reduction (the same
-// bytes on the wire as a ring reduce-scatter; Gloo 1.13 has none, and bf16 /
-// fp16 are summed in fp32 there); the reduction runs in wait(). The
-// all-to-all receives group.size() * n elements: pass `scratch` (contiguous,
-// input's dtype, at least that many elements, not overlapping input) to
-// receive into memory the caller has anyway instead of a new allocation.
+// rank and n = output.numel(). On NCCL one reduce-scatter into output, in
+// the input's dtype (bf16 and fp16 natively); an average is NCCL's own, for
+// fp16 a sum between two divisions that keep it in range. Otherwise one
+// all-to-all plus a local reduction (the same bytes on the wire as a ring
+// reduce-scatter; Gloo 1.13 has none, and bf16 / fp16 are summed in fp32
+// there), or the shared-memory channel's reduce-scatter for fp32. The
+// all-to-all receives group.size() * n elements: pass `scratch`
+// (contiguous, input's dtype, at least that many elements, not overlapping
+// input) to receive into memory the caller has anyway instead of a new
+// allocation; reduce_scatter_uses_scratch() says whether it will.
 Work reduce_scatter(Group& group, const at::Tensor& output, const at::Tensor& input,
                     ReduceOp op = ReduceOp::kSum, const at::Tensor& scratch = {});
 
-// tensor = op over ranks of tensor, in place.
+// Whether reduce_scatter(group, ..., input, ..., scratch) receives into
+// `scratch` (the all-to-all path); elsewhere a lent scratch buffer is not
+// touched and can be released at once.
+bool reduce_scatter_uses_scratch(const Group& group, const at::Tensor& input);
+
+// tensor = op over ranks of tensor, in place (NCCL: bf16 and fp16 natively).
 Work all_reduce(Group& group, const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
 
 // tensor = tensor of group rank `source`, in place.

@@ -233,13 +233,14 @@ dist::Work FSDPParam::gather(dist::Group& group, const at::Tensor& input) {
   ensure_unsharded();
   if (shard_dim_ == 0) return dist::all_gather_into(group, unsharded_, input);
   gather_buffer_ = at::empty({group.size() * input.numel()}, input.options());
-  dist::Work work = dist::all_gather_into(group, gather_buffer_, input);
-  const int64_t pieces = group.size();
-  work.then([this, pieces] {
-    copy_out(gather_buffer_.view({pieces, -1}));
-    gather_buffer_ = at::Tensor();
-  });
-  return work;
+  gather_pieces_ = group.size();
+  return dist::all_gather_into(group, gather_buffer_, input);
+}
+
+void FSDPParam::finish_gather() {
+  if (!gather_buffer_.defined()) return;
+  copy_out(gather_buffer_.view({gather_pieces_, -1}));
+  gather_buffer_ = at::Tensor();
 }
 
 void FSDPParam::copy_out(const at::Tensor& pieces) {

@@ -22,9 +22,7 @@
 // the same way.
 //
 // Threads: called from its unit's hooks (unit.h), one thread at a time; the
-// post-accumulate hook runs on the autograd engine's thread. Only the
-// copy-out of a gather along a dim other than 0 runs on the backend's
-// thread, as the gather completes; it writes only the unsharded buffer.
+// post-accumulate hook runs on the autograd engine's thread.
 #pragma once
 
 #include <cstdint>
@@ -149,8 +147,10 @@ class FSDPParam {
   // the shard itself unless `snapshot` asks for a copy).
   at::Tensor shard_gather_input(bool snapshot = false) const;
   // Gathers from `input` over `group` into the unsharded buffer (one
-  // collective for this parameter); dims other than 0 copy out on completion.
+  // collective for this parameter); dims other than 0 gather into a buffer
+  // of their own, copied out by finish_gather() once the gather was waited.
   dist::Work gather(dist::Group& group, const at::Tensor& input);
+  void finish_gather();
   // Copies gathered pieces [G, n] (row g: group rank g's piece) into the
   // unsharded buffer.
   void copy_out(const at::Tensor& pieces);
@@ -300,6 +300,7 @@ class FSDPParam {
   at::Tensor unsharded_;        // compute dtype
   bool owns_unsharded_ = true;  // false: a view of a unit's flat buffer
   at::Tensor gather_buffer_;    // dims other than 0: flat gather before the copy-out
+  int64_t gather_pieces_ = 0;   // the ranks gather_buffer_ holds pieces of
   at::Tensor regather_piece_;   // reshard_after_forward = N
   bool kept_ = false;           // reshard_keeping_unsharded()
   // The parameter's and the shard buffer's versions when the copy was kept.

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "hp/distributed/collectives.h"
 #include "hp/fsdp/storage.h"
@@ -104,8 +105,9 @@ bool ParamGroup::use_kept_copies() {
   return !all_current;
 }
 
-bool ParamGroup::begin_unshard(dist::Group* regather_group, bool snapshot) {
+bool ParamGroup::begin_unshard(dist::Group* regather_group, bool snapshot, CommContext* comm) {
   if (in_flight_) return false;
+  if (comm != nullptr && comm->streams() != nullptr) comm_ = comm;
   const bool stale = use_kept_copies();
   in_flight_ = true;
   arriving_.clear();
@@ -126,6 +128,10 @@ bool ParamGroup::begin_unshard(dist::Group* regather_group, bool snapshot) {
   auto input_of = [regather, snapshot](FSDPParam* p) {
     return regather ? p->regather_piece() : p->shard_gather_input(snapshot);
   };
+  if (comm_ != nullptr) {
+    issue_on_streams(group, todo, regather, snapshot);
+    return stale;
+  }
   if (!options_.fused) {
     for (FSDPParam* p : todo) works_.push_back(p->gather(group, input_of(p)));
     return stale;
@@ -156,10 +162,101 @@ bool ParamGroup::begin_unshard(dist::Group* regather_group, bool snapshot) {
   return stale;
 }
 
-void ParamGroup::finish_unshard() {
-  if (!in_flight_) return;
-  for (auto& work : works_) work.wait();
+void ParamGroup::issue_on_streams(dist::Group& group, const std::vector<FSDPParam*>& todo,
+                                  bool regather, bool snapshot) {
+  using dist::StreamRole;
+  dist::StreamOps* ops = comm_->streams();
+  // The previous unit's output goes first: at most two are live.
+  comm_->release_all_gather_output();
+  ops->wait(StreamRole::kCopyIn, reshard_event_);
+  reshard_event_ = {};
+  const bool fused = options_.fused;
+  gathered_ = fused ? sharded_ : todo;
+  gather_fused_ = fused;
+  gather_ranks_ = group.size();
+  dist::StreamScope on_copy_in(ops, StreamRole::kCopyIn);
+  // Copy-in: the inputs in the compute dtype (casts, host-to-device copies
+  // and snapshots run here, off the compute stream).
+  gather_inputs_.clear();
+  gather_offsets_.clear();
+  gather_rank_numel_ = 0;
+  for (size_t i = 0; i < gathered_.size(); ++i) {
+    FSDPParam* p = gathered_[i];
+    at::Tensor input;
+    if (!regather && fused && flat_shards_.defined()) {
+      const at::Tensor& shard = p->padded_shard();
+      input = shard.to(p->compute_dtype(), /*non_blocking=*/false, /*copy=*/snapshot);
+      if (input.device() != p->compute_device()) input = input.to(p->compute_device());
+    } else {
+      input = regather ? p->regather_piece() : p->shard_gather_input(snapshot);
+    }
+    gather_offsets_.push_back(gather_rank_numel_);
+    gather_rank_numel_ += input.numel();
+    gather_inputs_.push_back(input.reshape(-1));
+  }
+  const at::TensorOptions options = gather_inputs_[0].options();
+  gather_output_ = at::empty({gather_ranks_ * gather_rank_numel_}, options);
+  ops->on_alloc(gather_output_.data_ptr(), StreamRole::kCopyIn, "all-gather output");
+  ops->wait_stream(StreamRole::kAllGather, StreamRole::kCopyIn, "copy in");
+  dist::StreamScope on_all_gather(ops, StreamRole::kAllGather);
+  ops->on_use(gather_output_.data_ptr(), StreamRole::kAllGather);
+  if (fused) {
+    // One collective: every parameter's input, concatenated.
+    at::Tensor input = gather_inputs_.size() == 1 ? gather_inputs_[0] : at::cat(gather_inputs_);
+    gather_inputs_.push_back(input);
+    works_.push_back(dist::all_gather_into(group, gather_output_, input));
+    return;
+  }
+  // One collective per parameter, each into its own rank-major slice.
+  for (size_t i = 0; i < gathered_.size(); ++i) {
+    const int64_t n = gather_inputs_[i].numel();
+    works_.push_back(dist::all_gather_into(
+        group, gather_output_.narrow(0, gather_ranks_ * gather_offsets_[i], gather_ranks_ * n),
+        gather_inputs_[i]));
+  }
+}
+
+void ParamGroup::copy_out_from_streams(bool keep_output) {
+  using dist::StreamRole;
+  dist::StreamOps* ops = comm_->streams();
+  for (auto& work : works_) work.wait_on(StreamRole::kCompute);
   works_.clear();
+  if (!gather_output_.defined()) return;
+  ops->on_use(gather_output_.data_ptr(), StreamRole::kCompute);
+  if (gather_fused_) ensure_flat_unsharded();
+  for (size_t i = 0; i < gathered_.size(); ++i) {
+    FSDPParam* p = gathered_[i];
+    const int64_t n = gather_inputs_[i].numel();
+    // Row g of `pieces`: group rank g's piece of this parameter.
+    at::Tensor pieces =
+        gather_fused_
+            ? gather_output_.view({gather_ranks_, gather_rank_numel_}).narrow(1, gather_offsets_[i], n)
+            : gather_output_.narrow(0, gather_ranks_ * gather_offsets_[i], gather_ranks_ * n)
+                  .view({gather_ranks_, n});
+    if (!gather_fused_) p->ensure_unsharded();
+    p->copy_out(pieces);
+  }
+  const dist::StreamEvent copy_out = ops->record(StreamRole::kCompute, "copy out");
+  comm_->keep_all_gather_output(std::exchange(gather_output_, at::Tensor()), copy_out,
+                                std::exchange(gather_inputs_, {}));
+  if (!keep_output) comm_->release_all_gather_output();
+  gathered_.clear();
+}
+
+void ParamGroup::record_reshard() {
+  if (comm_ == nullptr) return;
+  reshard_event_ = comm_->streams()->record(dist::StreamRole::kCompute, "reshard");
+}
+
+void ParamGroup::finish_unshard(bool keep_output) {
+  if (!in_flight_) return;
+  if (comm_ != nullptr) {
+    copy_out_from_streams(keep_output);
+  } else {
+    for (auto& work : works_) work.wait();
+    works_.clear();
+    for (FSDPParam* p : arriving_) p->finish_gather();
+  }
   for (FSDPParam* p : arriving_) {
     p->drop_regather_piece();
     p->use_unsharded();
@@ -170,6 +267,9 @@ void ParamGroup::finish_unshard() {
 
 void ParamGroup::forget_in_flight() {
   works_.clear();
+  gather_output_ = at::Tensor();
+  gather_inputs_.clear();
+  gathered_.clear();
   arriving_.clear();
   in_flight_ = false;
 }
@@ -177,6 +277,7 @@ void ParamGroup::forget_in_flight() {
 void ParamGroup::free_unsharded() {
   for (FSDPParam* p : params_) p->free_unsharded();
   if (options_.fused) release_flat_unsharded();
+  record_reshard();
 }
 
 void ParamGroup::keep_for_regather(int64_t pieces, int64_t index) {

@@ -11,9 +11,17 @@
 // buffer per unit. After reshard_after_forward = N, the parameters hold
 // pieces for a group of N ranks instead, and the next gather runs there.
 //
-// Threads: driven by its unit's hooks (unit.h). The fused copy-out runs on
-// the backend's thread as the gather completes (Work::then); it writes only
-// the unsharded buffers, which nothing reads before wait_unshard().
+// Where streams order the work (CUDA; the recording StreamOps in tests),
+// the gathers follow docs/streams.md instead: the inputs are copied in and
+// one rank-major output is allocated on the copy-in stream, the collectives
+// run on the all-gather stream, and finish_unshard() makes compute wait for
+// them and copies out into the unsharded buffers (allocated on compute), so
+// that no stream ever writes memory another stream allocated. Per-parameter
+// collectives then gather into slices of that one output.
+//
+// Threads: driven by its unit's hooks (unit.h). On the host path the fused
+// copy-out runs inside the backend's gather (Gloo copies each rank's piece
+// into the unsharded views); nothing reads them before wait_unshard().
 #pragma once
 
 #include <cstdint>
@@ -21,6 +29,7 @@
 #include <vector>
 
 #include "hp/distributed/work.h"
+#include "hp/fsdp/comm_context.h"
 #include "hp/fsdp/fsdp_param.h"
 #include "hp/fsdp/mesh_info.h"
 
@@ -56,9 +65,14 @@ class ParamGroup {
   // it and gather nothing; fused, only if every one of them is current, as
   // the unit gathers as one. Returns whether a kept copy was stale (the
   // shards changed since it was kept) and is being gathered again.
-  bool begin_unshard(dist::Group* regather_group, bool snapshot = false);
-  // Waits, then points the parameters at their unsharded buffers.
-  void finish_unshard();
+  // `comm`: the tree's streams (null: host order, or no tree yet).
+  bool begin_unshard(dist::Group* regather_group, bool snapshot = false,
+                     CommContext* comm = nullptr);
+  // Waits, then points the parameters at their unsharded buffers. With
+  // streams, `keep_output` (a forward) leaves the all-gather output to the
+  // tree's CommContext until the next unit's unshard; else it is released
+  // as soon as the copy-in stream waited the copy-out.
+  void finish_unshard(bool keep_output = false);
   bool in_flight() const { return in_flight_; }
   // After a gather failed to complete: drops it (its result is not used).
   void forget_in_flight();
@@ -87,6 +101,13 @@ class ParamGroup {
   // ones released; returns whether one was stale.
   bool use_kept_copies();
   void release_flat_unsharded();
+  // The stream path of begin_unshard / finish_unshard (see the file comment).
+  void issue_on_streams(dist::Group& group, const std::vector<FSDPParam*>& todo, bool regather,
+                        bool snapshot);
+  void copy_out_from_streams(bool keep_output);
+  // After the unsharded memory was released on compute (a reshard after
+  // forward): the next gather's copy-in waits for it.
+  void record_reshard();
 
   std::vector<FSDPParam*> params_;   // all that need unsharding
   std::vector<FSDPParam*> sharded_;  // the gathered ones
@@ -99,6 +120,19 @@ class ParamGroup {
   // What the gathers in flight will fill: only these are pointed at their
   // unsharded buffers when they land (others may be lent to a reduction).
   std::vector<FSDPParam*> arriving_;
+
+  // The stream path's gather in flight: the rank-major output (on the
+  // copy-in stream), its inputs (read on the all-gather stream until the
+  // output is released), and where each gathered parameter's pieces are.
+  CommContext* comm_ = nullptr;
+  at::Tensor gather_output_;
+  std::vector<at::Tensor> gather_inputs_;
+  std::vector<FSDPParam*> gathered_;
+  std::vector<int64_t> gather_offsets_;  // per gathered_ parameter, in elements of one rank
+  int64_t gather_rank_numel_ = 0;        // elements per rank
+  int64_t gather_ranks_ = 0;
+  bool gather_fused_ = false;
+  dist::StreamEvent reshard_event_;
 
   // Fused: one flat unsharded buffer (param-major) and, with zero-copy, one
   // flat shard buffer the shards live in, plus its cast in compute dtype.

@@ -6,6 +6,7 @@
 #include "hp/fsdp/storage.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace hp::fsdp {
 namespace {
@@ -87,8 +88,9 @@ void PackedGrads::add(FSDPParam& param, const at::Tensor& full_grad) {
 
 GradReduction::GradReduction(PackedGrads grads, at::Tensor scratch, const MeshInfo& mesh,
                              ReduceSettings settings, int64_t wave,
-                             std::shared_ptr<void> keep_alive)
+                             std::shared_ptr<void> keep_alive, CommContext* comm)
     : mesh_(mesh), settings_(settings), wave_(wave), keep_alive_(std::move(keep_alive)) {
+  if (comm != nullptr) ops_ = comm->streams();
   // Every block is set before the collective (so before `grads` gives up
   // its parameters): the buffer allocated if no gradient arrived, and the
   // blocks of the parameters without one zeroed.
@@ -97,6 +99,13 @@ GradReduction::GradReduction(PackedGrads grads, at::Tensor scratch, const MeshIn
   params_ = std::move(grads.params_);
   offsets_ = std::move(grads.offsets_);
   arrived_ = std::move(grads.arrived_);
+  if (ops_ != nullptr) {
+    // Streams: no lending (the reduce-scatter's output is allocated on its
+    // own stream), every stage issued now, chained stream to stream.
+    if (scratch.defined()) free_storage(scratch);
+    issue_on_streams(std::move(grads), *comm);
+    return;
+  }
   if (grads.sharded_) {
     // The input is held by the collective only, so it is released the moment
     // the reduce-scatter completes (on the backend's thread), not when this
@@ -104,13 +113,14 @@ GradReduction::GradReduction(PackedGrads grads, at::Tensor scratch, const MeshIn
     at::Tensor input = std::move(grads.data_);
     output_ = at::empty({grads.total_}, input.options());
     const bool lend = scratch.defined() && scratch.scalar_type() == input.scalar_type() &&
-                      scratch.numel() >= input.numel();
+                      scratch.numel() >= input.numel() &&
+                      dist::reduce_scatter_uses_scratch(*mesh_.reduce_group, input);
     work_ = dist::reduce_scatter(*mesh_.reduce_group, output_, input.view(-1),
                                  dist::ReduceOp::kSum, lend ? scratch.view(-1) : at::Tensor());
     if (lend) {
-      work_.then([scratch] { free_storage(scratch); });
+      scratch_ = std::move(scratch);  // released once the reduce-scatter was waited
     } else if (scratch.defined()) {
-      free_storage(scratch);  // unusable as the receive buffer: no reason to hold it
+      free_storage(scratch);  // not received into: no reason to hold it
     }
     stage_ = Stage::kReduceScatter;
     return;
@@ -135,25 +145,90 @@ GradReduction::GradReduction(PackedGrads grads, at::Tensor scratch, const MeshIn
   start_replica_stage();
 }
 
+dist::ReduceOp GradReduction::first_op(const dist::Group& group) const {
+  // NCCL averages itself (dist::reduce_scatter), which saves the division's
+  // kernel; elsewhere the sum is divided after, as on the host path.
+  const bool native = group.backend_type() == dist::BackendType::kNccl;
+  return settings_.average && native ? dist::ReduceOp::kAvg : dist::ReduceOp::kSum;
+}
+
+void GradReduction::issue_on_streams(PackedGrads grads, CommContext& comm) {
+  using dist::StreamRole;
+  // The first stage reads the packed gradients (written on compute) on the
+  // reduce-scatter stream; an average is divided there too.
+  const bool sharded = grads.sharded_;
+  at::Tensor input = std::move(grads.data_);
+  // A sharded input is released once read (keep_reduce_scatter_input); the
+  // whole parameters' buffer is reduced in place and becomes the gradients.
+  if (sharded) ops_->on_alloc(input.data_ptr(), StreamRole::kCompute, "reduce-scatter input");
+  ops_->wait_stream(StreamRole::kReduceScatter, StreamRole::kCompute, "pack done");
+  dist::Group* first_group = nullptr;
+  int64_t first_size = 1;
+  {
+    dist::StreamScope on_rs(ops_, StreamRole::kReduceScatter);
+    if (sharded) ops_->on_use(input.data_ptr(), StreamRole::kReduceScatter);
+    if (sharded) {
+      output_ = at::empty({grads.total_}, input.options());
+      first_group = mesh_.reduce_group.get();
+      first_size = mesh_.shard_size;
+      work_ = dist::reduce_scatter(*first_group, output_, input.view(-1), first_op(*first_group));
+    } else {
+      output_ = input;
+      if (settings_.over_mesh && mesh_.size() > 1) {
+        first_group = mesh_.mesh_group.get();
+        first_size = mesh_.size();
+      } else if (!settings_.over_mesh && params_[0]->replicated() && mesh_.shard_size > 1) {
+        first_group = mesh_.reduce_group.get();
+        first_size = mesh_.shard_size;
+      }
+      if (first_group != nullptr) work_ = dist::all_reduce(*first_group, output_, first_op(*first_group));
+    }
+    if (first_group != nullptr && settings_.average && first_size > 1 &&
+        first_op(*first_group) != dist::ReduceOp::kAvg) {
+      // The host path divides after its wait; here the division follows
+      // the collective on its stream (on Gloo the wait blocks the host).
+      work_.wait_on(StreamRole::kReduceScatter);
+      output_.div_(first_size);
+    }
+  }
+  post_reduce_ = work_.event();
+  if (sharded) {
+    // Read on the reduce-scatter stream until its event: kept, up to the
+    // cap, before compute may reuse the memory.
+    comm.keep_reduce_scatter_input(std::move(input), work_.event());
+  }
+  const bool replica_stage = !settings_.over_mesh && mesh_.has_replicas() && settings_.all_reduce;
+  if (replica_stage) {
+    // HSDP / DDP: the replicas' all-reduce waits the first stage's stream,
+    // never compute.
+    work_.wait_on(StreamRole::kAllReduce);
+    dist::StreamScope on_ar(ops_, StreamRole::kAllReduce);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      at::Tensor& partial = params_[i]->partial_reduce();
+      if (!partial.defined()) continue;
+      output_.narrow(0, offsets_[i], partial.numel()).add_(partial);
+      partial = at::Tensor();
+    }
+    const dist::ReduceOp op = first_op(*mesh_.replicate_group);
+    work_ = dist::all_reduce(*mesh_.replicate_group, output_, op);
+    if (settings_.average && op != dist::ReduceOp::kAvg) {
+      work_.wait_on(StreamRole::kAllReduce);
+      output_.div_(mesh_.replicate_size);
+    }
+    post_reduce_ = ops_->record(StreamRole::kAllReduce, "post reduce");
+  } else if (first_group != nullptr) {
+    post_reduce_ = ops_->record(StreamRole::kReduceScatter, "post reduce");
+  }
+  stage_ = Stage::kOnStreams;
+}
+
 void GradReduction::start_replica_stage() {
   if (!mesh_.has_replicas()) {
     assign();
     return;
   }
   if (!settings_.all_reduce) {
-    // Accumulate locally; a later backward with all-reduce adds it in.
-    for (size_t i = 0; i < params_.size(); ++i) {
-      FSDPParam& p = *params_[i];
-      if (!arrived_[i]) continue;
-      at::Tensor slice = output_.narrow(0, offsets_[i], p.sharded() ? p.reduce_numel()
-                                                                     : p.unsharded_numel());
-      at::Tensor& partial = p.partial_reduce();
-      partial = partial.defined() ? partial + slice : slice.clone();
-      p.reshard();
-      p.restore_stash();
-    }
-    output_ = at::Tensor();
-    stage_ = Stage::kDone;
+    keep_partial();
     return;
   }
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -168,11 +243,29 @@ void GradReduction::start_replica_stage() {
   stage_ = Stage::kReplicaAllReduce;
 }
 
+void GradReduction::keep_partial() {
+  // Accumulate locally; a later backward with all-reduce adds it in.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    FSDPParam& p = *params_[i];
+    if (!arrived_[i]) continue;
+    at::Tensor slice = output_.narrow(0, offsets_[i], p.sharded() ? p.reduce_numel()
+                                                                   : p.unsharded_numel());
+    at::Tensor& partial = p.partial_reduce();
+    partial = partial.defined() ? partial + slice : slice.clone();
+    p.reshard();
+    p.restore_stash();
+  }
+  output_ = at::Tensor();
+  stage_ = Stage::kDone;
+  keep_alive_.reset();
+}
+
 bool GradReduction::advance() {
   switch (stage_) {
     case Stage::kReduceScatter:
     case Stage::kShardAllReduce:
       work_.wait();
+      if (scratch_.defined()) free_storage(std::exchange(scratch_, at::Tensor()));
       if (settings_.average && mesh_.shard_size > 1) output_.div_(mesh_.shard_size);
       start_replica_stage();
       break;
@@ -186,6 +279,9 @@ bool GradReduction::advance() {
       if (settings_.average) output_.div_(mesh_.size());
       assign();
       break;
+    case Stage::kOnStreams:
+      // Everything is issued; only the end of backward (complete) waits.
+      break;
     case Stage::kDone:
       break;
   }
@@ -193,6 +289,19 @@ bool GradReduction::advance() {
 }
 
 void GradReduction::complete() {
+  if (stage_ == Stage::kOnStreams) {
+    // Compute waits the last stage's event (once); on Gloo the host blocks
+    // until the collectives finished.
+    work_.wait_on(dist::StreamRole::kCompute);
+    ops_->wait(dist::StreamRole::kCompute, post_reduce_);
+    const bool replicas_later = !settings_.over_mesh && mesh_.has_replicas() && !settings_.all_reduce;
+    if (replicas_later) {
+      keep_partial();
+    } else {
+      assign();
+    }
+    return;
+  }
   while (!advance()) {
   }
 }
@@ -200,11 +309,13 @@ void GradReduction::complete() {
 bool GradReduction::abandon() noexcept {
   bool waited = true;
   try {
-    if (stage_ != Stage::kDone) work_.wait();
+    if (stage_ != Stage::kDone) work_.wait_on(dist::StreamRole::kCompute);
+    if (ops_ != nullptr) ops_->wait(dist::StreamRole::kCompute, post_reduce_);
   } catch (...) {
     waited = false;
   }
   output_ = at::Tensor();
+  scratch_ = at::Tensor();
   stage_ = Stage::kDone;
   keep_alive_.reset();
   return waited;
@@ -242,7 +353,8 @@ void ReductionQueue::push(std::unique_ptr<GradReduction> reduction) {
 
 void ReductionQueue::complete_before(int64_t wave) {
   for (auto& r : pending_) {
-    if (r->wave() < wave) r->complete();
+    // On streams the reduce-scatter input cap bounds memory instead.
+    if (r->wave() < wave && !r->on_streams()) r->complete();
   }
   drop_done();
 }

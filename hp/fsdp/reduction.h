@@ -31,7 +31,10 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "hp/distributed/group.h"
+#include "hp/distributed/reduce_op.h"
 #include "hp/distributed/work.h"
+#include "hp/fsdp/comm_context.h"
 #include "hp/fsdp/fsdp_param.h"
 #include "hp/fsdp/mesh_info.h"
 
@@ -84,8 +87,12 @@ class GradReduction {
   // Issues the first collective. `scratch` (may be undefined) is memory the
   // reduce-scatter may receive into; it is released when that completes.
   // `keep_alive` holds the owner of the params and mesh until done.
+  // `comm`: the tree's streams; where they order the work (non-null
+  // streams()), every stage is issued here, chained stream to stream, and
+  // only complete() makes compute wait (docs/streams.md).
   GradReduction(PackedGrads grads, at::Tensor scratch, const MeshInfo& mesh,
-                ReduceSettings settings, int64_t wave, std::shared_ptr<void> keep_alive);
+                ReduceSettings settings, int64_t wave, std::shared_ptr<void> keep_alive,
+                CommContext* comm = nullptr);
 
   // Waits for the current stage and issues the next; true once the reduced
   // gradients are assigned.
@@ -95,12 +102,25 @@ class GradReduction {
   // assigning them (a backward that failed); false if the wait failed.
   bool abandon() noexcept;
   bool done() const { return stage_ == Stage::kDone; }
+  bool on_streams() const { return stage_ == Stage::kOnStreams; }
   int64_t wave() const { return wave_; }
   bool covers(const FSDPParam& param) const;
 
  private:
-  enum class Stage { kReduceScatter, kShardAllReduce, kReplicaAllReduce, kMeshAllReduce, kDone };
+  enum class Stage {
+    kReduceScatter,
+    kShardAllReduce,
+    kReplicaAllReduce,
+    kMeshAllReduce,
+    kOnStreams,  // every stage issued on the streams; complete() waits
+    kDone
+  };
   void start_replica_stage();
+  void issue_on_streams(PackedGrads grads, CommContext& comm);
+  dist::ReduceOp first_op(const dist::Group& group) const;
+  // HSDP without all-reduce: the shard-reduced gradients wait in the
+  // parameters for a backward with all-reduce.
+  void keep_partial();
   void assign();
 
   std::vector<FSDPParam*> params_;
@@ -112,7 +132,10 @@ class GradReduction {
   std::shared_ptr<void> keep_alive_;
   Stage stage_ = Stage::kDone;
   dist::Work work_;
-  at::Tensor output_;  // the reduced values, flat
+  at::Tensor output_;   // the reduced values, flat
+  at::Tensor scratch_;  // a lent buffer the reduce-scatter receives into
+  dist::StreamOps* ops_ = nullptr;
+  dist::StreamEvent post_reduce_;  // on streams: the last stage's event
 };
 
 class ReductionQueue {

@@ -159,12 +159,25 @@ void RootContext::check_accumulates() {
       ".grad alone, or backward(), which leaves them in .grad"));
 }
 
+void RootContext::begin_iteration(c10::Device device) {
+  if (!comm_) comm_ = std::make_unique<CommContext>(device);
+  if (!reductions_.empty() && comm_->streams()) comm_->streams()->on_mark("pending gradients");
+  reductions_.complete_all();
+  comm_->release_reduce_scatter_inputs("pending gradients");
+  comm_->begin_iteration();
+}
+
 void RootContext::finish_backward() {
   try {
     for (auto& weak : units_) {
       if (auto unit = weak.lock()) unit->finish_backward();
     }
+    if (comm_ && comm_->streams()) comm_->streams()->on_mark("end of backward");
     if (is_last_backward_) reductions_.complete_all();
+    if (comm_) {
+      comm_->release_all_gather_output();
+      if (is_last_backward_) comm_->release_reduce_scatter_inputs("end of backward");
+    }
   } catch (const CollectiveError&) {
     mark_unusable("the end of backward", std::current_exception());
     throw;
@@ -182,7 +195,9 @@ void RootContext::wait_for_gradients() {
                "units of ", root_->name(), "; expected a call after backward() returns");
   if (reductions_.empty()) return;
   try {
+    if (comm_ && comm_->streams()) comm_->streams()->on_mark("gradients wanted");
     reductions_.complete_all();
+    if (comm_) comm_->release_reduce_scatter_inputs("gradients wanted");
   } catch (const CollectiveError&) {
     mark_unusable("wait_for_gradients", std::current_exception());
     throw;
@@ -233,12 +248,15 @@ void RootContext::recover_from_forward_error(const std::exception_ptr& error) no
     mark_unusable("the forward of " + root_->name(), error);
   } catch (...) {
   }
+  if (comm_ && comm_->streams()) comm_->streams()->on_mark("failure");
   reset_units(/*drop_grads=*/false);
+  release_stream_buffers();
 }
 
 void RootContext::abandon_backward() noexcept {
   backward_in_flight_ = false;
   next_wave_ = 0;
+  if (comm_ && comm_->streams()) comm_->streams()->on_mark("failure");
   // Every reduction issued so far was issued by every rank that got this
   // far: wait for it (its buffers are in use), then drop what it carried.
   if (!reductions_.abandon_all() && unusable_reason_.empty()) {
@@ -247,6 +265,16 @@ void RootContext::abandon_backward() noexcept {
                            "backward raised. Rebuild the process group and the model.");
   }
   reset_units(/*drop_grads=*/true);
+  release_stream_buffers();
+}
+
+void RootContext::release_stream_buffers() noexcept {
+  if (!comm_) return;
+  try {
+    comm_->release_all_gather_output();
+    comm_->release_reduce_scatter_inputs("failure");
+  } catch (...) {
+  }
 }
 
 }  // namespace hp::fsdp

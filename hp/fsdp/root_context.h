@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "hp/fsdp/comm_context.h"
 #include "hp/fsdp/reduction.h"
 #include "hp/nn/module.h"
 #include "hp/util/error.h"
@@ -85,6 +86,14 @@ class RootContext : public std::enable_shared_from_this<RootContext> {
   }
   void check_hooks_ran(const nn::TensorList& outputs);
 
+  // --- streams (comm_context.h) ---
+  // The tree's CommContext, created at the root's first forward on the
+  // device of the root's parameters (null before).
+  CommContext* comm() const { return comm_.get(); }
+  // The root's pre-forward: creates the CommContext if needed, lands the
+  // reductions a backward left pending, and starts an iteration.
+  void begin_iteration(c10::Device device);
+
   // --- backward ---
   ReductionQueue& reductions() { return reductions_; }
   // Whether this backward completes its reductions (else they stay in
@@ -125,6 +134,8 @@ class RootContext : public std::enable_shared_from_this<RootContext> {
   // Waits for what is in flight and reshards every unit; false (and the
   // tree unusable) if a collective could not be waited for.
   void reset_units(bool drop_grads) noexcept;
+  // After a failure: the kept stream buffers go, each after its waits.
+  void release_stream_buffers() noexcept;
 
   Unit* root_ = nullptr;
   std::vector<std::weak_ptr<Unit>> units_;
@@ -135,6 +146,7 @@ class RootContext : public std::enable_shared_from_this<RootContext> {
   bool is_last_backward_ = true;
   int64_t next_wave_ = 0;
   ReductionQueue reductions_;
+  std::unique_ptr<CommContext> comm_;
   std::string unusable_reason_;
   bool hooks_checked_ = false;
   std::vector<const Unit*> ran_;

@@ -235,7 +235,8 @@ void Unit::begin_unshard(bool snapshot) {
   if (context_) context_->check_usable();
   if (group_.empty()) return;
   complete_own_reductions();
-  const bool stale = group_.begin_unshard(regather_group_.get(), snapshot);
+  const bool stale =
+      group_.begin_unshard(regather_group_.get(), snapshot, context_ ? context_->comm() : nullptr);
   if (stale && !stale_copy_traced_ && trace::enabled()) {
     // The copy kept after backward (reshard_after_backward = false) was
     // gathered before the shards changed (an optimizer step, a load): it is
@@ -247,9 +248,9 @@ void Unit::begin_unshard(bool snapshot) {
   }
 }
 
-void Unit::wait_unshard() {
+void Unit::wait_unshard(bool keep_output) {
   if (context_) context_->check_usable();
-  group_.finish_unshard();
+  group_.finish_unshard(keep_output);
 }
 
 void Unit::reshard(bool keep_copies) {
@@ -286,7 +287,8 @@ std::optional<nn::TensorList> Unit::pre_forward(nn::Module& module, const nn::Te
   try {
     // A new iteration: reductions left by set_is_last_backward(false) land now.
     if (is_root()) {
-      context_->reductions().complete_all();
+      context_->begin_iteration(params_.empty() ? c10::Device(c10::kCPU)
+                                                : params_[0]->compute_device());
       context_->begin_forward();
     }
     context_->note_pre_forward(this);
@@ -294,7 +296,7 @@ std::optional<nn::TensorList> Unit::pre_forward(nn::Module& module, const nn::Te
     trace::Span span("unshard ", name_, "fsdp", "compute");
     begin_unshard();
     prefetch(forward_prefetch_, +1);
-    wait_unshard();
+    wait_unshard(/*keep_output=*/true);
   } catch (const CollectiveError&) {
     context_->mark_unusable("the forward of unit " + name_, std::current_exception());
     throw;
@@ -333,7 +335,11 @@ std::optional<nn::TensorList> Unit::post_forward(nn::Module& module,
       std::any_of(result.begin(), result.end(),
                   [](const at::Tensor& t) { return t.defined() && t.requires_grad(); });
   context_->record_post_forward(this);
-  if (is_root()) context_->finish_recording();
+  if (is_root()) {
+    context_->finish_recording();
+    // The last unit's all-gather output has no next unshard to release it.
+    if (context_->comm()) context_->comm()->release_all_gather_output();
+  }
   if (!communicates_) {
     state_ = State::kIdle;
     return replaced;
@@ -446,7 +452,7 @@ void Unit::post_accumulate(FSDPParam& param) {
       context_->reductions().push(std::make_unique<GradReduction>(
           PackedGrads::of(param, std::move(grad)), std::move(scratch), mesh_,
           ReduceSettings{flags_.average, flags_.requires_all_reduce}, grads_.wave(),
-          shared_from_this()));
+          shared_from_this(), context_->comm()));
       return;
     }
     if (!param.sharded() && keeps_whole_grads_unreduced()) {
@@ -473,7 +479,8 @@ void Unit::reduce_fused() {
     group_.reshard_keeping_unsharded();
   }
   grads_.flush(context_->reductions(), std::move(scratch), mesh_,
-               ReduceSettings{flags_.average, flags_.requires_all_reduce}, shared_from_this());
+               ReduceSettings{flags_.average, flags_.requires_all_reduce}, shared_from_this(),
+               context_->comm());
 }
 
 void Unit::reshard_after_backward(FSDPParam& param) {

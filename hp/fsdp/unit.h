@@ -176,7 +176,9 @@ class Unit : public std::enable_shared_from_this<Unit> {
   // shards are unchanged since it was gathered; once they changed, the unit
   // gathers again (and says so in the trace, once per unit).
   void begin_unshard(bool snapshot = false);
-  void wait_unshard();
+  // `keep_output`: the unit's forward, whose all-gather output the tree keeps
+  // until the next unit's unshard (comm_context.h); else released at once.
+  void wait_unshard(bool keep_output = false);
   // Frees the gathered parameters; with `keep_copies` a copy kept after
   // backward stays (for callers that only read the shards: state_dict).
   void reshard(bool keep_copies = false);

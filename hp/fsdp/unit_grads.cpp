@@ -32,7 +32,8 @@ void UnitGrads::pack(FSDPParam& param, at::Tensor grad, bool defer) {
 }
 
 void UnitGrads::flush(ReductionQueue& queue, at::Tensor scratch, const MeshInfo& mesh,
-                      ReduceSettings settings, const std::shared_ptr<void>& keep_alive) {
+                      ReduceSettings settings, const std::shared_ptr<void>& keep_alive,
+                      CommContext* comm) {
   for (auto& [param, grad] : deferred_) {
     (param->sharded() ? sharded_ : whole_).add(*param, grad);
     grad = at::Tensor();
@@ -40,7 +41,7 @@ void UnitGrads::flush(ReductionQueue& queue, at::Tensor scratch, const MeshInfo&
   deferred_.clear();
   if (!sharded_.empty()) {
     queue.push(std::make_unique<GradReduction>(std::move(sharded_), std::move(scratch), mesh,
-                                               settings, wave_, keep_alive));
+                                               settings, wave_, keep_alive, comm));
   } else if (scratch.defined()) {
     // Nothing to reduce-scatter into it: the lent buffer is released here,
     // since the group leaves a lent buffer to its borrower.
@@ -50,7 +51,7 @@ void UnitGrads::flush(ReductionQueue& queue, at::Tensor scratch, const MeshInfo&
     ReduceSettings over_mesh = settings;
     over_mesh.over_mesh = true;
     queue.push(std::make_unique<GradReduction>(std::move(whole_), at::Tensor(), mesh, over_mesh,
-                                               wave_, keep_alive));
+                                               wave_, keep_alive, comm));
   }
   sharded_ = PackedGrads();
   whole_ = PackedGrads();

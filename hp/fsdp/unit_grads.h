@@ -47,7 +47,8 @@ class UnitGrads {
   // lent unsharded buffer, which the reduce-scatter may receive into); the
   // whole parameters' over the mesh (ReduceSettings::over_mesh).
   void flush(ReductionQueue& queue, at::Tensor scratch, const MeshInfo& mesh,
-             ReduceSettings settings, const std::shared_ptr<void>& keep_alive);
+             ReduceSettings settings, const std::shared_ptr<void>& keep_alive,
+             CommContext* comm = nullptr);
 
   // Back to the state before begin(), dropping whatever was collected.
   void reset();
