@@ -327,6 +327,10 @@ std::optional<nn::TensorList> Unit::post_forward(nn::Module& module,
   if (trace::enabled()) {
     trace::record("forward " + name_, "compute", "compute", compute_start_us_, trace::now_us());
   }
+  // The stream log's marker of this unit's forward kernels (docs/streams.md).
+  if (CommContext* comm = context_->comm(); comm && comm->streams()) {
+    comm->streams()->on_mark("compute forward");
+  }
   std::optional<nn::TensorList> replaced;
   if (mp_.output_dtype) replaced = cast_floating(outputs, *mp_.output_dtype);
   const nn::TensorList& result = replaced ? *replaced : outputs;
@@ -428,6 +432,9 @@ void Unit::post_accumulate(FSDPParam& param) {
     const bool last = grads_.arrive();
     if (last && trace::enabled()) {
       trace::record("backward " + name_, "compute", "compute", compute_start_us_, trace::now_us());
+    }
+    if (CommContext* comm = context_->comm(); last && comm && comm->streams()) {
+      comm->streams()->on_mark("compute backward");
     }
     at::Tensor grad = param.take_grad();
     if (!flags_.requires_gradient_sync) {

@@ -11,12 +11,15 @@
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <string>
 
 #include "hp/distributed/launch_env.h"
+#include "hp/distributed/recording_stream_ops.h"
 #include "hp/distributed/world.h"
 #include "hp/util/torch_compat.h"
 #include "tests/support/rounding_bounds.h"
+#include "tests/support/stream_rules.h"
 
 namespace {
 
@@ -48,6 +51,38 @@ class BoundUsePrinter : public testing::EmptyTestEventListener {
 
  private:
   int rank_;
+};
+
+// HP_TEST_STREAMS=record: every test runs with the recording StreamOps on
+// the CPU, so fully_shard takes the schedule a GPU runs (docs/streams.md),
+// and the log is checked against the ordering rules after each test. A
+// broken rule fails the run, naming the test and the entry.
+class StreamRuleChecker : public testing::EmptyTestEventListener {
+ public:
+  void OnTestStart(const testing::TestInfo&) override {
+    ops_ = std::make_shared<hp::dist::RecordingStreamOps>();
+    scope_ = std::make_unique<hp::dist::ScopedStreamOps>(ops_);
+  }
+  void OnTestEnd(const testing::TestInfo& info) override {
+    scope_.reset();
+    const auto log = ops_->entries();
+    const auto broken = hp::test::check_stream_rules(log);
+    for (const auto& rule : broken) {
+      std::cerr << "[stream rules] " << info.test_suite_name() << "." << info.name() << ": "
+                << rule;
+    }
+    if (!broken.empty()) failed_ = true;
+    entries_ += log.size();
+    ops_.reset();
+  }
+  bool failed() const { return failed_; }
+  size_t entries() const { return entries_; }
+
+ private:
+  std::shared_ptr<hp::dist::RecordingStreamOps> ops_;
+  std::unique_ptr<hp::dist::ScopedStreamOps> scope_;
+  bool failed_ = false;
+  size_t entries_ = 0;
 };
 
 }  // namespace
@@ -82,7 +117,24 @@ int main(int argc, char** argv) {
     testing::UnitTest::GetInstance()->listeners().Append(
         new BoundUsePrinter(distributed ? hp::dist::get_rank() : 0));
   }
+  StreamRuleChecker* stream_rules = nullptr;
+  if (const char* streams = std::getenv("HP_TEST_STREAMS")) {
+    if (std::string(streams) != "record") {
+      std::cerr << "HP_TEST_STREAMS=" << streams << ": expected 'record'" << std::endl;
+      return 1;
+    }
+    stream_rules = new StreamRuleChecker;  // owned by the listener list
+    testing::UnitTest::GetInstance()->listeners().Append(stream_rules);
+  }
   int status = RUN_ALL_TESTS();
+  if (stream_rules != nullptr) {
+    if (stream_rules->entries() == 0) {
+      std::cerr << "[stream rules] HP_TEST_STREAMS=record but no test recorded a stream "
+                   "decision: nothing was checked" << std::endl;
+      status = 1;
+    }
+    if (stream_rules->failed()) status = 1;
+  }
   if (distributed) hp::dist::destroy_process_group();
   return status;
 }
