@@ -49,6 +49,7 @@
 #include "hp/mesh/device_mesh.h"
 #include "hp/nn/gpt.h"
 #include "hp/nn/loss.h"
+#include "hp/util/env.h"
 #include "hp/util/error.h"
 #include "hp/util/memory_stats.h"
 
@@ -180,7 +181,10 @@ int run_checkpoint_worker(const BenchConfig& c) {
   }
   largest_piece = max_over_ranks(largest_piece);
 
-  const fs::path dir = fs::path(c.ckpt_dir) / fmt::format("job-{}", std::getenv("MASTER_PORT"));
+  // One directory per job (its rendezvous port); getenv's null would crash fmt.
+  const auto port = hp::env::get_int("MASTER_PORT", 1, 65535);
+  HP_CHECK_ARG(port.has_value(), "MASTER_PORT is not set; run under hprun");
+  const fs::path dir = fs::path(c.ckpt_dir) / fmt::format("job-{}", *port);
   if (rank == 0) fs::create_directories(dir / "plain");
   barrier();
   std::vector<char> buffer(kBlock, 1);

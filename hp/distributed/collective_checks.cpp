@@ -7,16 +7,15 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "hp/util/env.h"
 #include "hp/util/error.h"
 
 namespace hp::dist {
 namespace {
 
 std::atomic<bool>& checks_flag() {
-  static std::atomic<bool> flag{[] {
-    const char* value = std::getenv("HP_CHECK_COLLECTIVES");
-    return value != nullptr && std::strcmp(value, "0") != 0 && value[0] != '\0';
-  }()};
+  // "false" used to turn the checks on: anything but "0" did.
+  static std::atomic<bool> flag{hp::env::get_bool("HP_CHECK_COLLECTIVES", false)};
   return flag;
 }
 

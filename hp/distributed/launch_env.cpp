@@ -18,8 +18,9 @@ int parse_int(const std::string& name, const std::string& value, long min, long 
   char* end = nullptr;
   errno = 0;
   long parsed = std::strtol(value.c_str(), &end, 10);
-  HP_CHECK_ARG(!value.empty() && end && *end == '\0' && errno == 0 && parsed >= min &&
-                   parsed <= max,
+  // Digits only: strtol alone would also take " 7" and "+7".
+  HP_CHECK_ARG(!value.empty() && value.find_first_not_of("0123456789") == std::string::npos &&
+                   end && *end == '\0' && errno == 0 && parsed >= min && parsed <= max,
                name, " must be ", expected, ", got '", value, "'");
   return static_cast<int>(parsed);
 }

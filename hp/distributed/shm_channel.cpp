@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "hp/util/env.h"
 #include "hp/util/format.h"
 
 namespace hp::dist {
@@ -516,8 +517,7 @@ std::unique_ptr<ShmChannel> ShmChannel::connect(c10d::Store& store, int rank, in
   // group size without one), else the error that prevented it.
   static const std::string kOff = "off";
   std::string refusal;
-  const char* setting = std::getenv("HP_SHM");
-  if ((setting && std::string(setting) == "0") || size < 2 || size > kMaxRanks) refusal = kOff;
+  if (!hp::env::get_bool("HP_SHM", true) || size < 2 || size > kMaxRanks) refusal = kOff;
   const int64_t bytes = segment_bytes(std::min(size, kMaxRanks));
   Mapping mapping;
   std::string name;

@@ -9,12 +9,15 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <algorithm>
+#include <cmath>
 #include <optional>
 #include <tuple>
 
 #include <unistd.h>
 
 #include "hp/distributed/shm_channel.h"
+#include "hp/util/env.h"
 #include "hp/util/error.h"
 #include "hp/util/torch_compat.h"
 
@@ -48,11 +51,11 @@ bool is_loopback(const std::string& host) {
 // loopback; multi-node jobs bind to GLOO_SOCKET_IFNAME when given (as
 // torch.distributed does), else to HP_GLOO_HOST, else to this host's name.
 std::shared_ptr<::gloo::transport::Device> make_device(const LaunchEnv& env) {
-  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
-    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  if (auto ifname = hp::env::get("GLOO_SOCKET_IFNAME")) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(*ifname);
   }
-  if (const char* host = std::getenv("HP_GLOO_HOST")) {
-    return c10d::ProcessGroupGloo::createDeviceForHostname(host);
+  if (auto host = hp::env::get("HP_GLOO_HOST")) {
+    return c10d::ProcessGroupGloo::createDeviceForHostname(*host);
   }
   if (is_loopback(env.master_addr)) {
     return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
@@ -130,14 +133,12 @@ GroupPtr make_group(World& w, const std::vector<int>& ranks, const std::string& 
                                  std::move(shm));
 }
 
-// HP_TIMEOUT_S, else 300 s.
+// HP_TIMEOUT_S, else 300 s. At least 1 ms, since c10d reads a timeout of 0
+// ms ("0.0001" truncated) as "wait forever"; at most a year, and finite
+// ("inf" cast to milliseconds was negative).
 std::chrono::milliseconds default_timeout() {
-  if (const char* value = std::getenv("HP_TIMEOUT_S")) {
-    char* end = nullptr;
-    double seconds = std::strtod(value, &end);
-    HP_CHECK_ARG(end && *end == '\0' && seconds > 0, "HP_TIMEOUT_S must be a positive number ",
-                 "of seconds, got '", value, "'");
-    return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  if (auto seconds = hp::env::get_seconds("HP_TIMEOUT_S", 0.001, 365.0 * 24 * 3600)) {
+    return std::chrono::milliseconds(std::max<int64_t>(1, std::llround(*seconds * 1000)));
   }
   return std::chrono::seconds(300);
 }

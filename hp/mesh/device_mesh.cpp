@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <set>
 
 #include "hp/distributed/world.h"
+#include "hp/util/env.h"
 #include "hp/util/error.h"
 #include "hp/util/torch_compat.h"
 
@@ -68,13 +70,10 @@ void check_device_type(const std::string& device_type) {
 // default NCCL where this libtorch has it. Gloo carries CUDA tensors through
 // host copies, and lets ranks share one GPU, which NCCL refuses.
 dist::BackendType cuda_backend() {
-  const char* value = std::getenv("HP_CUDA_BACKEND");
-  if (value == nullptr || *value == '\0') {
-    return compat::has_nccl() ? dist::BackendType::kNccl : dist::BackendType::kGloo;
-  }
-  const std::string name = value;
-  HP_CHECK_ARG(name == "nccl" || name == "gloo", "HP_CUDA_BACKEND must be 'nccl' or 'gloo', got '",
-               name, "'");
+  const std::optional<std::string> value =
+      hp::env::get_choice("HP_CUDA_BACKEND", {"nccl", "gloo"});
+  if (!value) return compat::has_nccl() ? dist::BackendType::kNccl : dist::BackendType::kGloo;
+  const std::string& name = *value;
   HP_CHECK_ARG(name == "gloo" || compat::has_nccl(), "HP_CUDA_BACKEND=nccl needs a libtorch "
                "built with NCCL; this libtorch ", compat::torch_version(), " has none: use "
                "HP_CUDA_BACKEND=gloo");

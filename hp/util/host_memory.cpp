@@ -9,6 +9,7 @@
 #include <malloc.h>
 #endif
 
+#include "hp/util/env.h"
 #include "hp/util/error.h"
 
 namespace hp {
@@ -49,12 +50,8 @@ ScopedMappedHostBlocks::~ScopedMappedHostBlocks() {
 }
 
 bool retain_freed_host_memory() {
-  if (const char* setting = std::getenv("HP_RETAIN_HOST_MEMORY")) {
-    const std::string value = setting;
-    HP_CHECK_ARG(value == "0" || value == "1", "HP_RETAIN_HOST_MEMORY is '", value,
-                 "', expected 0 (leave malloc as it is) or 1 (keep freed memory)");
-    if (value == "0") return false;
-  }
+  // 0: leave malloc as it is; 1 (the default): keep freed memory.
+  if (!hp::env::get_bool("HP_RETAIN_HOST_MEMORY", true)) return false;
 #if defined(__GLIBC__)
   // Setting either threshold also stops glibc from moving them on its own.
   set_mmap_threshold(kRetainedBlockBytes);

@@ -212,6 +212,9 @@ TEST(Hprun, GivenMasterPortIsPassedThrough) {
   EXPECT_EQ(env[1]["MASTER_PORT"], "29555");
 }
 
+// The agents' secret of the multi-node tests on loopback (agent_protocol.h).
+const std::vector<std::string> kLoopbackSecretEnv = {"HPRUN_RDZV_SECRET=loopback-test-secret"};
+
 // Two nodes on loopback: node 1's ranks come after node 0's and meet at the
 // ranks' port node 0's agent picked, not at the agents' own --master-port.
 TEST(Hprun, MultiNodeFlagsOffsetGlobalRanks) {
@@ -221,8 +224,8 @@ TEST(Hprun, MultiNodeFlagsOffsetGlobalRanks) {
                     {"--nnodes", "2", "--node-rank", std::to_string(rank), "--master-port",
                      agents_port, "--rdzv-timeout", "20"});
   };
-  RunningProcess node0(node(0));
-  ProcessResult r1 = run_process(node(1));
+  RunningProcess node0(node(0), kLoopbackSecretEnv);
+  ProcessResult r1 = run_process(node(1), kLoopbackSecretEnv);
   ProcessResult r0 = node0.wait(30);
   ASSERT_TRUE(r0.exited && r0.exit_code == 0) << describe(r0);
   ASSERT_TRUE(r1.exited && r1.exit_code == 0) << describe(r1);
@@ -255,8 +258,8 @@ TEST(Hprun, NodeWithOtherFlagsIsTurnedAway) {
     options.insert(options.end(), {"--node-rank", std::to_string(rank)});
     return hprun_sh(n, "true", options);
   };
-  RunningProcess node0(node(0, 2));
-  ProcessResult r1 = run_process(node(1, 3));
+  RunningProcess node0(node(0, 2), kLoopbackSecretEnv);
+  ProcessResult r1 = run_process(node(1, 3), kLoopbackSecretEnv);
   ProcessResult r0 = node0.wait(30);
   EXPECT_TRUE(r1.exited && r1.exit_code == 2) << describe(r1);
   EXPECT_THAT(r1.err, HasSubstr("node 1 (127.0.0.1) was started with --nnodes 2 -n 3 "
@@ -341,7 +344,12 @@ TEST(Hprun, UsageErrorsExitTwoBeforeStartingAnything) {
       // Plain decimals only: CLI11's own conversion would read 0x10 as 16.
       {{"-n", "0x10"}, {"-n must be a positive integer, got '0x10'"}},
       {{"-n", "99999999999999999999"}, {"must be at most 65536, got '99999999999999999999'"}},
-      {{"-n", "2", "--timeout", "0"}, {"--timeout must be a positive number of seconds, got '0'"}},
+      {{"-n", "2", "--timeout", "0"},
+       {"--timeout must be a positive number of seconds, at most 31536000 (a year), got '0'"}},
+      // 1e10 s would overflow the clock's nanoseconds when added to now.
+      {{"-n", "2", "--timeout", "1e10"}, {"--timeout", "at most 31536000", "'1e10'"}},
+      {{"-n", "2", "--nnodes", "2", "--master-port", "29500", "--master-addr", "10.1.2.3"},
+       {"--master-addr 10.1.2.3 is not a loopback address", "--rdzv-bind"}},
       {{"-n", "2", "--timeout", "inf"}, {"--timeout", "'inf'"}},
   };
   for (const Case& c : cases) {

@@ -46,6 +46,22 @@ TEST(ParseCommandLine, DefaultsForASingleNode) {
   EXPECT_EQ(o.timeout_s, 0);
   EXPECT_EQ(o.command, Args{"prog"});
   EXPECT_EQ(o.world_size(), 4);
+  // Node 0's agent listens on loopback unless told otherwise.
+  EXPECT_EQ(o.rdzv_bind, "127.0.0.1");
+  EXPECT_EQ(o.rdzv_secret_file, "");
+}
+
+TEST(ParseCommandLine, AgentBindAndSecretFile) {
+  LaunchOptions o = parse_command_line({"--nnodes", "2", "-n", "1", "--master-addr", "10.0.0.1",
+                                        "--master-port", "29500", "--rdzv-bind", "0.0.0.0",
+                                        "--rdzv-secret-file", "/run/job.secret", "prog"})
+                        .options;
+  EXPECT_EQ(o.rdzv_bind, "0.0.0.0");
+  EXPECT_EQ(o.rdzv_secret_file, "/run/job.secret");
+  // Followers do not listen: no --rdzv-bind needed there.
+  EXPECT_NO_THROW(parse_command_line({"--nnodes", "2", "--node-rank", "1", "-n", "1",
+                                      "--master-addr", "10.0.0.1", "--master-port", "29500",
+                                      "prog"}));
 }
 
 TEST(ParseCommandLine, MultiNodeFlags) {
@@ -117,6 +133,13 @@ TEST(ParseCommandLine, ErrorsNameOptionValueAndExpectation) {
       {{"-n", "2", "--master-addr", "", "prog"}, {"--master-addr", "empty"}},
       {{"-n", "2", "--timeout", "soon", "prog"}, {"--timeout", "seconds", "'soon'"}},
       {{"-n", "2", "--timeout", "-1", "prog"}, {"--timeout", "'-1'"}},
+      // Past a year the deadline's nanoseconds would overflow (1e10 s did).
+      {{"-n", "2", "--timeout", "1e10", "prog"}, {"--timeout", "at most 31536000", "'1e10'"}},
+      {{"-n", "2", "--rdzv-timeout", "1e300", "prog"}, {"--rdzv-timeout", "'1e300'"}},
+      {{"-n", "2", "--rdzv-bind", "everywhere", "prog"}, {"--rdzv-bind", "everywhere"}},
+      {{"-n", "2", "--nnodes", "2", "--master-port", "1", "--master-addr", "node0.example",
+        "prog"},
+       {"--master-addr node0.example is not a loopback address", "--rdzv-bind"}},
   };
   for (const Case& c : cases) {
     std::string message = usage_error(c.args);
@@ -157,6 +180,16 @@ TEST(RankEnvironment, DefinesTheRankAndKeepsTheRest) {
   EXPECT_FALSE(has("MASTER_PORT=1"));
   EXPECT_FALSE(has("OMPI_COMM_WORLD_RANK=5"));
   EXPECT_EQ(env.size(), 12u);
+}
+
+// The agents' secret is hprun's: the program (and whatever it logs of its
+// environment) never sees it.
+TEST(RankEnvironment, DropsTheAgentsSecret) {
+  LaunchOptions o;
+  o.nproc_per_node = 1;
+  const char* inherited[] = {"PATH=/bin", "HPRUN_RDZV_SECRET=s3cret-s3cret-s3cret", nullptr};
+  std::vector<std::string> env = rank_environment(o, 29500, 0, 0, inherited);
+  for (const std::string& entry : env) EXPECT_EQ(entry.find("HPRUN_RDZV_SECRET"), std::string::npos) << entry;
 }
 
 std::string feed_all(LinePrefixer& p, const std::vector<std::string>& chunks) {

@@ -2,6 +2,7 @@
 // hprun per namespace, as a real two-node job (D4). The agents talk over the
 // veth only. Needs root (CAP_NET_ADMIN) and iproute2; skipped otherwise.
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -38,8 +39,15 @@ std::string find_ip() {
 class TwoHosts {
  public:
   TwoHosts() : ip_(find_ip()) {
+    // The job's secret, shared by both nodes as a real job's would be.
+    int fd = ::open(secret_file().c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 || ::write(fd, "two-hosts-test-secret\n", 22) != 22) {
+      problem_ = "cannot write the job's secret file";
+    }
+    if (fd >= 0) ::close(fd);
     static std::atomic<int> counter{0};
     base_ = "hp" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+    if (!problem_.empty()) return;
     if (::geteuid() != 0) {
       problem_ = "network namespaces need root";
       return;
@@ -84,20 +92,25 @@ class TwoHosts {
   std::string veth(int i) const { return base_ + (i == 0 ? "v" : "w"); }
   static std::string address(int i) { return i == 0 ? "10.213.1.1" : "10.213.1.2"; }
 
+  std::string secret_file() const { return dir_.file("secret"); }
+
   // `ip netns exec <ns(i)> hprun --nnodes 2 --node-rank i --master-addr
-  // <node 0> --master-port 29400 <options> sh -c <script>`. Inside a fresh
-  // namespace every port is free.
+  // <node 0> --master-port 29400 --rdzv-secret-file <file> <options> sh -c
+  // <script>`, node 0 with --rdzv-bind <node 0>. Inside a fresh namespace
+  // every port is free.
   Args hprun(int i, const std::string& script, const Args& options) const {
     Args argv = {ip_,          "netns",  "exec",        ns(i),
                  HPRUN_PATH,   "-n",     "2",           "--nnodes",
                  "2",          "--node-rank", std::to_string(i), "--master-addr",
-                 address(0),   "--master-port", "29400"};
+                 address(0),   "--master-port", "29400", "--rdzv-secret-file", secret_file()};
+    if (i == 0) argv.insert(argv.end(), {"--rdzv-bind", address(0)});
     argv.insert(argv.end(), options.begin(), options.end());
     argv.insert(argv.end(), {"sh", "-c", script});
     return argv;
   }
 
  private:
+  TempDir dir_;
   std::string ip_;
   std::string base_;
   std::string problem_;

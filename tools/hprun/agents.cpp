@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -14,9 +15,11 @@
 #include <utility>
 #include <vector>
 
+#include "tools/hprun/agent_protocol.h"
 #include "tools/hprun/exit_status.h"
 #include "tools/hprun/free_port.h"
 #include "tools/hprun/line_channel.h"
+#include "tools/hprun/sha256.h"
 
 namespace hp::launcher {
 namespace {
@@ -37,41 +40,27 @@ bool ranks_ended(Attempt* attempt, bool interrupted, int* end_code) {
   return true;
 }
 
-// "FAILED 3 1 rank 2 (pid 7) exited with status 3" -> its first `words`
-// words, then the rest of the line (possibly empty) as one more field.
-std::vector<std::string> fields(const std::string& line, std::size_t words) {
-  std::vector<std::string> result;
-  std::size_t pos = 0;
-  while (result.size() < words) {
-    std::size_t space = line.find(' ', pos);
-    result.push_back(line.substr(pos, space - pos));
-    if (space == std::string::npos) {
-      pos = line.size();
-      break;
-    }
-    pos = space + 1;
-  }
-  result.resize(words);  // a short line: the missing words are empty
-  result.push_back(pos < line.size() ? line.substr(pos) : "");
-  return result;
-}
-
-bool parse_int(const std::string& text, int* value) {
-  if (text.empty() || text.size() > 9) return false;
-  for (char c : text) {
-    if (c < '0' || c > '9') return false;
-  }
-  *value = std::stoi(text);
-  return true;
-}
-
 std::string node_name(int node) { return "node " + std::to_string(node); }
+
+// Our own text for a protocol line: one line, of bounded length (a rank's
+// failure text can be anything).
+std::string one_line(const std::string& text) {
+  std::string line = text.substr(0, 1000);
+  for (char& c : line) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return line;
+}
+
+// Refused connections are named on node 0's stderr up to this many times;
+// a flood of them must not flood the terminal too.
+constexpr int kRefusalsNamed = 20;
 
 // Node 0: serves the agents' rendezvous and decides about every attempt.
 class Coordinator {
  public:
-  explicit Coordinator(JobContext& job)
-      : job_(job), peers_(static_cast<std::size_t>(job.options.nnodes)) {}
+  Coordinator(JobContext& job, std::string secret)
+      : job_(job), secret_(std::move(secret)), peers_(static_cast<std::size_t>(job.options.nnodes)) {}
   int run();
 
  private:
@@ -81,11 +70,27 @@ class Coordinator {
     bool ready = false;  // joined, no ranks running: can start an attempt
     bool done = false;   // every rank of this attempt exited 0
   };
+  // A connection before its JOIN: it has kHandshakeLimitS to pass the
+  // challenge (agent_protocol.h) and join.
+  struct Pending {
+    std::unique_ptr<LineChannel> channel;
+    std::string address;
+    Node0Gate gate;
+    Clock::time_point deadline;
+  };
+  // A turned-away agent that passed the challenge, reading why (SAY, END);
+  // closed by the loop once sent or after a second, never waited for.
+  struct Leaving {
+    std::unique_ptr<LineChannel> channel;
+    Clock::time_point deadline;
+  };
   enum class Phase { kJoining, kRunning, kEnding };
 
   void poll_round();
-  void on_join(std::unique_ptr<LineChannel> channel, const std::string& address,
-               const std::string& line);
+  void accept_pending(Clock::time_point now);
+  void on_pending_line(Pending& pending, const std::string& line);
+  void refuse(const std::string& address, const std::string& why);
+  void on_join(std::unique_ptr<LineChannel> channel, const std::string& address, const Join& j);
   void on_message(int node, const std::string& line);
   void on_gone(int node, const std::string& why);
   void on_interrupt(int signo);
@@ -98,9 +103,12 @@ class Coordinator {
   std::string missing_nodes() const;
 
   JobContext& job_;
+  const std::string secret_;
   int listen_fd_ = -1;
   std::vector<Peer> peers_;  // by node rank; [0] is this node and unused
-  std::vector<std::pair<std::unique_ptr<LineChannel>, std::string>> unjoined_;
+  std::vector<Pending> pending_;  // at most kMaxPendingAgents
+  std::vector<Leaving> leaving_;  // at most kMaxPendingAgents
+  int refusals_ = 0;
   std::unique_ptr<Attempt> attempt_;
   Phase phase_ = Phase::kJoining;
   int restart_count_ = 0;  // of the attempt running, or being joined
@@ -115,7 +123,7 @@ class Coordinator {
 
 int Coordinator::run() {
   try {
-    listen_fd_ = listen_on_port(job_.options.master_port);
+    listen_fd_ = listen_on_port(job_.options.rdzv_bind, job_.options.master_port);
   } catch (const std::exception& e) {
     job_.say(e.what());
     return kExitSetupFailed;
@@ -128,14 +136,25 @@ int Coordinator::run() {
   for (Peer& peer : peers_) {
     if (peer.channel) channels.push_back(peer.channel.get());
   }
-  for (auto& pending : unjoined_) channels.push_back(pending.first.get());
+  for (Leaving& leaving : leaving_) channels.push_back(leaving.channel.get());
+  // Strangers are not owed a goodbye.
+  pending_.clear();
   LineChannel::close_all(channels, 1.0);
+  if (refusals_ > kRefusalsNamed) {
+    job_.say(std::to_string(refusals_) + " connections were turned away in all");
+  }
   return end_code_;
 }
 
 void Coordinator::poll_round() {
   std::vector<pollfd> fds{{job_.signals.fd(), POLLIN, 0}, {listen_fd_, POLLIN, 0}};
-  for (auto& pending : unjoined_) fds.push_back({pending.first->fd(), pending.first->events(), 0});
+  // Every range of fds is fixed here, before anything is accepted or joined;
+  // connections accepted in this round are polled from the next one on.
+  const std::size_t pending_at = fds.size();
+  for (Pending& pending : pending_) fds.push_back({pending.channel->fd(), pending.channel->events(), 0});
+  const std::size_t leaving_at = fds.size();
+  for (Leaving& leaving : leaving_) fds.push_back({leaving.channel->fd(), leaving.channel->events(), 0});
+  const std::size_t peers_at = fds.size();
   std::vector<int> polled_peers;
   for (std::size_t n = 1; n < peers_.size(); ++n) {
     if (!peers_[n].channel) continue;
@@ -149,6 +168,8 @@ void Coordinator::poll_round() {
   if (attempt_) earliest(&next, attempt_->next_deadline());
   if (phase_ != Phase::kEnding) earliest(&next, job_.deadline);
   if (phase_ == Phase::kJoining) earliest(&next, join_deadline_);
+  for (Pending& pending : pending_) earliest(&next, pending.deadline);
+  for (Leaving& leaving : leaving_) earliest(&next, leaving.deadline);
   if (::poll(fds.data(), fds.size(), poll_wait_ms(next)) < 0 && errno != EINTR) {
     job_.say(std::string("poll failed: ") + std::strerror(errno));
   }
@@ -159,27 +180,36 @@ void Coordinator::poll_round() {
       if (signo == SIGINT || signo == SIGTERM) on_interrupt(signo);
     }
   }
-  if (fds[1].revents != 0) {
-    std::string address;
-    for (int fd; (fd = accept_connection(listen_fd_, &address)) >= 0;) {
-      unjoined_.emplace_back(std::make_unique<LineChannel>(fd), address);
-    }
+  // Nothing below waits: a refused connection is closed at once, a refused
+  // agent is left to the next rounds (leaving_).
+  std::vector<Leaving> polled_leaving = std::move(leaving_);
+  leaving_.clear();
+  for (std::size_t i = 0; i < polled_leaving.size(); ++i) {
+    Leaving& leaving = polled_leaving[i];
+    leaving.channel->on_poll(fds[leaving_at + i].revents);
+    if (!leaving.channel->closed() && now < leaving.deadline) leaving_.push_back(std::move(leaving));
   }
-  std::size_t at = 2;
-  std::vector<std::pair<std::unique_ptr<LineChannel>, std::string>> still_unjoined;
-  for (auto& pending : unjoined_) {
-    pending.first->on_poll(fds[at++].revents);
+  std::vector<Pending> polled_pending = std::move(pending_);
+  pending_.clear();
+  for (std::size_t i = 0; i < polled_pending.size(); ++i) {
+    Pending& pending = polled_pending[i];
+    pending.channel->on_poll(fds[pending_at + i].revents);
     std::string line;
-    const bool silent = now > after(pending.first->last_heard(), job_.config.peer_silence_s);
-    if (pending.first->next_line(&line)) {
-      on_join(std::move(pending.first), pending.second, line);
-    } else if (!pending.first->closed() && !silent) {
-      still_unjoined.push_back(std::move(pending));
+    while (pending.channel && pending.channel->next_line(&line)) on_pending_line(pending, line);
+    if (!pending.channel) continue;  // joined or refused
+    if (pending.channel->closed()) {
+      refuse(pending.address, pending.channel->why_closed() + " before joining");
+    } else if (now >= pending.deadline) {
+      refuse(pending.address, "did not pass the challenge and join within " +
+                                  seconds_text(kHandshakeLimitS));
+    } else {
+      pending_.push_back(std::move(pending));
     }
   }
-  unjoined_ = std::move(still_unjoined);
-  for (int n : polled_peers) {
-    const short revents = fds[at++].revents;
+  if (fds[1].revents != 0) accept_pending(now);
+  for (std::size_t i = 0; i < polled_peers.size(); ++i) {
+    const int n = polled_peers[i];
+    const short revents = fds[peers_at + i].revents;
     LineChannel* channel = peers_[n].channel.get();
     if (!channel) continue;  // gone while handling an earlier node
     channel->on_poll(revents);
@@ -205,24 +235,64 @@ void Coordinator::poll_round() {
   step(now);
 }
 
+void Coordinator::accept_pending(Clock::time_point now) {
+  std::string address;
+  // One listen backlog's worth per round at most, so that a flood of
+  // connections cannot keep the loop here.
+  for (int accepted = 0, fd; accepted < 64 && (fd = accept_connection(listen_fd_, &address)) >= 0;
+       ++accepted) {
+    auto channel = std::make_unique<LineChannel>(fd);
+    if (pending_.size() >= kMaxPendingAgents) {
+      refuse(address, "found " + std::to_string(kMaxPendingAgents) +
+                          " connections already waiting to join");
+      continue;  // closed here
+    }
+    try {
+      pending_.push_back({std::move(channel), address,
+                          Node0Gate(secret_, random_bytes(kNonceBytes)),
+                          after(now, kHandshakeLimitS)});
+    } catch (const std::exception& e) {
+      refuse(address, e.what());
+    }
+  }
+}
+
+void Coordinator::on_pending_line(Pending& pending, const std::string& line) {
+  GateStep step = pending.gate.on_line(line);
+  if (step.status == GateStep::Status::kRefused) {
+    refuse(pending.address, step.refusal);
+    pending.channel.reset();
+  } else if (step.status == GateStep::Status::kPassed) {
+    on_join(std::move(pending.channel), pending.address, step.join);
+  } else if (!step.reply.empty()) {
+    pending.channel->send(step.reply);
+  }
+}
+
+void Coordinator::refuse(const std::string& address, const std::string& why) {
+  // The stranger is told nothing: the connection just closes.
+  ++refusals_;
+  if (refusals_ <= kRefusalsNamed) {
+    job_.say("turned away a connection from " + address + ": it " + why +
+             (refusals_ == kRefusalsNamed ? " (further ones are only counted)" : ""));
+  }
+}
+
 void Coordinator::on_join(std::unique_ptr<LineChannel> channel, const std::string& address,
-                          const std::string& line) {
-  std::vector<std::string> f = fields(line, 5);
-  int node = -1, nnodes = -1, nproc = -1, max_restarts = -1;
+                          const Join& j) {
+  const int node = j.node;
   std::string problem;
   const LaunchOptions& o = job_.options;
-  if (f[0] != "JOIN" || !parse_int(f[1], &node) || !parse_int(f[2], &nnodes) ||
-      !parse_int(f[3], &nproc) || !parse_int(f[4], &max_restarts)) {
-    problem = "a connection from " + address + " is not an hprun agent (it sent '" +
-              line.substr(0, 80) + "')";
-  } else if (nnodes != o.nnodes || nproc != o.nproc_per_node || max_restarts != o.max_restarts) {
+  // Only an agent that proved it holds the job's secret gets here, so it
+  // may hear node 0's flags.
+  if (j.nnodes != o.nnodes || j.nproc != o.nproc_per_node || j.max_restarts != o.max_restarts) {
     // The ranks' world (and TORCHELASTIC_MAX_RESTARTS) must be the same on every node.
     auto flags = [](int k, int n, int r) {
       return "--nnodes " + std::to_string(k) + " -n " + std::to_string(n) + " --max-restarts " +
              std::to_string(r);
     };
     problem = node_name(node) + " (" + address + ") was started with " +
-              flags(nnodes, nproc, max_restarts) + ", node 0 with " +
+              flags(j.nnodes, j.nproc, j.max_restarts) + ", node 0 with " +
               flags(o.nnodes, o.nproc_per_node, o.max_restarts);
   } else if (node < 1 || node >= job_.options.nnodes) {
     problem = "an agent at " + address + " claims to be " + node_name(node);
@@ -234,7 +304,10 @@ void Coordinator::on_join(std::unique_ptr<LineChannel> channel, const std::strin
     job_.say(problem + "; turning it away");
     channel->send("SAY node 0 turned this agent away: " + problem);
     channel->send("END " + std::to_string(kExitUsage));
-    LineChannel::close_all({channel.get()}, 0.2);
+    channel->close_when_sent();
+    if (leaving_.size() < kMaxPendingAgents) {
+      leaving_.push_back({std::move(channel), after(Clock::now(), 1.0)});
+    }
     return;
   }
   Peer& peer = peers_[node];
@@ -247,19 +320,25 @@ void Coordinator::on_join(std::unique_ptr<LineChannel> channel, const std::strin
 
 void Coordinator::on_message(int node, const std::string& line) {
   Peer& peer = peers_[node];
-  std::vector<std::string> f = fields(line, 1);
-  if (f[0] == "HB") return;
-  if (f[0] == "READY") {
-    peer.ready = true;
-  } else if (f[0] == "DONE") {
-    peer.done = true;
-  } else if (f[0] == "FAILED") {
-    f = fields(line, 3);
-    int code = 1, restartable = 0;
-    if (!parse_int(f[1], &code) || !parse_int(f[2], &restartable)) code = 1;
-    on_failure(f[3] + " on " + node_name(node), code, restartable == 1, Clock::now());
-  } else {
-    job_.say(node_name(node) + " sent an unknown message: " + line.substr(0, 80));
+  Parsed<NodeMessage> parsed = parse_node_message(line);
+  if (!parsed.value) {
+    job_.say(node_name(node) + " sent " + parsed.refusal + "; ignoring it");
+    return;
+  }
+  const NodeMessage& m = *parsed.value;
+  switch (m.kind) {
+    case NodeMessage::Kind::kHeartbeat:
+      return;
+    case NodeMessage::Kind::kReady:
+      peer.ready = true;
+      return;
+    case NodeMessage::Kind::kDone:
+      peer.done = true;
+      return;
+    case NodeMessage::Kind::kFailed:
+      on_failure(printable(m.what) + " on " + node_name(node), m.code, m.restartable,
+                 Clock::now());
+      return;
   }
 }
 
@@ -398,7 +477,7 @@ void Coordinator::tell(const std::string& line) {
 
 void Coordinator::broadcast(const std::string& line) {
   for (Peer& peer : peers_) {
-    if (peer.channel) peer.channel->send(line);
+    if (peer.channel) peer.channel->send(one_line(line));
   }
 }
 
@@ -416,8 +495,9 @@ std::string Coordinator::missing_nodes() const {
 // Nodes 1..K-1: does what node 0 says, reports how its ranks end.
 class Follower {
  public:
-  explicit Follower(JobContext& job)
+  Follower(JobContext& job, std::string secret)
       : job_(job),
+        secret_(std::move(secret)),
         node0_("node 0 (" + job.options.master_addr + ":" +
                std::to_string(job.options.master_port) + ")") {}
   int run();
@@ -427,14 +507,22 @@ class Follower {
 
   bool connect();
   void poll_round();
+  void on_line(const std::string& line);
   void on_message(const std::string& line);
+  void report(const std::string& line);
   void on_interrupt(int signo);
   void step();
   void end_locally(int code);
 
   JobContext& job_;
+  const std::string secret_;
   std::string node0_;
   std::unique_ptr<LineChannel> channel_;
+  // Until node 0 passed the challenge nothing it sends is acted on, and this
+  // node sends nothing but the challenge's lines.
+  std::optional<FollowerGate> gate_;
+  bool authenticated_ = false;
+  bool distrusted_ = false;  // node 0 failed the challenge: its lines are dropped
   std::unique_ptr<Attempt> attempt_;
   Phase phase_ = Phase::kWaiting;
   bool reported_ = false;  // this attempt's outcome went to node 0
@@ -487,9 +575,14 @@ bool Follower::connect() {
         int err = connect_error(fd);
         if (err == 0) {
           channel_ = std::make_unique<LineChannel>(fd);
-          channel_->send("JOIN " + std::to_string(o.node_rank) + " " + std::to_string(o.nnodes) +
-                         " " + std::to_string(o.nproc_per_node) + " " +
-                         std::to_string(o.max_restarts));
+          try {
+            gate_.emplace(secret_, random_bytes(kNonceBytes));
+          } catch (const std::exception& e) {
+            job_.say(e.what());
+            end_code_ = kExitSetupFailed;
+            return false;
+          }
+          channel_->send(gate_->hello());
           return true;
         }
         last_error = std::strerror(err);
@@ -523,10 +616,10 @@ void Follower::poll_round() {
     }
   }
   channel_->on_poll(fds[1].revents);
-  for (std::string line; channel_->next_line(&line);) on_message(line);
+  for (std::string line; channel_->next_line(&line);) on_line(line);
   if (attempt_) attempt_->check(now);
   if (now >= next_heartbeat_) {
-    channel_->send("HB");
+    report("HB");
     next_heartbeat_ = after(now, job_.config.heartbeat_s);
   }
   if (phase_ != Phase::kEnding) {
@@ -542,37 +635,64 @@ void Follower::poll_round() {
   }
   if (phase_ != Phase::kEnding && job_.deadline && now >= *job_.deadline) {
     job_.say(job_.timeout_message() + "; ending the job");
-    channel_->send("FAILED " + std::to_string(kExitTimeout) + " 0 " + job_.timeout_message());
+    report("FAILED " + std::to_string(kExitTimeout) + " 0 " + job_.timeout_message());
     end_locally(kExitTimeout);
   }
   step();
 }
 
+void Follower::report(const std::string& line) {
+  if (authenticated_) channel_->send(one_line(line));
+}
+
+void Follower::on_line(const std::string& line) {
+  if (distrusted_) return;
+  if (authenticated_) {
+    on_message(line);
+    return;
+  }
+  GateStep step = gate_->on_line(line);
+  if (step.status != GateStep::Status::kPassed) {
+    distrusted_ = true;
+    job_.say("not joining " + node0_ + ": " + step.refusal);
+    if (phase_ != Phase::kEnding) end_locally(kExitSetupFailed);
+    return;
+  }
+  const LaunchOptions& o = job_.options;
+  channel_->send(step.reply);
+  channel_->send("JOIN " + std::to_string(o.node_rank) + " " + std::to_string(o.nnodes) + " " +
+                 std::to_string(o.nproc_per_node) + " " + std::to_string(o.max_restarts));
+  authenticated_ = true;
+}
+
 void Follower::on_message(const std::string& line) {
-  std::vector<std::string> f = fields(line, 1);
-  if (f[0] == "HB") return;
-  if (f[0] == "SAY") {
-    job_.say(f[1]);
-  } else if (f[0] == "START") {
-    f = fields(line, 2);
-    int restart = 0, port = 0;
-    if (phase_ != Phase::kWaiting || !parse_int(f[1], &restart) || !parse_int(f[2], &port)) {
+  Parsed<Node0Message> parsed = parse_node0_message(line);
+  if (!parsed.value) {
+    job_.say(node0_ + " sent " + parsed.refusal + "; ignoring it");
+    return;
+  }
+  const Node0Message& m = *parsed.value;
+  switch (m.kind) {
+    case Node0Message::Kind::kHeartbeat:
       return;
-    }
-    attempt_ = std::make_unique<Attempt>(job_.options, job_.config, job_.out, job_.err, port,
-                                         restart);
-    attempt_->start();
-    reported_ = false;
-    phase_ = Phase::kRunning;
-  } else if (f[0] == "STOP") {
-    if (attempt_ && !attempt_->done()) attempt_->stop("");
-    if (phase_ == Phase::kRunning) phase_ = Phase::kStopped;
-  } else if (f[0] == "END") {
-    int code = kExitSetupFailed;
-    parse_int(f[1], &code);
-    if (phase_ != Phase::kEnding) end_locally(code);
-  } else {
-    job_.say(node0_ + " sent an unknown message: " + line.substr(0, 80));
+    case Node0Message::Kind::kSay:
+      job_.say(printable(m.text, kMaxLineBytes));
+      return;
+    case Node0Message::Kind::kStart:
+      if (phase_ != Phase::kWaiting) return;
+      attempt_ = std::make_unique<Attempt>(job_.options, job_.config, job_.out, job_.err, m.port,
+                                           m.restart_count);
+      attempt_->start();
+      reported_ = false;
+      phase_ = Phase::kRunning;
+      return;
+    case Node0Message::Kind::kStop:
+      if (attempt_ && !attempt_->done()) attempt_->stop("");
+      if (phase_ == Phase::kRunning) phase_ = Phase::kStopped;
+      return;
+    case Node0Message::Kind::kEnd:
+      if (phase_ != Phase::kEnding) end_locally(m.code);
+      return;
   }
 }
 
@@ -581,7 +701,7 @@ void Follower::on_interrupt(int signo) {
   if (interrupted_) return;
   interrupted_ = true;
   if (phase_ == Phase::kEnding) return;
-  channel_->send("FAILED " + std::to_string(128 + signo) + " 0 received " + signal_name(signo));
+  report("FAILED " + std::to_string(128 + signo) + " 0 received " + signal_name(signo));
   end_locally(128 + signo);
 }
 
@@ -598,15 +718,14 @@ void Follower::step() {
     case Phase::kRunning:
       if (reported_) return;
       if (attempt_->failed()) {
-        channel_->send("FAILED " + std::to_string(attempt_->exit_code(kExitSetupFailed)) + " 1 " +
-                       attempt_->failure());
+        report("FAILED " + std::to_string(attempt_->exit_code(kExitSetupFailed)) + " 1 " +
+               attempt_->failure());
         reported_ = true;
       } else if (attempt_->setup_failed()) {
-        channel_->send("FAILED " + std::to_string(kExitSetupFailed) + " 0 could not start its " +
-                       "ranks");
+        report("FAILED " + std::to_string(kExitSetupFailed) + " 0 could not start its ranks");
         reported_ = true;
       } else if (attempt_->done()) {
-        channel_->send("DONE");
+        report("DONE");
         reported_ = true;
       }
       return;
@@ -614,7 +733,7 @@ void Follower::step() {
       if (!attempt_->done()) return;
       attempt_->finish();
       attempt_.reset();
-      channel_->send("READY");
+      report("READY");
       phase_ = Phase::kWaiting;
       return;
     case Phase::kEnding:
@@ -626,8 +745,15 @@ void Follower::step() {
 }  // namespace
 
 int run_agent(JobContext& job) {
-  if (job.options.node_rank == 0) return Coordinator(job).run();
-  return Follower(job).run();
+  std::string secret;
+  try {
+    secret = load_rdzv_secret(job.options.rdzv_secret_file, std::getenv(kSecretEnv));
+  } catch (const std::invalid_argument& e) {
+    job.say(e.what());
+    return kExitUsage;
+  }
+  if (job.options.node_rank == 0) return Coordinator(job, std::move(secret)).run();
+  return Follower(job, std::move(secret)).run();
 }
 
 }  // namespace hp::launcher

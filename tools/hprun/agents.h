@@ -1,9 +1,13 @@
 // The agents' rendezvous: how the hprun of every node (--nnodes K > 1) agrees
-// on each attempt. Node 0's hprun serves it on --master-addr:--master-port
-// (every interface); the others connect, retrying until --rdzv-timeout.
+// on each attempt. Node 0's hprun serves it on --rdzv-bind:--master-port
+// (loopback unless asked); the others connect to --master-addr, retrying
+// until --rdzv-timeout.
 //
-// The protocol, one line per message, words separated by one space:
-//   node -> node 0   JOIN <node> <nnodes> <nproc> <max restarts>   first line; ready
+// The protocol, one line per message (at most kMaxLineBytes), words
+// separated by one space; parsed strictly by agent_protocol.h. Every
+// connection first passes the challenge (HELLO, CHALLENGE, AUTH: see
+// agent_protocol.h); a connection that fails it is closed without a word.
+//   node -> node 0   JOIN <node> <nnodes> <nproc> <max restarts>   after AUTH; ready
 //                    READY                          its ranks are gone after a STOP
 //                    DONE                           all its ranks exited 0
 //                    FAILED <code> <restartable 0|1> <what happened>
@@ -13,7 +17,10 @@
 //                    STOP                           tear the attempt down, then READY
 //                    END <code>                     tear down and exit with <code>
 //                    HB
-// Node 0 turns away a JOIN whose flags differ from its own (exit 2 there).
+// Node 0 turns away a JOIN whose flags differ from its own (exit 2 there);
+// only an agent that passed the challenge hears node 0's flags. Nothing
+// here waits on a peer: rejections, goodbyes and reads are all bounded
+// steps of the loop.
 // Per attempt, node 0 waits until every node has joined (or is READY), picks
 // a free port on its host for the ranks' rendezvous and sends START. The
 // first failure anywhere (a rank, or a node gone: connection closed, or no

@@ -49,11 +49,20 @@ void LineChannel::on_poll(short revents) {
   if (closed_ || revents == 0) return;
   if (revents & (POLLIN | POLLHUP | POLLERR)) {
     char buffer[4096];
-    for (;;) {
+    // Bounded: what is left waits for the next poll, which reports it again.
+    for (std::size_t read = 0; read < kMaxReadPerPoll;) {
       ssize_t n = ::recv(fd_, buffer, sizeof(buffer), 0);
       if (n > 0) {
         last_heard_ = Clock::now();
-        in_.append(buffer, static_cast<std::size_t>(n));
+        read += static_cast<std::size_t>(n);
+        if (!in_.append(buffer, static_cast<std::size_t>(n))) {
+          fail(in_.error());
+          break;
+        }
+        if (closing_) {
+          for (std::string dropped; in_.next_line(&dropped);) {
+          }
+        }
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -61,10 +70,6 @@ void LineChannel::on_poll(short revents) {
       fail(n == 0 ? "connection closed" : std::string("connection broken: ") +
                                               std::strerror(errno));
       break;
-    }
-    for (std::size_t end; (end = in_.find('\n')) != std::string::npos;) {
-      lines_.push_back(in_.substr(0, end));
-      in_.erase(0, end + 1);
     }
   }
   if (!closed_ && !out_.empty() && (revents & POLLOUT)) {
@@ -75,6 +80,18 @@ void LineChannel::on_poll(short revents) {
       fail(std::string("connection broken: ") + std::strerror(errno));
     }
   }
+  if (closing_) flush_and_half_close();
+}
+
+void LineChannel::close_when_sent() {
+  closing_ = true;
+  flush_and_half_close();
+}
+
+void LineChannel::flush_and_half_close() {
+  if (closed_ || half_closed_ || !out_.empty()) return;
+  ::shutdown(fd_, SHUT_WR);
+  half_closed_ = true;
 }
 
 void LineChannel::send(const std::string& line) {
@@ -86,12 +103,7 @@ void LineChannel::send(const std::string& line) {
   if (n > 0) out_.erase(0, static_cast<std::size_t>(n));
 }
 
-bool LineChannel::next_line(std::string* line) {
-  if (lines_.empty()) return false;
-  *line = std::move(lines_.front());
-  lines_.pop_front();
-  return true;
-}
+bool LineChannel::next_line(std::string* line) { return in_.next_line(line); }
 
 void LineChannel::close_all(const std::vector<LineChannel*>& channels, double limit_s) {
   auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
@@ -117,21 +129,25 @@ void LineChannel::close_all(const std::vector<LineChannel*>& channels, double li
   }
 }
 
-int listen_on_port(int port) {
+int listen_on_port(const std::string& bind_address, int port) {
+  const std::string where = bind_address + ":" + std::to_string(port);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (::inet_pton(AF_INET, bind_address.c_str(), &addr.sin_addr) != 1) {
+    throw std::runtime_error("cannot listen on " + where +
+                             " for the other nodes: not an IPv4 address");
+  }
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) throw std::runtime_error(std::string("cannot create a socket: ") + strerror(errno));
   int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
       ::listen(fd, 64) != 0) {
     int err = errno;
     ::close(fd);
-    throw std::runtime_error("cannot listen on port " + std::to_string(port) +
-                             " for the other nodes: " + std::strerror(err));
+    throw std::runtime_error("cannot listen on " + where + " for the other nodes: " +
+                             std::strerror(err));
   }
   return fd;
 }

@@ -1,7 +1,10 @@
 // A TCP connection between two hprun agents carrying text lines (the agents'
 // protocol, agents.h). Non-blocking: the owner's poll() loop asks for
 // events(), then calls on_poll(); nothing here waits, except close_all's
-// bounded goodbye. Not thread-safe.
+// bounded goodbye. What a peer can make it hold is bounded: a line longer
+// than kMaxLineBytes breaks the connection, and one on_poll reads at most
+// kMaxReadPerPoll bytes, so a flooding peer cannot keep the loop reading.
+// Not thread-safe.
 #pragma once
 
 #include <chrono>
@@ -9,6 +12,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "tools/hprun/agent_protocol.h"
 
 namespace hp::launcher {
 
@@ -39,6 +44,11 @@ class LineChannel {
   // When a line (or any byte) last arrived.
   Clock::time_point last_heard() const { return last_heard_; }
 
+  // Sends what is queued, then half-closes, from the owner's poll loop:
+  // call on_poll as usual until closed() (the peer's end) or the owner's
+  // own deadline. Lines that still arrive are dropped.
+  void close_when_sent();
+
   // Sends what is queued, half-closes and waits for the peers' end, at most
   // `limit_s`: a peer reading its last message must not find it cut off by
   // a reset.
@@ -47,17 +57,23 @@ class LineChannel {
  private:
   void fail(const std::string& why);
 
+  void flush_and_half_close();
+
   int fd_;
-  std::string in_, out_;
-  std::deque<std::string> lines_;
+  std::string out_;
+  LineBuffer in_;
+  bool closing_ = false, half_closed_ = false;
   bool closed_ = false;
   std::string why_closed_;
   Clock::time_point last_heard_;
 };
 
-// A non-blocking socket listening on every interface at `port`
-// (SO_REUSEADDR). Throws std::runtime_error naming the port.
-int listen_on_port(int port);
+constexpr std::size_t kMaxReadPerPoll = 64 * 1024;
+
+// A non-blocking socket listening at bind_address:port (SO_REUSEADDR);
+// bind_address is an IPv4 address, "0.0.0.0" for every interface. Throws
+// std::runtime_error naming the address and port.
+int listen_on_port(const std::string& bind_address, int port);
 
 // A connection accepted from `listen_fd`, or -1 when none is pending.
 int accept_connection(int listen_fd, std::string* peer_address);

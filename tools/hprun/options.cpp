@@ -38,11 +38,20 @@ CLI::Validator integer_in(long min, long max, const std::string& expected) {
 const CLI::Validator kSeconds(
     [](std::string& value) -> std::string {
       double parsed = 0;
+      // A bound, not only finiteness: 1e10 s would overflow the clock's
+      // nanoseconds when added to now (attempt.h's after()).
       const bool ok = !value.empty() && CLI::detail::lexical_cast(value, parsed) &&
-                      std::isfinite(parsed) && parsed > 0;
-      return ok ? "" : "must be a positive number of seconds, got '" + value + "'";
+                      std::isfinite(parsed) && parsed > 0 && parsed <= kMaxSeconds;
+      return ok ? ""
+                : "must be a positive number of seconds, at most " +
+                      std::to_string(static_cast<long>(kMaxSeconds)) + " (a year), got '" + value +
+                      "'";
     },
     "", "seconds");
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0;
+}
 
 constexpr const char* kUsage = "usage: hprun -n N [options] prog [args...]";
 
@@ -103,6 +112,17 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
                  "and other nodes to reach node 0 (default 300)")
       ->type_name("SECONDS")
       ->check(kSeconds);
+  auto* rdzv_bind =
+      app.add_option("--rdzv-bind", o.rdzv_bind,
+                     "with --nnodes > 1: the IPv4 address node 0's agent listens on (default "
+                     "127.0.0.1; 0.0.0.0 for every interface); required when --master-addr is "
+                     "not a loopback address")
+          ->type_name("ADDR")
+          ->check(CLI::ValidIPV4);
+  app.add_option("--rdzv-secret-file", o.rdzv_secret_file,
+                 "with --nnodes > 1: a file (mode 0600) holding the job's secret, the same on "
+                 "every node; without it, the secret is read from HPRUN_RDZV_SECRET")
+      ->type_name("PATH");
   app.add_flag("--no-prefix", no_prefix, "do not prefix output lines with [rank r]");
   app.add_option("--timeout", o.timeout_s,
                  "terminate the job (SIGTERM, then SIGKILL after 3 s) after this many seconds, "
@@ -146,6 +166,14 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
     // A port picked here would be unknown to the other nodes.
     throw UsageError("--master-port is required with --nnodes " + std::to_string(o.nnodes) +
                      " (every node must be given the same port)");
+  }
+  if (o.nnodes > 1 && o.node_rank == 0 && rdzv_bind->count() == 0 &&
+      !is_loopback(o.master_addr)) {
+    // Listening on loopback, node 0 could not be reached at --master-addr;
+    // listening everywhere is a choice the user makes (docs: README).
+    throw UsageError("--master-addr " + o.master_addr +
+                     " is not a loopback address: give node 0 --rdzv-bind with the address the "
+                     "other nodes reach it at (or 0.0.0.0 for every interface)");
   }
   if (static_cast<long>(o.nnodes) * o.nproc_per_node > (1 << 24)) {
     throw UsageError("--nnodes " + std::to_string(o.nnodes) + " times -n " +

@@ -1,6 +1,7 @@
 // The command line of hprun.
 //
-//   hprun -n N [--nnodes K --node-rank I --master-addr A --master-port P]
+//   hprun -n N [--nnodes K --node-rank I --master-addr A --master-port P
+//               --rdzv-bind ADDR --rdzv-secret-file PATH]
 //         [--max-restarts R] [--rdzv-timeout SECONDS]
 //         [--no-prefix] [--timeout SECONDS] prog [args...]
 //
@@ -27,11 +28,19 @@ struct LaunchOptions {
   double timeout_s = 0;       // 0: no limit on the job's wall time, across all attempts
   int max_restarts = 0;       // attempts after the first one that failed
   double rdzv_timeout_s = 300;  // --nnodes > 1: how long node 0 waits for every agent
+  // --nnodes > 1: where node 0's agent listens (IPv4; loopback unless asked).
+  std::string rdzv_bind = "127.0.0.1";
+  // --nnodes > 1: the job's secret (agent_protocol.h); empty: HPRUN_RDZV_SECRET.
+  std::string rdzv_secret_file;
   std::vector<std::string> command;  // program, then its arguments
 
   int world_size() const { return nnodes * nproc_per_node; }
   int global_rank(int local_rank) const { return node_rank * nproc_per_node + local_rank; }
 };
+
+// The longest --timeout and --rdzv-timeout: a year, far below what the
+// steady clock's nanoseconds can add without overflowing (~292 years).
+constexpr double kMaxSeconds = 365.0 * 24 * 3600;
 
 // hprun's exit status for a usage error, as with most Unix tools.
 constexpr int kExitUsage = 2;

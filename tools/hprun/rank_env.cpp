@@ -11,11 +11,13 @@ constexpr const char* kDefined[] = {"RANK",        "WORLD_SIZE",  "LOCAL_RANK", 
                                     "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "NODE_RANK", "TORCHELASTIC_RESTART_COUNT",
                                     "TORCHELASTIC_MAX_RESTARTS"};
 constexpr const char* kDroppedPrefix = "OMPI_COMM_WORLD_";
+// The agents' secret (agent_protocol.h) is hprun's, not the program's.
+constexpr const char* kDropped = "HPRUN_RDZV_SECRET";
 
 bool replaced_by_hprun(const char* entry) {
   const char* eq = std::strchr(entry, '=');
   std::string name = eq ? std::string(entry, eq) : std::string(entry);
-  if (name.rfind(kDroppedPrefix, 0) == 0) return true;
+  if (name.rfind(kDroppedPrefix, 0) == 0 || name == kDropped) return true;
   return std::find(std::begin(kDefined), std::end(kDefined), name) != std::end(kDefined);
 }
 

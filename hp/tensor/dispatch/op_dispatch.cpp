@@ -23,6 +23,7 @@
 #include "hp/tensor/dispatch/sharding_rule.h"
 #include "hp/tensor/redistribute_exec.h"
 #include "hp/tensor/redistribute_plan.h"
+#include "hp/util/env.h"
 #include "hp/util/error.h"
 #include "hp/util/format.h"
 
@@ -99,10 +100,7 @@ std::vector<OpInput> collect_inputs(const c10::OperatorHandle& op, torch::jit::S
 // one line each: the op, the input, the two layouts): where communication
 // in a model comes from.
 bool log_redistributes() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("HP_DTENSOR_LOG");
-    return v != nullptr && std::string(v) == "1";
-  }();
+  static const bool enabled = hp::env::get_bool("HP_DTENSOR_LOG", false);
   return enabled;
 }
 
