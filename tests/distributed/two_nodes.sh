@@ -57,8 +57,13 @@ else
 fi
 
 common=(--nnodes 2 --master-addr "$addr" --master-port "$port" "${extra[@]}")
+# The agents authenticate each other with a secret every node shares (the
+# README's "Several nodes"); node 0 listens where the other node reaches it.
+HPRUN_RDZV_SECRET=$(head -c 32 /dev/urandom | base64)
+export HPRUN_RDZV_SECRET
 # shellcheck disable=SC2086  # node_cmd is a command prefix, split on purpose
-${node_cmd[0]} "$hprun" -n 2 "${common[@]}" --node-rank 0 "${rank_cmd[@]}" >"$out/node0" 2>&1 &
+${node_cmd[0]} "$hprun" -n 2 "${common[@]}" --rdzv-bind "$addr" --node-rank 0 "${rank_cmd[@]}" \
+  >"$out/node0" 2>&1 &
 node0=$!
 # shellcheck disable=SC2086
 ${node_cmd[1]} "$hprun" -n 2 "${common[@]}" --node-rank 1 "${rank_cmd[@]}" >"$out/node1" 2>&1 \

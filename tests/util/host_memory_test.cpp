@@ -119,13 +119,13 @@ TEST(HostMemory, FreedStepMemoryIsReusedWithoutFaults) {
 }
 
 TEST(HostMemory, RejectsAnotherSettingNamingIt) {
-  ::setenv("HP_RETAIN_HOST_MEMORY", "yes", 1);
+  ::setenv("HP_RETAIN_HOST_MEMORY", "maybe", 1);
   try {
     retain_freed_host_memory();
     ADD_FAILURE() << "expected ArgumentError";
   } catch (const ArgumentError& e) {
-    EXPECT_THAT(e.what(), AllOf(HasSubstr("HP_RETAIN_HOST_MEMORY"), HasSubstr("'yes'"),
-                                HasSubstr("expected 0")));
+    EXPECT_THAT(e.what(), AllOf(HasSubstr("HP_RETAIN_HOST_MEMORY"), HasSubstr("'maybe'"),
+                                HasSubstr("1/0, true/false")));
   }
   ::unsetenv("HP_RETAIN_HOST_MEMORY");
 }
