@@ -63,7 +63,9 @@ class Reader {
   }
   std::string text(const Json& object, const char* name, const std::string& where) const {
     const Json& v = field(object, name, where);
-    if (!v.is_string()) fail(cat(where, ": \"", name, "\" must be a string, got ", json_excerpt(v)));
+    if (!v.is_string()) {
+      fail(cat(where, ": \"", name, "\" must be a string, got ", json_excerpt(v)));
+    }
     return v.get<std::string>();
   }
   std::vector<int64_t> dims(const Json& object, const char* name, const std::string& where) const {
@@ -113,8 +115,8 @@ constexpr size_t kMaxChunksCheckedPairwise = 4096;
 // exactly when a cell is covered twice. A saved layout makes a grid of about
 // one cell per chunk, so cells are counted before any is marked, and a grid
 // beyond 4 cells per chunk falls back to comparing pairs when they are few.
-std::optional<std::pair<size_t, size_t>> find_overlap(const std::vector<const ChunkRecord*>& chunks,
-                                                      size_t ndim, bool& undecided) {
+std::optional<std::pair<size_t, size_t>> find_overlap(
+    const std::vector<const ChunkRecord*>& chunks, size_t ndim, bool& undecided) {
   undecided = false;
   const size_t n = chunks.size();
   if (n < 2) return std::nullopt;
@@ -142,9 +144,11 @@ std::optional<std::pair<size_t, size_t>> find_overlap(const std::vector<const Ch
       const ChunkRecord& chunk = *chunks[i];
       for (size_t d = 0; d < ndim; ++d) {
         const auto& c = cuts[d];
-        lo[d] = static_cast<size_t>(std::lower_bound(c.begin(), c.end(), chunk.offsets[d]) - c.begin());
-        hi[d] = static_cast<size_t>(
-            std::lower_bound(c.begin(), c.end(), chunk.offsets[d] + chunk.sizes[d]) - c.begin());
+        auto position = [&c](int64_t edge) {
+          return static_cast<size_t>(std::lower_bound(c.begin(), c.end(), edge) - c.begin());
+        };
+        lo[d] = position(chunk.offsets[d]);
+        hi[d] = position(chunk.offsets[d] + chunk.sizes[d]);
         index[d] = lo[d];
       }
       // Every cell of the box, in odometer order (one for a 0-dim box).
@@ -250,8 +254,8 @@ Metadata Metadata::parse(const std::string& text, const std::string& path) {
     r.fail(cat("\"format\" is ", json_excerpt(body["format"]), ", expected \"", kFormat, "\""));
   }
   if (r.integer(body, "version", "the file") != kVersion) {
-    r.fail(cat("\"version\" ", json_excerpt(body["version"]), " is not supported (this build reads ",
-               kVersion, ")"));
+    r.fail(cat("\"version\" ", json_excerpt(body["version"]),
+               " is not supported (this build reads ", kVersion, ")"));
   }
   Metadata m;
   m.step = r.integer(body, "step", "the file");

@@ -81,27 +81,34 @@ struct Entry {
 uint64_t unsigned_field(const Json& value, const std::string& path, const std::string& name,
                         const char* field) {
   if (!value.is_number_unsigned()) {
-    fail_tensor(path, name, cat(field, " must hold non-negative integers but has ", json_excerpt(value)));
+    fail_tensor(path, name,
+                cat(field, " must hold non-negative integers but has ", json_excerpt(value)));
   }
   return value.get<uint64_t>();
 }
 
 Entry parse_entry(const std::string& name, const Json& info, const std::string& path) {
-  if (!info.is_object()) fail_tensor(path, name, cat("entry must be an object but is ", json_excerpt(info)));
+  if (!info.is_object()) {
+    fail_tensor(path, name, cat("entry must be an object but is ", json_excerpt(info)));
+  }
   for (const char* field : {"dtype", "shape", "data_offsets"}) {
     if (!info.contains(field)) fail_tensor(path, name, cat("entry has no \"", field, "\""));
   }
   Entry e;
   e.name = name;
   const Json& dtype = info["dtype"];
-  if (!dtype.is_string()) fail_tensor(path, name, cat("dtype must be a string but is ", json_excerpt(dtype)));
+  if (!dtype.is_string()) {
+    fail_tensor(path, name, cat("dtype must be a string but is ", json_excerpt(dtype)));
+  }
   e.dtype = dtype_by_name(dtype.get<std::string>());
   if (e.dtype == nullptr) {
     fail_tensor(path, name,
                 cat("unknown dtype ", json_excerpt(dtype), "; supported: ", supported_names()));
   }
   const Json& shape = info["shape"];
-  if (!shape.is_array()) fail_tensor(path, name, cat("shape must be an array but is ", json_excerpt(shape)));
+  if (!shape.is_array()) {
+    fail_tensor(path, name, cat("shape must be an array but is ", json_excerpt(shape)));
+  }
   for (const Json& d : shape) {
     const uint64_t size = unsigned_field(d, path, name, "shape");
     if (size > static_cast<uint64_t>(INT64_MAX)) {
@@ -111,7 +118,8 @@ Entry parse_entry(const std::string& name, const Json& info, const std::string& 
   }
   // Checked with a 0 dim counted as 1: torch computes the strides (and
   // numel) of an empty tensor too, and they must not overflow.
-  const std::optional<uint64_t> checked = checked_tensor_bytes(e.shape, at::elementSize(e.dtype->type));
+  const std::optional<uint64_t> checked =
+      checked_tensor_bytes(e.shape, at::elementSize(e.dtype->type));
   if (!checked) {
     fail_tensor(path, name,
                 cat("shape ", json_excerpt(shape), " of ", e.dtype->name,
@@ -121,7 +129,8 @@ Entry parse_entry(const std::string& name, const Json& info, const std::string& 
   const uint64_t bytes = *checked;
   const Json& offsets = info["data_offsets"];
   if (!offsets.is_array() || offsets.size() != 2) {
-    fail_tensor(path, name, cat("data_offsets must be [begin, end] but is ", json_excerpt(offsets)));
+    fail_tensor(path, name,
+                cat("data_offsets must be [begin, end] but is ", json_excerpt(offsets)));
   }
   e.begin = unsigned_field(offsets[0], path, name, "data_offsets");
   e.end = unsigned_field(offsets[1], path, name, "data_offsets");
@@ -168,7 +177,9 @@ Json parse_header(const std::string& text, const std::string& path) {
 }
 
 std::map<std::string, std::string> parse_metadata(const Json& value, const std::string& path) {
-  if (!value.is_object()) fail(path, cat("__metadata__ must be an object but is ", json_excerpt(value)));
+  if (!value.is_object()) {
+    fail(path, cat("__metadata__ must be an object but is ", json_excerpt(value)));
+  }
   std::map<std::string, std::string> metadata;
   for (const auto& [key, v] : value.items()) {
     if (!v.is_string()) {
