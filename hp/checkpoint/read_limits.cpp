@@ -1,5 +1,7 @@
 #include "hp/checkpoint/read_limits.h"
 
+#include <nlohmann/json.hpp>
+
 namespace hp::checkpoint {
 
 std::optional<size_t> json_too_deep(std::string_view text, int max_depth) {

@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>  // file_io.h includes this header: no parser for its users
 
 namespace hp::checkpoint {
 
