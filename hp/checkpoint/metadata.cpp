@@ -295,6 +295,10 @@ Metadata Metadata::parse(const std::string& text, const std::string& path) {
     if (!dtype) r.fail(cat(where, ": unknown dtype \"", record.dtype, "\""));
     const uint64_t element = at::elementSize(*dtype);
     record.shape = r.dims(t, "shape", where);
+    if (record.shape.size() > kMaxTensorDims) {
+      r.fail(cat(where, ": shape has ", record.shape.size(), " dims, more than the ",
+                 kMaxTensorDims, " a tensor may have"));
+    }
     // Every chunk lies inside the shape, so this bounds all the arithmetic
     // on chunks below too.
     const std::optional<uint64_t> tensor_bytes = checked_tensor_bytes(record.shape, element);

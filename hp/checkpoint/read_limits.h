@@ -25,6 +25,11 @@ inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 // ranks), far beyond the jobs this library runs.
 inline constexpr uint64_t kMaxMetadataBytes = uint64_t{1} << 30;
 
+// Dims of a tensor: numpy 2 allows 64 (numpy 1, 32), so no file other
+// tools read is refused, and a shape cannot make torch allocate sizes and
+// strides by the million.
+inline constexpr size_t kMaxTensorDims = 64;
+
 // Nesting of arrays and objects in any JSON a reader parses. The formats
 // nest 6 levels at most (metadata.json: object, "tensors", a tensor,
 // "chunks", a chunk, "offsets"); the limit keeps anything walking the tree

@@ -109,6 +109,10 @@ Entry parse_entry(const std::string& name, const Json& info, const std::string& 
   if (!shape.is_array()) {
     fail_tensor(path, name, cat("shape must be an array but is ", json_excerpt(shape)));
   }
+  if (shape.size() > kMaxTensorDims) {
+    fail_tensor(path, name, cat("shape has ", shape.size(), " dims, more than the ",
+                                kMaxTensorDims, " a tensor may have"));
+  }
   for (const Json& d : shape) {
     const uint64_t size = unsigned_field(d, path, name, "shape");
     if (size > static_cast<uint64_t>(INT64_MAX)) {

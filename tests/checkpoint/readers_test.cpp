@@ -124,6 +124,23 @@ TEST_F(HostileFiles, EmptyShapeWhoseStridesOverflowIsRefused) {
                   AllOf(HasSubstr(path), HasSubstr("'w'"), HasSubstr("pass INT64_MAX bytes"))));
 }
 
+TEST_F(HostileFiles, ShapeOfMoreDimsThanTheLimitIsRefused) {
+  std::string ones = "1";
+  for (size_t d = 1; d <= kMaxTensorDims; ++d) ones += ",1";  // 65 dims
+  const std::string path =
+      put("dims.safetensors",
+          test::safetensors_bytes(R"({"w":{"dtype":"U8","shape":[)" + ones +
+                                      R"(],"data_offsets":[0,1]}})",
+                                  "x"));
+  EXPECT_THAT([&] { read_safetensors(path); },
+              ThrowsMessage<SafetensorsError>(AllOf(
+                  HasSubstr(path), HasSubstr("shape has 65 dims, more than the 64"))));
+  Json body = test::small_metadata();
+  body["tensors"]["w"]["shape"] = Json::parse("[" + ones + "]");
+  EXPECT_THAT([&] { Metadata::parse(test::with_checksum(body), "m.json"); },
+              ThrowsMessage<CheckpointError>(HasSubstr("shape has 65 dims, more than the 64")));
+}
+
 TEST_F(HostileFiles, SafetensorsFifoIsRefusedWithoutBlocking) {
   const std::string path = file("fifo.safetensors");
   ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
