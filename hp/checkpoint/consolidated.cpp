@@ -57,10 +57,18 @@ uint64_t export_consolidated(const State& state, const std::string& path,
 LoadResult import_consolidated(State& state, const std::string& path, const std::string& prefix,
                                bool strict) {
   Metadata metadata;
-  const std::filesystem::path file(path);
+  // The caller names this file, and a link is fine (model caches are made
+  // of them): the load reads the file it leads to, since it opens the files
+  // of `metadata` as a checkpoint's, without following links.
+  std::filesystem::path file(path);
+  std::error_code ec;
+  if (std::filesystem::is_symlink(std::filesystem::symlink_status(file, ec))) {
+    const std::filesystem::path target = std::filesystem::canonical(file, ec);
+    if (!ec) file = target;
+  }
   const std::string name = file.filename().string();
   run_agreed([&] {
-    const SafetensorsIndex index = read_safetensors_index(path);
+    const SafetensorsIndex index = read_safetensors_index(file.string());
     metadata.files[name] = {index.file_size, index.data_start, std::nullopt};
     for (const SafetensorsEntry& e : index.entries) {
       TensorRecord record;

@@ -1,5 +1,7 @@
 #include "hp/checkpoint/directory.h"
 
+#include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -75,10 +77,22 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
     const std::string name = it->path().filename().string();
     std::smatch match;
     if (!std::regex_match(name, match, kName)) continue;
-    // A step directory appears only by the commit's rename, after its
-    // metadata; a missing one means someone else's directory: skip it.
-    if (!fs::exists(it->path() / kMetadataFile)) continue;
-    const int64_t step = std::stoll(match[1].str());
+    // A step directory appears only by the commit's rename of a real
+    // directory, after its metadata; a link, or a directory without
+    // metadata, is someone else's: skip it. The metadata itself is checked
+    // when it is read (a link or a FIFO there is refused with its name).
+    std::error_code type_ec;
+    if (!fs::is_directory(fs::symlink_status(it->path(), type_ec))) continue;
+    if (!fs::exists(fs::symlink_status(it->path() / kMetadataFile, type_ec))) continue;
+    const std::string digits = match[1].str();
+    int64_t step = 0;
+    const auto [end_of_number, parse_ec] =
+        std::from_chars(digits.data(), digits.data() + digits.size(), step);
+    if (parse_ec != std::errc() || end_of_number != digits.data() + digits.size()) {
+      fail_directory(it->path().string(),
+                     cat("step ", digits, " is beyond the largest step a save writes, ",
+                         INT64_MAX));
+    }
     if (!best || step > *best) {
       best = step;
       best_path = it->path().string();

@@ -19,6 +19,14 @@ namespace {
   throw SafetensorsError(cat("file ", path, ": ", what));
 }
 
+const char* kind_of(mode_t mode) {
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "something else";
+}
+
 }  // namespace
 
 Fd::~Fd() {
@@ -33,10 +41,25 @@ int Fd::close() {
 
 std::string errno_text() { return std::strerror(errno); }
 
-int open_for_reading(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail_file(path, cat("cannot open: ", errno_text()));
-  return fd;
+int open_for_reading(const std::string& path, bool follow_links) {
+  // O_NONBLOCK only matters for what is refused below: reads of a regular
+  // file never block on it.
+  const int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | (follow_links ? 0 : O_NOFOLLOW);
+  Fd fd(::open(path.c_str(), flags));
+  if (fd.get() < 0) {
+    if (errno == ELOOP && !follow_links) {
+      fail_file(path, "is a symbolic link; a checkpoint's files are read only as regular files "
+                      "inside it");
+    }
+    fail_file(path, cat("cannot open: ", errno_text()));
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) fail_file(path, cat("cannot stat: ", errno_text()));
+  if (!S_ISREG(st.st_mode)) {
+    fail_file(path, cat("is ", kind_of(st.st_mode), ", not a regular file; only regular files are "
+                        "read"));
+  }
+  return fd.release();
 }
 
 void read_exact(int fd, void* into, size_t bytes, uint64_t offset, const std::string& path) {
@@ -94,11 +117,16 @@ void write_file_atomically(const std::string& path, const std::string& bytes) {
   fsync_directory_of(path);
 }
 
-std::string read_whole_file(const std::string& path) {
+std::string read_whole_file(const std::string& path, uint64_t max_bytes) {
   Fd fd(open_for_reading(path));
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) fail_file(path, cat("cannot stat: ", errno_text()));
-  std::string bytes(static_cast<size_t>(st.st_size), '\0');
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size > max_bytes) {
+    fail_file(path, cat("has ", size, " bytes, more than the ", max_bytes,
+                        " this reader accepts (docs/features.md, C8)"));
+  }
+  std::string bytes(static_cast<size_t>(size), '\0');
   read_exact(fd.get(), bytes.data(), bytes.size(), 0, path);
   return bytes;
 }

@@ -222,7 +222,10 @@ LoadResult load(State& state, const std::string& path, const LoadOptions& option
   Metadata metadata;
   run_agreed([&] {
     namespace fs = std::filesystem;
-    if (fs::exists(fs::path(path) / kMetadataFile)) {
+    // Not following a link: load refuses one there, naming it, rather than
+    // taking an older checkpoint instead.
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(fs::path(path) / kMetadataFile, ec))) {
       dir = path;
     } else {
       std::optional<std::string> latest = latest_checkpoint(path);

@@ -62,8 +62,9 @@ struct Metadata {
   std::string to_json() const;
   // Parses and checks the text of `path`: the checksum, the fields, every
   // chunk inside its tensor and of the right byte size, the chunks of each
-  // tensor tiling it, every file named in "files". Raises CheckpointError
-  // naming `path` and what is wrong.
+  // tensor tiling it, every file named in "files", and the limits of
+  // read_limits.h (size, nesting, arithmetic that would overflow), before
+  // it parses. Raises CheckpointError naming `path` and what is wrong.
   static Metadata parse(const std::string& text, const std::string& path);
 };
 

@@ -1,6 +1,7 @@
 #include "hp/checkpoint/safetensors.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/Exception.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <set>
 
 #include "hp/checkpoint/file_io.h"
+#include "hp/checkpoint/read_limits.h"
 #include "hp/util/error.h"
 #include "hp/util/format.h"
 
@@ -79,38 +81,60 @@ struct Entry {
 uint64_t unsigned_field(const Json& value, const std::string& path, const std::string& name,
                         const char* field) {
   if (!value.is_number_unsigned()) {
-    fail_tensor(path, name, cat(field, " must hold non-negative integers but has ", value.dump()));
+    fail_tensor(path, name,
+                cat(field, " must hold non-negative integers but has ", json_excerpt(value)));
   }
   return value.get<uint64_t>();
 }
 
 Entry parse_entry(const std::string& name, const Json& info, const std::string& path) {
-  if (!info.is_object()) fail_tensor(path, name, cat("entry must be an object but is ", info.dump()));
+  if (!info.is_object()) {
+    fail_tensor(path, name, cat("entry must be an object but is ", json_excerpt(info)));
+  }
   for (const char* field : {"dtype", "shape", "data_offsets"}) {
     if (!info.contains(field)) fail_tensor(path, name, cat("entry has no \"", field, "\""));
   }
   Entry e;
   e.name = name;
   const Json& dtype = info["dtype"];
-  if (!dtype.is_string()) fail_tensor(path, name, cat("dtype must be a string but is ", dtype.dump()));
+  if (!dtype.is_string()) {
+    fail_tensor(path, name, cat("dtype must be a string but is ", json_excerpt(dtype)));
+  }
   e.dtype = dtype_by_name(dtype.get<std::string>());
   if (e.dtype == nullptr) {
     fail_tensor(path, name,
-                cat("unknown dtype ", dtype.dump(), "; supported: ", supported_names()));
+                cat("unknown dtype ", json_excerpt(dtype), "; supported: ", supported_names()));
   }
   const Json& shape = info["shape"];
-  if (!shape.is_array()) fail_tensor(path, name, cat("shape must be an array but is ", shape.dump()));
-  uint64_t bytes = at::elementSize(e.dtype->type);
+  if (!shape.is_array()) {
+    fail_tensor(path, name, cat("shape must be an array but is ", json_excerpt(shape)));
+  }
+  if (shape.size() > kMaxTensorDims) {
+    fail_tensor(path, name, cat("shape has ", shape.size(), " dims, more than the ",
+                                kMaxTensorDims, " a tensor may have"));
+  }
   for (const Json& d : shape) {
-    uint64_t size = unsigned_field(d, path, name, "shape");
-    if (size > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(bytes, size, &bytes)) {
-      fail_tensor(path, name, cat("shape ", shape.dump(), " is too large"));
+    const uint64_t size = unsigned_field(d, path, name, "shape");
+    if (size > static_cast<uint64_t>(INT64_MAX)) {
+      fail_tensor(path, name, cat("shape ", json_excerpt(shape), " has a dim beyond INT64_MAX"));
     }
     e.shape.push_back(static_cast<int64_t>(size));
   }
+  // Checked with a 0 dim counted as 1: torch computes the strides (and
+  // numel) of an empty tensor too, and they must not overflow.
+  const std::optional<uint64_t> checked =
+      checked_tensor_bytes(e.shape, at::elementSize(e.dtype->type));
+  if (!checked) {
+    fail_tensor(path, name,
+                cat("shape ", json_excerpt(shape), " of ", e.dtype->name,
+                    " is too large: its dims (0 counted as 1) times the element size pass "
+                    "INT64_MAX bytes"));
+  }
+  const uint64_t bytes = *checked;
   const Json& offsets = info["data_offsets"];
   if (!offsets.is_array() || offsets.size() != 2) {
-    fail_tensor(path, name, cat("data_offsets must be [begin, end] but is ", offsets.dump()));
+    fail_tensor(path, name,
+                cat("data_offsets must be [begin, end] but is ", json_excerpt(offsets)));
   }
   e.begin = unsigned_field(offsets[0], path, name, "data_offsets");
   e.end = unsigned_field(offsets[1], path, name, "data_offsets");
@@ -129,6 +153,12 @@ Entry parse_entry(const std::string& name, const Json& info, const std::string& 
 // Parses the header, rejecting a name that appears twice (a JSON parser
 // would silently keep one of them).
 Json parse_header(const std::string& text, const std::string& path) {
+  // nlohmann's dump() recurses, and messages dump values: the nesting is
+  // bounded before the parser builds anything.
+  if (const std::optional<size_t> at = json_too_deep(text, kMaxJsonDepth)) {
+    fail(path, cat("header nests arrays and objects deeper than ", kMaxJsonDepth,
+                   " levels (at byte ", 8 + *at, " of the file); a safetensors header nests 3"));
+  }
   std::set<std::string> keys;
   std::string duplicate;
   auto on_event = [&](int depth, Json::parse_event_t event, Json& parsed) {
@@ -141,7 +171,8 @@ Json parse_header(const std::string& text, const std::string& path) {
   Json header;
   try {
     header = Json::parse(text, on_event);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {
+    // parse_error, or out_of_range for a number beyond a double ("1e400").
     fail(path, cat("header is not valid JSON: ", e.what()));
   }
   if (!duplicate.empty()) fail(path, cat("header names '", duplicate, "' twice"));
@@ -150,11 +181,13 @@ Json parse_header(const std::string& text, const std::string& path) {
 }
 
 std::map<std::string, std::string> parse_metadata(const Json& value, const std::string& path) {
-  if (!value.is_object()) fail(path, cat("__metadata__ must be an object but is ", value.dump()));
+  if (!value.is_object()) {
+    fail(path, cat("__metadata__ must be an object but is ", json_excerpt(value)));
+  }
   std::map<std::string, std::string> metadata;
   for (const auto& [key, v] : value.items()) {
     if (!v.is_string()) {
-      fail(path, cat("__metadata__ values must be strings but '", key, "' is ", v.dump()));
+      fail(path, cat("__metadata__ values must be strings but '", key, "' is ", json_excerpt(v)));
     }
     metadata[key] = v.get<std::string>();
   }
@@ -319,6 +352,12 @@ struct ParsedHeader {
   uint64_t file_size = 0;
 };
 
+// A file the caller names: a link is followed (model caches are made of
+// them), anything but a regular file is refused without blocking on it.
+int open_safetensors(const std::string& path) {
+  return open_for_reading(path, /*follow_links=*/true);
+}
+
 ParsedHeader parse_file_header(int fd, const std::string& path) {
   struct stat st;
   if (::fstat(fd, &st) != 0) fail(path, cat("cannot stat: ", errno_text()));
@@ -335,6 +374,10 @@ ParsedHeader parse_file_header(int fd, const std::string& path) {
   if (header_size > file_size - 8) {
     fail(path, cat("header length ", header_size, " is larger than the ", file_size - 8,
                    " bytes that follow it (truncated or not a safetensors file)"));
+  }
+  if (header_size > kMaxSafetensorsHeaderBytes) {
+    fail(path, cat("header length ", header_size, " is larger than the ",
+                   kMaxSafetensorsHeaderBytes, " bytes a safetensors header may have"));
   }
   std::string text(header_size, '\0');
   read_exact(fd, text.data(), header_size, 8, path);
@@ -383,8 +426,7 @@ ParsedHeader parse_file_header(int fd, const std::string& path) {
 }  // namespace
 
 SafetensorsIndex read_safetensors_index(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) fail(path, cat("cannot open: ", errno_text()));
+  Fd fd(open_safetensors(path));
   ParsedHeader parsed = parse_file_header(fd.get(), path);
   SafetensorsIndex index;
   for (const Entry& e : parsed.entries) {
@@ -398,8 +440,7 @@ SafetensorsIndex read_safetensors_index(const std::string& path) {
 }
 
 SafetensorsFile read_safetensors(const std::string& path) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) fail(path, cat("cannot open: ", errno_text()));
+  Fd fd(open_safetensors(path));
   ParsedHeader parsed = parse_file_header(fd.get(), path);
   SafetensorsFile file;
   file.metadata = std::move(parsed.metadata);
@@ -407,7 +448,17 @@ SafetensorsFile read_safetensors(const std::string& path) {
     // Bytes that are not 0 or 1 would make an invalid bool: read them as
     // bytes and convert, as numpy does.
     const bool is_bool = e.dtype->type == at::kBool;
-    at::Tensor t = at::empty(e.shape, is_bool ? at::kByte : e.dtype->type);
+    // The header's ranges tile the file, so this is at most the file's
+    // size; a file larger than memory is still refused with its name.
+    at::Tensor t;
+    try {
+      t = at::empty(e.shape, is_bool ? at::kByte : e.dtype->type);
+    } catch (const std::bad_alloc&) {
+      fail_tensor(path, e.name, cat("cannot allocate its ", e.end - e.begin, " bytes"));
+    } catch (const c10::Error& error) {
+      fail_tensor(path, e.name, cat("cannot allocate its ", e.end - e.begin,
+                                    " bytes: ", exception_message(error)));
+    }
     read_exact(fd.get(), t.data_ptr(), e.end - e.begin, parsed.data_start + e.begin, path);
     file.tensors.emplace_back(e.name, is_bool ? t.to(at::kBool) : t);
   }

@@ -116,7 +116,10 @@ SafetensorsIndex read_safetensors_index(const std::string& path);
 // file is missing or unreadable, or breaks the format: truncated header,
 // header longer than the file, bad JSON, unknown dtype, a shape whose bytes
 // differ from its data_offsets, ranges that overlap, leave gaps or do not end
-// at the end of the file.
+// at the end of the file; or passes a limit of read_limits.h (a header over
+// 100 MB, JSON nested deeper than 64, a shape beyond INT64_MAX bytes). Both
+// readers follow a link at `path` but read only a regular file (a FIFO is
+// refused, never waited on); every check runs before a tensor is allocated.
 SafetensorsFile read_safetensors(const std::string& path);
 
 }  // namespace hp::checkpoint

@@ -616,6 +616,27 @@ TEST_F(InitFrom, MismatchesNameTheFileAndTheTensor) {
                  AllOf(HasSubstr("--init-from: "), HasSubstr("absent.safetensors")));
 }
 
+// The names are checked from the header before any data is read: a file of
+// another model is refused even when its data would not fit in memory (one
+// sparse tensor of 1 TiB here, which reading first failed to allocate).
+TEST_F(InitFrom, NamesAreCheckedBeforeAnyDataIsRead) {
+  const std::string path = dir_.file("huge.safetensors");
+  constexpr uint64_t kBytes = uint64_t{1} << 40;
+  const std::string header = R"({"huge":{"dtype":"U8","shape":[1099511627776],)"
+                             R"("data_offsets":[0,1099511627776]}})";
+  {
+    std::ofstream out(path, std::ios::binary);
+    const uint64_t length = header.size();
+    out.write(reinterpret_cast<const char*>(&length), 8);
+    out << header;
+  }
+  std::error_code ec;
+  std::filesystem::resize_file(path, 8 + header.size() + kBytes, ec);
+  if (ec) GTEST_SKIP() << "this file system holds no sparse file of 1 TiB: " << ec.message();
+  expect_refused(path, AllOf(HasSubstr("--init-from '" + path + "' does not match the model"),
+                             HasSubstr("the file holds 1 tensor and no GPT-2 embeddings")));
+}
+
 // A file of another model: a few problems listed, the rest counted, and the
 // shape the file holds named, instead of a line per tensor.
 TEST_F(InitFrom, AnotherModelsFileIsSummarised) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <charconv>
 #include <map>
+#include <new>
 #include <vector>
 
 #include "hp/checkpoint/safetensors.h"
@@ -102,20 +103,43 @@ void check_against(const torch::nn::Module& model, const std::string& path,
   throw_argument_error(message);
 }
 
+// The header of `path`, its errors as ArgumentErrors naming the file.
+checkpoint::SafetensorsIndex read_index(const std::string& path) {
+  try {
+    return checkpoint::read_safetensors_index(path);
+  } catch (const checkpoint::SafetensorsError& e) {
+    throw_argument_error(fmt::format("--init-from: {}", e.what()));
+  }
+}
+
+std::vector<FileTensor> described(const checkpoint::SafetensorsIndex& index) {
+  std::vector<FileTensor> out;
+  for (const auto& e : index.entries) out.push_back({e.name, e.shape, e.dtype});
+  return out;
+}
+
 }  // namespace
 
 void load_initial_weights(torch::nn::Module& model, const std::string& path) {
+  // The names, shapes and dtypes first, from the header alone: a file of
+  // another model is refused before its data is read (it may not even fit
+  // in memory).
+  check_against(model, path, described(read_index(path)));
   checkpoint::SafetensorsFile file;
   try {
     file = checkpoint::read_safetensors(path);
   } catch (const checkpoint::SafetensorsError& e) {
     throw_argument_error(fmt::format("--init-from: {}", e.what()));
+  } catch (const std::bad_alloc&) {
+    throw_argument_error(
+        fmt::format("--init-from '{}': its tensors do not fit in this process's memory", path));
   }
-  std::vector<FileTensor> described;
+  // Again on what was read: the file may have been replaced in between.
+  std::vector<FileTensor> read;
   for (const auto& [name, value] : file.tensors) {
-    described.push_back({name, value.sizes().vec(), value.scalar_type()});
+    read.push_back({name, value.sizes().vec(), value.scalar_type()});
   }
-  check_against(model, path, described);
+  check_against(model, path, read);
   std::map<std::string, at::Tensor> loaded(file.tensors.begin(), file.tensors.end());
   torch::NoGradGuard no_grad;
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
@@ -125,15 +149,8 @@ void load_initial_weights(torch::nn::Module& model, const std::string& path) {
 }
 
 void check_initial_weights(const torch::nn::Module& model, const std::string& path) {
-  checkpoint::SafetensorsIndex index;
-  try {
-    index = checkpoint::read_safetensors_index(path);
-  } catch (const checkpoint::SafetensorsError& e) {
-    throw_argument_error(fmt::format("--init-from: {}", e.what()));
-  }
-  std::vector<FileTensor> described;
-  for (const auto& e : index.entries) described.push_back({e.name, e.shape, e.dtype});
-  check_against(model, path, described);
+  const checkpoint::SafetensorsIndex index = read_index(path);
+  check_against(model, path, described(index));
   for (const auto& e : index.entries) {
     const at::Tensor* param = model.named_parameters(/*recurse=*/true).find(e.name);
     HP_CHECK_ARG(param && param->scalar_type() == e.dtype, "--init-from '", path,

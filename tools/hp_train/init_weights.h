@@ -23,8 +23,10 @@ namespace hp::train {
 // otherwise throws hp::ArgumentError naming the file and every offending
 // tensor (missing, unexpected, wrong shape or non-floating dtype) with what
 // was expected and what the file has. An unreadable or malformed file
-// raises hp::ArgumentError with the reader's message (which names the file).
-// Nothing is copied unless everything matches.
+// raises hp::ArgumentError with the reader's message (which names the file),
+// as does a file whose tensors do not fit in memory. The names, shapes and
+// dtypes are checked from the header before any tensor's data is read, and
+// nothing is copied unless everything matches.
 void load_initial_weights(torch::nn::Module& model, const std::string& path);
 
 // The same checks from the file's header alone (nothing is read or copied),
