@@ -50,6 +50,12 @@ void CommContext::release_all_gather_output() {
   }
 }
 
+void CommContext::finish_offload_copies() {
+  if (!ops_ || !offload_copies_) return;
+  offload_copies_ = false;
+  ops_->host_wait(ops_->record(StreamRole::kCompute, "offload done"));
+}
+
 void CommContext::keep_reduce_scatter_input(at::Tensor input, const dist::StreamEvent& read) {
   if (!ops_) return;
   rs_inputs_.push_back({std::move(input), read});

@@ -61,6 +61,15 @@ class CommContext {
   void release_reduce_scatter_inputs(const char* why);
   int64_t reduce_scatter_input_cap() const { return rs_input_cap_; }
 
+  // Offload: a gradient's copy to the host was queued on compute
+  // (FSDPParam::assign_grad). finish_offload_copies() blocks the host once
+  // until every queued copy, and every copy of an offloaded shard to the
+  // device read before it, completed: the optimizer may then step on the
+  // host. Called where the reductions complete (the end of backward,
+  // wait_for_gradients, the next iteration).
+  void note_offload_copy() { offload_copies_ = true; }
+  void finish_offload_copies();
+
  private:
   struct KeptBuffer {
     at::Tensor buffer;
@@ -71,6 +80,7 @@ class CommContext {
   std::vector<at::Tensor> all_gather_inputs_;
   std::deque<KeptBuffer> rs_inputs_;
   int64_t rs_input_cap_ = 1;
+  bool offload_copies_ = false;
 };
 
 }  // namespace hp::fsdp

@@ -220,11 +220,15 @@ void FSDPParam::set_external_unsharded(at::Tensor view) {
   owns_unsharded_ = false;
 }
 
-at::Tensor FSDPParam::shard_gather_input(bool snapshot) const {
-  // An offloaded shard goes to the device for the collective. The copy
-  // blocks: the optimizer may update the host shard as soon as backward
-  // returns, which must not race a copy still queued behind compute.
-  if (offloaded_) return padded_shard_.to(compute_device_, compute_dtype_, false, true);
+at::Tensor FSDPParam::shard_gather_input(bool snapshot, bool non_blocking) const {
+  // An offloaded shard goes to the device for the collective. Blocking on
+  // the host path: the optimizer may update the host shard as soon as
+  // backward returns, which must not race a copy still queued behind
+  // compute. The stream path copies asynchronously from pinned memory and
+  // waits once at the end of backward instead.
+  if (offloaded_) {
+    return padded_shard_.to(compute_device_, compute_dtype_, non_blocking && pinned_, true);
+  }
   if (compute_dtype_ != orig_dtype_) return padded_shard_.to(compute_dtype_);
   return snapshot ? padded_shard_.clone() : padded_shard_;
 }
@@ -378,17 +382,26 @@ void FSDPParam::keep_for_later(at::Tensor full_grad) {
   kept_grad_ = kept_grad_.defined() ? kept_grad_ + full_grad : std::move(full_grad);
 }
 
-void FSDPParam::assign_grad(at::Tensor reduced) {
-  // Offloaded: the gradient joins the shard in host memory, where the
-  // optimizer steps (a blocking copy: the step may follow at once).
-  if (offloaded_) reduced = reduced.to(at::kCPU);
+bool FSDPParam::assign_grad(at::Tensor reduced, bool non_blocking) {
+  // Offloaded: the gradient joins the shard in host memory (pinned as the
+  // policy says), where the optimizer steps. Blocking unless the caller
+  // waits for the copies itself and nothing here reads the host copy first.
+  bool queued = false;
+  if (offloaded_ && reduced.device() != padded_shard_.device()) {
+    const bool async = non_blocking && pinned_ && !to_main_grad_ && !stashed_grad_.defined();
+    if (async && reduced.scalar_type() != orig_dtype_) reduced = reduced.to(orig_dtype_);
+    at::Tensor host = at::empty(reduced.sizes(), reduced.options().device(at::kCPU).pinned_memory(pinned_));
+    host.copy_(reduced, async);
+    reduced = std::move(host);
+    queued = async;
+  }
   if (to_main_grad_) {
     // Kept in the reduce dtype; what autograd or the user left in .grad
     // before this backward (the stash) stays there.
     main_grad_ = main_grad_.defined() ? main_grad_.add_(reduced) : std::move(reduced);
     param_.mutable_grad() = as_param_grad(std::move(stashed_grad_));
     stashed_grad_ = at::Tensor();
-    return;
+    return queued;
   }
   if (reduced.scalar_type() != orig_dtype_) reduced = reduced.to(orig_dtype_);
   if (stashed_grad_.defined()) {
@@ -396,6 +409,7 @@ void FSDPParam::assign_grad(at::Tensor reduced) {
     stashed_grad_ = at::Tensor();
   }
   param_.mutable_grad() = as_param_grad(std::move(reduced));
+  return queued;
 }
 
 void FSDPParam::restore_stash() {

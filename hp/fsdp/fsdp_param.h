@@ -145,7 +145,11 @@ class FSDPParam {
   // This rank's contribution to a gather over the shard group: the padded
   // shard in the compute dtype (a cast copy when the dtypes differ, else
   // the shard itself unless `snapshot` asks for a copy).
-  at::Tensor shard_gather_input(bool snapshot = false) const;
+  // An offloaded shard is copied to the device: blocking, or with
+  // `non_blocking` (the stream path, on the copy-in stream) asynchronously
+  // from pinned memory; the end of backward waits for it once
+  // (CommContext::finish_offload_copies) before the optimizer may write it.
+  at::Tensor shard_gather_input(bool snapshot = false, bool non_blocking = false) const;
   // Gathers from `input` over `group` into the unsharded buffer (one
   // collective for this parameter); dims other than 0 gather into a buffer
   // of their own, copied out by finish_gather() once the gather was waited.
@@ -219,7 +223,11 @@ class FSDPParam {
   // .grad = the reduced shard, cast to the original dtype (+ the stash);
   // with apply_grad_on_fp32_main_grad the reduced shard is added to the main
   // grad as it is (reduce dtype) and .grad keeps only the stash.
-  void assign_grad(at::Tensor reduced);
+  // Offloaded: the gradient goes to host memory (pinned when the policy
+  // pins); with `non_blocking` the copy is queued on the current stream when
+  // nothing on the host reads it before the caller's host wait (no stash,
+  // no main grad), and assign_grad returns whether it was.
+  bool assign_grad(at::Tensor reduced, bool non_blocking = false);
   // apply_grad_on_fp32_main_grad: the accumulated reduced gradient shard
   // (undefined before the first reduction and after zero_grad).
   const at::Tensor& main_grad() const { return main_grad_; }

@@ -40,7 +40,7 @@ void validate_options(const FullyShardOptions& options) {
     HP_CHECK_ARG(!dtype || at::isFloatingType(*dtype), "MixedPrecisionPolicy.", name,
                  " must be a floating-point dtype, got ", *dtype);
   }
-  HP_CHECK_ARG(options.comm_fusion || !options.comm_fusion_zero_copy.value_or(false),
+  HP_CHECK_ARG(options.comm_fusion.value_or(true) || !options.comm_fusion_zero_copy.value_or(false),
                "fully_shard: comm_fusion_zero_copy=true needs comm_fusion=true, but comm_fusion "
                "is false: zero-copy keeps the shards in the unit's flat all-gather input "
                "buffer, which only comm_fusion builds; set comm_fusion=true, or leave "
@@ -251,7 +251,7 @@ std::vector<ParamPlan> plan_params(const std::vector<std::shared_ptr<nn::Module>
                "MixedPrecisionPolicy.apply_grad_on_fp32_main_grad=true needs gradients reduced "
                "in fp32 (set reduce_dtype to Float), but they are reduced in ",
                dtype_set(reduce_dtypes));
-  HP_CHECK_ARG(!options.comm_fusion || all_dtypes.size() <= 1,
+  HP_CHECK_ARG(!options.comm_fusion.value_or(false) || all_dtypes.size() <= 1,
                "comm_fusion: All parameters in the group must have a uniform dtype, got ",
                dtype_set(all_dtypes));
   return plans;
@@ -354,6 +354,18 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<nn::Module>>& modules,
   Unit::check_reshard_after_forward(regather_ranks, shard_size, roots[0]->name());
 
   const c10::Device device = unit_device(plans, options.mesh, mode);
+  // comm_fusion unset: one collective per unit on a GPU (per-parameter
+  // collectives cost a launch and a stream hop each there), where the unit's
+  // parameters share one dtype; per parameter on the CPU.
+  std::set<at::ScalarType> dtypes;
+  for (const auto& plan : plans) dtypes.insert(plan.param.scalar_type());
+  const bool fused = options.comm_fusion.value_or(device.is_cuda() && dtypes.size() <= 1);
+  HP_CHECK_ARG(fused || !options.comm_fusion_zero_copy.value_or(false),
+               "fully_shard: comm_fusion_zero_copy=true needs comm_fusion=true, but comm_fusion "
+               "is unset and off for these parameters (its default is on only for parameters "
+               "on a GPU with one dtype): zero-copy keeps the shards in the unit's flat "
+               "all-gather input buffer, which only comm_fusion builds; set comm_fusion=true, "
+               "or leave comm_fusion_zero_copy unset (or false) for the per-parameter path");
 
   // Valid: build. The collective steps (the mesh's groups, the regather
   // group) come first, so that a failure there (a timeout, a peer that did
@@ -368,7 +380,7 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<nn::Module>>& modules,
                                                         [](const ParamPlan& p) {
                                                           return p.keep_whole;
                                                         });
-  fsdp::MeshInfo mesh_info = fsdp::MeshInfo::from_mesh(mesh, options.comm_fusion && has_whole);
+  fsdp::MeshInfo mesh_info = fsdp::MeshInfo::from_mesh(mesh, fused && has_whole);
   dist::GroupPtr regather_group = Unit::regather_group_for(mesh_info, regather_ranks);
 
   move_states_to(roots, plans, device);
@@ -389,8 +401,8 @@ FSDPModule fully_shard(const std::vector<std::shared_ptr<nn::Module>>& modules,
     flags.reshard_after_forward = options.reshard_after_forward;
     flags.reshard_after_forward_ranks = regather_ranks;
     fsdp::ParamGroup::Options group_options;
-    group_options.fused = options.comm_fusion;
-    group_options.zero_copy = options.comm_fusion_zero_copy.value_or(options.comm_fusion);
+    group_options.fused = fused;
+    group_options.zero_copy = options.comm_fusion_zero_copy.value_or(fused);
     unit = std::make_shared<Unit>(roots, mesh_info, std::move(params), flags, options.mp_policy,
                                   group_options, std::move(regather_group));
     unit->install_hooks();

@@ -95,7 +95,11 @@ struct FullyShardOptions {
   // gradients are kept unreduced, as in a no-sync micro-batch, and the
   // next backward with all-reduce reduces them together with its own, so
   // that they end up as without the setter.
-  bool comm_fusion = false;
+  // Unset: on for parameters on a GPU that share one dtype (per-parameter
+  // collectives cost a kernel launch and a stream hop each there:
+  // docs/streams.md), off on the CPU, where Gloo's coalesced gather writes
+  // straight into the parameters.
+  std::optional<bool> comm_fusion;
   // With comm_fusion: the shards live in one flat buffer (the all-gather's
   // input) that the optimizer updates in place (default: on with
   // comm_fusion). Parameters kept whole are not in it: they hold their own

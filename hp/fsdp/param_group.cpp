@@ -8,6 +8,7 @@
 #include "hp/distributed/collectives.h"
 #include "hp/fsdp/storage.h"
 #include "hp/util/error.h"
+#include "hp/util/torch_compat.h"
 
 namespace hp::fsdp {
 
@@ -183,7 +184,10 @@ void ParamGroup::issue_on_streams(dist::Group& group, const std::vector<FSDPPara
   for (size_t i = 0; i < gathered_.size(); ++i) {
     FSDPParam* p = gathered_[i];
     at::Tensor input;
-    if (!regather && fused && flat_shards_.defined()) {
+    if (!regather && p->offloaded()) {
+      input = p->shard_gather_input(snapshot, /*non_blocking=*/true);
+      comm_->note_offload_copy();  // the host shard is read until the host waits
+    } else if (!regather && fused && flat_shards_.defined()) {
       const at::Tensor& shard = p->padded_shard();
       input = shard.to(p->compute_dtype(), /*non_blocking=*/false, /*copy=*/snapshot);
       if (input.device() != p->compute_device()) input = input.to(p->compute_device());
@@ -224,6 +228,23 @@ void ParamGroup::copy_out_from_streams(bool keep_output) {
   if (!gather_output_.defined()) return;
   ops->on_use(gather_output_.data_ptr(), StreamRole::kCompute);
   if (gather_fused_) ensure_flat_unsharded();
+#if HP_TORCH_AT_LEAST(2, 1)
+  const bool all_dim0 = std::all_of(gathered_.begin(), gathered_.end(),
+                                    [](const FSDPParam* p) { return p->shard_dim() == 0; });
+  if (gather_fused_ && all_dim0) {
+    // One kernel: column block i of the [ranks, total] output is parameter
+    // i's [ranks, piece] rows, which is its unsharded buffer viewed so.
+    std::vector<int64_t> sizes;
+    std::vector<at::Tensor> outs;
+    for (size_t i = 0; i < gathered_.size(); ++i) {
+      sizes.push_back(gather_inputs_[i].numel());
+      outs.push_back(gathered_[i]->ensure_unsharded().view({gather_ranks_, sizes.back()}));
+    }
+    at::split_with_sizes_copy_out(outs, gather_output_.view({gather_ranks_, gather_rank_numel_}),
+                                  sizes, 1);
+    gathered_.clear();  // copied out: the loop below has nothing left
+  }
+#endif
   for (size_t i = 0; i < gathered_.size(); ++i) {
     FSDPParam* p = gathered_[i];
     const int64_t n = gather_inputs_[i].numel();

@@ -91,6 +91,7 @@ GradReduction::GradReduction(PackedGrads grads, at::Tensor scratch, const MeshIn
                              std::shared_ptr<void> keep_alive, CommContext* comm)
     : mesh_(mesh), settings_(settings), wave_(wave), keep_alive_(std::move(keep_alive)) {
   if (comm != nullptr) ops_ = comm->streams();
+  if (ops_ != nullptr) comm_ = comm;
   // Every block is set before the collective (so before `grads` gives up
   // its parameters): the buffer allocated if no gradient arrived, and the
   // blocks of the parameters without one zeroed.
@@ -298,7 +299,7 @@ void GradReduction::complete() {
     if (replicas_later) {
       keep_partial();
     } else {
-      assign();
+      assign(/*non_blocking=*/true);
     }
     return;
   }
@@ -321,7 +322,7 @@ bool GradReduction::abandon() noexcept {
   return waited;
 }
 
-void GradReduction::assign() {
+void GradReduction::assign(bool non_blocking) {
   for (size_t i = 0; i < params_.size(); ++i) {
     FSDPParam& p = *params_[i];
     // The optimizer steps the shard: the parameter must hold it.
@@ -333,7 +334,9 @@ void GradReduction::assign() {
     at::Tensor grad =
         p.sharded() ? p.unpack_reduced(output_.narrow(0, offsets_[i], p.reduce_numel()))
                     : output_.narrow(0, offsets_[i], p.unsharded_numel()).view(p.full_shape());
-    p.assign_grad(alias_of(grad));
+    if (p.assign_grad(alias_of(grad), non_blocking) && comm_ != nullptr) {
+      comm_->note_offload_copy();
+    }
   }
   output_ = at::Tensor();
   stage_ = Stage::kDone;

@@ -121,7 +121,10 @@ class GradReduction {
   // HSDP without all-reduce: the shard-reduced gradients wait in the
   // parameters for a backward with all-reduce.
   void keep_partial();
-  void assign();
+  // `non_blocking`: offloaded gradients are copied to the host
+  // asynchronously where they can be (FSDPParam::assign_grad); the tree's
+  // CommContext waits for them once.
+  void assign(bool non_blocking = false);
 
   std::vector<FSDPParam*> params_;
   std::vector<int64_t> offsets_;
@@ -135,6 +138,7 @@ class GradReduction {
   at::Tensor output_;   // the reduced values, flat
   at::Tensor scratch_;  // a lent buffer the reduce-scatter receives into
   dist::StreamOps* ops_ = nullptr;
+  CommContext* comm_ = nullptr;  // on streams
   dist::StreamEvent post_reduce_;  // on streams: the last stage's event
 };
 

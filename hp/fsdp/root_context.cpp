@@ -164,6 +164,7 @@ void RootContext::begin_iteration(c10::Device device) {
   if (!reductions_.empty() && comm_->streams()) comm_->streams()->on_mark("pending gradients");
   reductions_.complete_all();
   comm_->release_reduce_scatter_inputs("pending gradients");
+  comm_->finish_offload_copies();
   comm_->begin_iteration();
 }
 
@@ -177,6 +178,7 @@ void RootContext::finish_backward() {
     if (comm_) {
       comm_->release_all_gather_output();
       if (is_last_backward_) comm_->release_reduce_scatter_inputs("end of backward");
+      comm_->finish_offload_copies();
     }
   } catch (const CollectiveError&) {
     mark_unusable("the end of backward", std::current_exception());
@@ -197,7 +199,10 @@ void RootContext::wait_for_gradients() {
   try {
     if (comm_ && comm_->streams()) comm_->streams()->on_mark("gradients wanted");
     reductions_.complete_all();
-    if (comm_) comm_->release_reduce_scatter_inputs("gradients wanted");
+    if (comm_) {
+      comm_->release_reduce_scatter_inputs("gradients wanted");
+      comm_->finish_offload_copies();
+    }
   } catch (const CollectiveError&) {
     mark_unusable("wait_for_gradients", std::current_exception());
     throw;

@@ -328,12 +328,20 @@ TEST(CommFusionErrors, ZeroCopyWithoutFusionNamesTheReasonAndTheAlternative) {
   options.comm_fusion_zero_copy = true;
   auto model = test::make_gpt();
   dist::reset_comm_stats();
+  // Unset comm_fusion is off for CPU parameters: refused after the device
+  // is known, saying so; an explicit false is refused up front.
   EXPECT_THAT(
       [&] { fully_shard(model.ptr(), options); },
       ThrowsMessage<ArgumentError>(AllOf(
-          HasSubstr("comm_fusion_zero_copy=true needs comm_fusion=true, but comm_fusion is false"),
+          HasSubstr("comm_fusion_zero_copy=true needs comm_fusion=true, but comm_fusion is unset "
+                    "and off for these parameters"),
           HasSubstr("flat all-gather input buffer, which only comm_fusion builds"),
           HasSubstr("set comm_fusion=true"))));
+  options.comm_fusion = false;
+  EXPECT_THAT(
+      [&] { fully_shard(model.ptr(), options); },
+      ThrowsMessage<ArgumentError>(
+          HasSubstr("comm_fusion_zero_copy=true needs comm_fusion=true, but comm_fusion is false")));
   // Refused before any collective, the model as it was.
   EXPECT_EQ(dist::comm_stats().total(), 0);
   EXPECT_FALSE(is_fully_sharded(*model));
