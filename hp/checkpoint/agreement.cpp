@@ -9,6 +9,7 @@
 #include "hp/distributed/collectives.h"
 #include "hp/distributed/world.h"
 #include "hp/util/error.h"
+#include "hp/util/format.h"
 
 namespace hp::checkpoint {
 namespace {
@@ -70,6 +71,30 @@ bool same_on_every_rank(int64_t value, dist::Group* group) {
   dist::all_reduce(g, low, dist::ReduceOp::kMin).wait();
   dist::all_reduce(g, high, dist::ReduceOp::kMax).wait();
   return low.item<int64_t>() == high.item<int64_t>();
+}
+
+void require_same_on_every_rank(int64_t value, const std::string& what,
+                                const std::function<std::string(int64_t)>& describe,
+                                dist::Group* group) {
+  dist::Group* const agreeing = agreement_group(group);
+  if (agreeing == nullptr) return;
+  dist::Group& g = *agreeing;
+  // Every rank's value, so every rank reaches the same verdict and message.
+  at::Tensor mine = at::full({1}, value, at::kLong);
+  at::Tensor all = at::empty({g.size()}, at::kLong);
+  dist::all_gather_into(g, all, mine).wait();
+  const int64_t* v = all.data_ptr<int64_t>();
+  int low = 0, high = 0;
+  for (int r = 1; r < g.size(); ++r) {
+    if (v[r] < v[low]) low = r;
+    if (v[r] > v[high]) high = r;
+  }
+  if (v[low] == v[high]) return;
+  throw CheckpointError(cat(what, " differs between the ranks: rank ", low, " has ",
+                            describe(v[low]), ", rank ", high, " has ", describe(v[high]),
+                            "; every rank must see the same files (a network file system "
+                            "that shows ranks different directories, or different paths "
+                            "per rank)"));
 }
 
 }  // namespace hp::checkpoint

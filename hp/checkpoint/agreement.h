@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 
 namespace hp::dist {
 class Group;
@@ -27,5 +28,14 @@ void run_agreed(const std::function<void()>& fn, dist::Group* group = nullptr);
 // (e.g. a checksum of the keys, shapes and dtypes of a state, which must
 // agree before ranks plan collectives from them). One process: true.
 bool same_on_every_rank(int64_t value, dist::Group* group = nullptr);
+
+// Collective over `group`: raises CheckpointError on every rank when the
+// ranks passed different `value`s (e.g. the step of the checkpoint each
+// rank chose), naming `what`, the lowest and the highest value and a rank
+// that passed each; `describe` turns a value into words for the message
+// (e.g. -1 into "none"). One process: nothing.
+void require_same_on_every_rank(int64_t value, const std::string& what,
+                                const std::function<std::string(int64_t)>& describe,
+                                dist::Group* group = nullptr);
 
 }  // namespace hp::checkpoint

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <set>
 
@@ -19,6 +20,7 @@
 #include "hp/checkpoint/metadata.h"
 #include "hp/checkpoint/plan.h"
 #include "hp/checkpoint/safetensors.h"
+#include "hp/distributed/world.h"
 #include "hp/util/error.h"
 
 namespace hp::checkpoint {
@@ -217,29 +219,85 @@ LoadResult load_from_metadata(State& state, const Metadata& metadata, const std:
   return result;
 }
 
-LoadResult load(State& state, const std::string& path, const LoadOptions& options) {
-  std::string dir;
+namespace {
+
+std::string step_words(int64_t step) {
+  return step < 0 ? std::string("no complete checkpoint") : cat("step ", step);
+}
+
+// Loads the checkpoint in `dir` (one holding metadata.json).
+LoadResult load_dir(State& state, const std::string& dir, const LoadOptions& options) {
   Metadata metadata;
+  const std::string metadata_path = dir + "/" + kMetadataFile;
+  run_agreed([&] { metadata = Metadata::parse(read_whole_file(metadata_path), metadata_path); });
+  require_same_on_every_rank(metadata.step, cat("the step saved in ", metadata_path),
+                             step_words);
+  return load_from_metadata(state, metadata, dir, cat("checkpoint ", dir), "", options.strict);
+}
+
+}  // namespace
+
+LoadResult load(State& state, const std::string& path, const LoadOptions& options) {
+  namespace fs = std::filesystem;
+  // Not following a link: load refuses one there, naming it, rather than
+  // taking an older checkpoint instead.
+  bool is_checkpoint = false;
   run_agreed([&] {
-    namespace fs = std::filesystem;
-    // Not following a link: load refuses one there, naming it, rather than
-    // taking an older checkpoint instead.
     std::error_code ec;
-    if (fs::exists(fs::symlink_status(fs::path(path) / kMetadataFile, ec))) {
-      dir = path;
-    } else {
-      std::optional<std::string> latest = latest_checkpoint(path);
-      if (!latest) {
+    is_checkpoint = fs::exists(fs::symlink_status(fs::path(path) / kMetadataFile, ec));
+  });
+  require_same_on_every_rank(is_checkpoint ? 1 : 0,
+                             cat("whether '", path, "' is a checkpoint (holds ", kMetadataFile,
+                                 ") or a root"),
+                             [](int64_t v) { return std::string(v ? "a checkpoint" : "a root"); });
+  if (is_checkpoint) return load_dir(state, path, options);
+
+  // A root: its complete checkpoints, newest first. Each rank lists them
+  // itself, so before each try the ranks agree on the step they try (and
+  // on there being none left): a rank that sees other files refuses on
+  // every rank instead of loading another step or waiting alone.
+  std::vector<CheckpointDir> candidates;
+  run_agreed([&] {
+    for (CheckpointDir& c : complete_checkpoints(path)) {
+      if (!options.newest_step || c.step <= *options.newest_step) candidates.push_back(c);
+    }
+  });
+  std::vector<std::string> skipped;
+  for (size_t i = 0;; ++i) {
+    const int64_t step = i < candidates.size() ? candidates[i].step : -1;
+    require_same_on_every_rank(step, cat("the newest checkpoint under '", path, "'",
+                                         i == 0 ? "" : " that was not skipped"),
+                               step_words);
+    if (step < 0) {
+      if (skipped.empty()) {
         throw CheckpointError(cat("checkpoint::load: '", path,
                                   "' holds no complete checkpoint (no ", kMetadataFile,
                                   " in it nor in a step-N directory under it)"));
       }
-      dir = *latest;
+      std::string message = cat("checkpoint::load: '", path,
+                                "' holds no intact checkpoint; every one failed its checks:");
+      for (const std::string& s : skipped) message += "\n  " + s;
+      throw CheckpointError(message);
     }
-    const std::string metadata_path = dir + "/" + kMetadataFile;
-    metadata = Metadata::parse(read_whole_file(metadata_path), metadata_path);
-  });
-  return load_from_metadata(state, metadata, dir, cat("checkpoint ", dir), "", options.strict);
+    const std::string& dir = candidates[i].path;
+    try {
+      LoadResult result = load_dir(state, dir, options);
+      result.skipped = std::move(skipped);
+      return result;
+    } catch (const CheckpointError& e) {
+      // Agreed: every rank is here with the same error. A corrupt newest
+      // checkpoint must not fail every restart the same way: the one before
+      // it is loaded instead (over whatever the failed try filled in).
+      const bool last = i + 1 >= candidates.size();
+      skipped.push_back(cat(dir, ": ", e.what()));
+      if (last && skipped.size() == 1) throw;  // the only one: its own error
+      if (!dist::is_initialized() || dist::get_rank() == 0) {
+        std::cerr << "hp::checkpoint: skipping " << dir << ", which fails its checks: "
+                  << e.what()
+                  << (last ? "" : cat("; falling back to ", candidates[i + 1].path)) << std::endl;
+      }
+    }
+  }
 }
 
 }  // namespace hp::checkpoint

@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <filesystem>
+#include <iostream>
+#include <mutex>
 
 #include "hp/checkpoint/agreement.h"
 #include "hp/checkpoint/checkpoint.h"
@@ -12,6 +14,7 @@
 #include "hp/checkpoint/file_io.h"
 #include "hp/checkpoint/metadata.h"
 #include "hp/checkpoint/plan.h"
+#include "hp/checkpoint/root_lock.h"
 #include "hp/checkpoint/save_core.h"
 #include "hp/checkpoint/safetensors.h"
 #include "hp/distributed/collectives.h"
@@ -125,7 +128,29 @@ RankReport write_rank_file(const SavePlan& plan, const std::vector<at::Tensor>& 
   return report;
 }
 
+// Rank 0's part of claim_root and of every save's start: ROOT's lock, then
+// what crashed or failed saves left there (directory.h).
+void claim_on_this_rank(const std::string& root) {
+  std::lock_guard<std::mutex> guard(root_directory_mutex());
+  const bool taken = lock_root(root);
+  for (const std::string& line : recover_leftovers(root, /*remove_temps=*/taken)) {
+    std::cerr << "hp::checkpoint: " << line << std::endl;
+  }
+}
+
+// write_save's stages after the temporary directory is prepared.
+SaveResult write_prepared(const SavePlan& plan, const std::vector<at::Tensor>& pieces,
+                          const SaveOptions& options, dist::Group* group,
+                          std::chrono::steady_clock::time_point start, const std::string& temp);
+
 }  // namespace
+
+void claim_root(const std::string& root) {
+  run_agreed([&] {
+    HP_CHECK_ARG(!root.empty(), "checkpoint::claim_root: the root directory must be non-empty");
+    if (this_world().rank == 0) claim_on_this_rank(root);
+  });
+}
 
 SavePlan plan_save(const State& state, const std::string& root, int64_t step,
                    dist::Group* group) {
@@ -172,14 +197,40 @@ SaveResult write_save(const SavePlan& plan, const std::vector<at::Tensor>& piece
   HP_CHECK_ARG(pieces.size() == plan.owned.size(), "checkpoint::write_save: ", pieces.size(),
                " pieces for the ", plan.owned.size(), " this rank writes");
   const int rank = plan.rank;
-  const int size = plan.world_size;
   const std::string temp = temp_dir(plan.root, plan.step);
   run_agreed(
       [&] {
-        if (rank == 0) prepare_temp_dir(plan.root, plan.step);
+        if (rank != 0) return;
+        claim_on_this_rank(plan.root);
+        prepare_temp_dir(plan.root, plan.step);
       },
       group);
+  // From here on the temporary directory is this save's: a failure removes
+  // it (it may hold gigabytes), on rank 0, once every rank has stopped
+  // writing into it (each stage is agreed, so every rank raises together).
+  try {
+    return write_prepared(plan, pieces, options, group, start, temp);
+  } catch (...) {
+    if (rank == 0) {
+      std::lock_guard<std::mutex> guard(root_directory_mutex());
+      std::error_code ec;
+      std::filesystem::remove_all(temp, ec);
+      if (ec) {
+        std::cerr << "hp::checkpoint: the failed save of step " << plan.step
+                  << " could not remove " << temp << ": " << ec.message() << std::endl;
+      }
+    }
+    throw;
+  }
+}
 
+namespace {
+
+SaveResult write_prepared(const SavePlan& plan, const std::vector<at::Tensor>& pieces,
+                          const SaveOptions& options, dist::Group* group,
+                          std::chrono::steady_clock::time_point start, const std::string& temp) {
+  const int rank = plan.rank;
+  const int size = plan.world_size;
   RankReport mine;
   run_agreed(
       [&] {
@@ -235,6 +286,7 @@ SaveResult write_save(const SavePlan& plan, const std::vector<at::Tensor>& piece
         }
         write_file_atomically(temp + "/" + kMetadataFile, metadata.to_json());
         if (options.before_commit) options.before_commit();
+        std::lock_guard<std::mutex> guard(root_directory_mutex());
         commit_dir(plan.root, temp, plan.step);
       },
       group);
@@ -251,6 +303,8 @@ SaveResult write_save(const SavePlan& plan, const std::vector<at::Tensor>& piece
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }
+
+}  // namespace
 
 SaveResult save(const State& state, const std::string& root, int64_t step,
                 const SaveOptions& options) {

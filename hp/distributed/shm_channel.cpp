@@ -12,6 +12,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -24,6 +26,7 @@
 #include <mutex>
 #include <new>
 #include <random>
+#include <regex>
 #include <stdexcept>
 #include <thread>
 #include <utility>
@@ -131,6 +134,65 @@ void attach(Header* header, int rank) {
 
 std::string errno_text(const char* what) { return cat(what, ": ", std::strerror(errno)); }
 
+std::string octal(unsigned mode) {
+  char text[16];
+  std::snprintf(text, sizeof text, "%03o", mode);
+  return text;
+}
+
+// Segment names carry the creator's pid namespace and pid, so that a
+// segment whose creator died before unlinking it (killed between creating
+// and unlinking, the only window in which a segment has a name) can be told
+// from a live one and swept.
+std::string segment_name(uint64_t token) {
+  return cat("/hp-shm-", pid_namespace(), "-", ::getpid(), "-", token);
+}
+
+// Unlinks every hp-shm segment in /dev/shm that this user owns and whose
+// creator, in this pid namespace, no longer runs. Best effort: a segment it
+// cannot judge (another namespace, another user, an older name) stays.
+void sweep_dead_segments() {
+  static const std::regex kName("hp-shm-([0-9]+)-([0-9]+)-([0-9]+)");
+  const uint64_t mine = pid_namespace();
+  if (mine == 0) return;
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return;
+  std::vector<std::string> dead;
+  while (const dirent* entry = ::readdir(dir)) {
+    const std::string name = entry->d_name;
+    std::smatch match;
+    if (!std::regex_match(name, match, kName)) continue;
+    try {
+      if (std::stoull(match[1].str()) != mine) continue;
+      const unsigned long long pid = std::stoull(match[2].str());
+      if (pid == 0 || pid > static_cast<unsigned long long>(INT32_MAX)) continue;
+      struct stat st {};
+      if (::fstatat(::dirfd(dir), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+      if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) continue;
+      if (!process_alive(static_cast<int>(pid))) dead.push_back("/" + name);
+    } catch (const std::exception&) {
+      // Digits beyond 64 bits: not a name this code made.
+    }
+  }
+  ::closedir(dir);
+  for (const std::string& name : dead) ::shm_unlink(name.c_str());
+}
+
+// Rank 0's segment name, unlinked when it goes out of scope: on the normal
+// path once every member has mapped it or given up, and on every error path
+// (a store that times out, a peer that never answers).
+struct NameOwner {
+  std::string name;
+  NameOwner() = default;
+  NameOwner(const NameOwner&) = delete;
+  NameOwner& operator=(const NameOwner&) = delete;
+  void unlink() {
+    if (!name.empty()) ::shm_unlink(name.c_str());
+    name.clear();
+  }
+  ~NameOwner() { unlink(); }
+};
+
 // Maps the named segment; `create` makes it (with its pages reserved, so a
 // full /dev/shm is an error here rather than a SIGBUS later).
 Mapping map_segment(const std::string& name, int64_t bytes, bool create) {
@@ -142,8 +204,18 @@ Mapping map_segment(const std::string& name, int64_t bytes, bool create) {
     const int rc = ::posix_fallocate(fd, 0, bytes);
     if (rc != 0) failure = cat("reserving ", bytes, " bytes in ", name, ": ", std::strerror(rc));
   } else {
+    // A name from the store is input: only this user's segment, closed to
+    // everyone else as rank 0 creates it, is mapped (another user's could
+    // feed or read this rank's tensors).
     struct stat st {};
-    if (::fstat(fd, &st) != 0 || st.st_size != bytes) {
+    if (::fstat(fd, &st) != 0) {
+      failure = errno_text(cat("fstat ", name).c_str());
+    } else if (st.st_uid != ::geteuid() || (st.st_mode & 077) != 0) {
+      failure = cat("shared-memory segment ", name, " is owned by uid ", st.st_uid,
+                    " with mode 0", octal(st.st_mode & 0777), "; expected this user's (uid ",
+                    ::geteuid(), ") with mode 0600 (no access for group or others): not "
+                    "mapping it");
+    } else if (st.st_size != bytes) {
       failure = cat(name, " has ", st.st_size, " bytes, expected ", bytes);
     }
   }
@@ -519,26 +591,28 @@ std::unique_ptr<ShmChannel> ShmChannel::connect(c10d::Store& store, int rank, in
   std::string refusal;
   if (!hp::env::get_bool("HP_SHM", true) || size < 2 || size > kMaxRanks) refusal = kOff;
   const int64_t bytes = segment_bytes(std::min(size, kMaxRanks));
+  if (refusal.empty()) sweep_dead_segments();
   Mapping mapping;
-  std::string name;
+  NameOwner name;
   if (rank == 0) {
     uint64_t token = 0;
     if (refusal.empty()) {
       std::random_device entropy;
       token = (uint64_t{entropy()} << 32) ^ entropy();
-      name = cat("/hp-shm-", ::getpid(), "-", token);
       try {
-        mapping = map_segment(name, bytes, /*create=*/true);
+        const std::string created = segment_name(token);
+        mapping = map_segment(created, bytes, /*create=*/true);
+        name.name = created;
         auto* header = new (mapping.base) Header();
         header->magic = kMagic;
         header->token = token;
         header->size = size;
       } catch (const std::exception& e) {
         refusal = e.what();
-        name.clear();
+        name.unlink();
       }
     }
-    store_set(store, "shm/segment", refusal.empty() ? cat(name, " ", token) : std::string());
+    store_set(store, "shm/segment", refusal.empty() ? cat(name.name, " ", token) : std::string());
   } else {
     const std::string offer = store_get(store, "shm/segment");
     const size_t space = offer.find(' ');
@@ -569,7 +643,7 @@ std::unique_ptr<ShmChannel> ShmChannel::connect(c10d::Store& store, int rank, in
     if (ready != "ok" && ready != kOff) errors += cat("; group rank ", r, ": ", ready);
   }
   // Everyone has mapped the segment or given up: the name can go.
-  if (rank == 0 && !name.empty()) ::shm_unlink(name.c_str());
+  name.unlink();
   // Not an error (Gloo carries everything), but slower: say why, once.
   if (rank == 0 && !errors.empty()) {
     std::cerr << "hp::dist: " << description << " moves its collectives through Gloo only, "

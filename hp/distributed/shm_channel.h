@@ -25,8 +25,19 @@
 // unusable: the segment's state no longer matches across ranks, so every
 // later operation fails at once, saying why (and the peers' fail too).
 //
-// Ownership: the segment is unlinked as soon as every member has mapped it,
-// so it disappears with the last process, however that process ends.
+// Ownership: the segment has a name (/dev/shm/hp-shm-<pid namespace>-<pid
+// of rank 0>-<random token>) only while connect() runs: rank 0 unlinks it
+// as soon as every member has mapped it or given up, and on every error
+// path (a store that times out, a peer that never answers), so it then
+// disappears with the last process, however that process ends. A rank 0
+// killed inside that window leaves the name behind: every connect() first
+// unlinks the hp-shm segments of this user whose creator (in this pid
+// namespace) no longer runs.
+//
+// Trust: a peer maps the segment the store names only when it is this
+// user's (owner == the effective uid) and open to no one else (mode 0600);
+// otherwise it refuses, naming the segment, its owner and mode, and the
+// group goes without a channel (rank 0 prints why).
 #pragma once
 
 #include <chrono>

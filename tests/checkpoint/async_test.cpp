@@ -205,6 +205,9 @@ TEST(AsyncCheckpoint, ABackgroundFailureReachesEveryRankThroughTheNextCall) {
   checkpointer.save(pieces.state(), dir.path(), 2, failing);
   EXPECT_THAT([&] { checkpointer.wait(); },
               ThrowsMessage<CheckpointError>(HasSubstr("disk full on the last rank")));
+  // The failed save's temporary directory is gone (rank 0 removes it).
+  SharedTempDir::sync();
+  EXPECT_FALSE(std::filesystem::exists(dir / ".tmp-step-00000002"));
   // ... or by the next save(), which then starts nothing; raised once.
   checkpointer.save(pieces.state(), dir.path(), 2, failing);
   EXPECT_THAT([&] { checkpointer.save(pieces.state(), dir.path(), 4); },

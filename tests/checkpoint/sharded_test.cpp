@@ -9,6 +9,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -336,6 +342,158 @@ TEST(ShardedCheckpoint, TheNewestCompleteCheckpointIsLoaded) {
   EXPECT_EQ(load(into, dir.path()).step, 99);
   EXPECT_TRUE(tensors_equal(x, at::full({3}, 5.0)));
   EXPECT_FALSE(std::filesystem::exists(dir / ".tmp-step-00000099"));
+}
+
+// A save root is one job's: a second job (here: this process's test, holding
+// the lock as another job's rank 0 would) is refused on every rank, naming
+// the holder, before anything is written; once the holder is gone the save
+// goes ahead and the lock file names this process.
+TEST(SaveRoots, ASaveIntoARootAnotherJobHoldsIsRefusedNamingTheHolder) {
+  SharedTempDir dir("locked");
+  State state;
+  state.add("x", at::full({3}, 1.0));
+  int other = -1;
+  if (test::rank() == 0) {
+    other = ::open((dir / ".hp-save.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    ASSERT_GE(other, 0);
+    ASSERT_EQ(::flock(other, LOCK_EX | LOCK_NB), 0);
+    const std::string holder = "host elsewhere pid 4242 run 00000000deadbeef since then\n";
+    ASSERT_EQ(::write(other, holder.data(), holder.size()), static_cast<ssize_t>(holder.size()));
+  }
+  SharedTempDir::sync();
+  EXPECT_THAT([&] { save(state, dir.path(), 7); },
+              ThrowsMessage<CheckpointError>(AllOf(
+                  HasSubstr("checkpoint root " + dir.path() + " is in use by another job"),
+                  HasSubstr("host elsewhere pid 4242 run 00000000deadbeef"))));
+  EXPECT_FALSE(std::filesystem::exists(dir / ".tmp-step-00000007"));
+  EXPECT_EQ(latest_checkpoint(dir.path()), std::nullopt);
+  SharedTempDir::sync();
+  if (test::rank() == 0) ::close(other);  // the other job ends
+  SharedTempDir::sync();
+  EXPECT_EQ(save(state, dir.path(), 7).path, dir / "step-00000007");
+  if (test::rank() == 0) {
+    EXPECT_THAT(read_whole_file(dir / ".hp-save.lock"),
+                HasSubstr(fmt::format("pid {} run ", ::getpid())));
+  }
+}
+
+// A failed save removes its temporary directory on every path: a rank's
+// file that cannot be written, a commit that fails.
+TEST(SaveRoots, AFailedSaveRemovesItsTemporaryDirectory) {
+  SharedTempDir dir("failed");
+  State state;
+  state.add("x", at::full({3}, 1.0));
+  const int last = world() - 1;
+  SaveOptions disk_full;
+  disk_full.before_rank_file = [last] {
+    if (test::rank() == last) throw std::runtime_error("disk full on the last rank");
+  };
+  EXPECT_THAT([&] { save(state, dir.path(), 4, disk_full); },
+              ThrowsMessage<CheckpointError>(HasSubstr("disk full on the last rank")));
+  SharedTempDir::sync();
+  EXPECT_FALSE(std::filesystem::exists(dir / ".tmp-step-00000004"));
+  SaveOptions no_commit;
+  no_commit.before_commit = [] { throw std::runtime_error("the commit failed"); };
+  EXPECT_THAT([&] { save(state, dir.path(), 5, no_commit); },
+              ThrowsMessage<CheckpointError>(HasSubstr("the commit failed")));
+  SharedTempDir::sync();
+  EXPECT_FALSE(std::filesystem::exists(dir / ".tmp-step-00000005"));
+  EXPECT_EQ(latest_checkpoint(dir.path()), std::nullopt);
+}
+
+// A replace that stopped between its two renames leaves .old-step-N and no
+// step-N: a load reads it there, and the next save renames it back (and
+// removes a .old-step-N whose step-N exists). A replace swaps the contents.
+TEST(SaveRoots, AReplaceStoppedBetweenItsRenamesIsRecovered) {
+  SharedTempDir dir("old");
+  auto state_of = [](at::Tensor t) {
+    State s;
+    s.add("x", t);
+    return s;
+  };
+  save(state_of(at::full({3}, 2.0)), dir.path(), 2);
+  save(state_of(at::full({3}, 9.0)), dir.path(), 3);
+  save(state_of(at::full({3}, 3.0)), dir.path(), 3);  // replaces step 3
+  if (test::rank() == 0) {
+    std::filesystem::rename(dir / "step-00000003", dir / ".old-step-00000003");
+    std::filesystem::copy(dir / "step-00000002", dir / ".old-step-00000002",
+                          std::filesystem::copy_options::recursive);
+  }
+  SharedTempDir::sync();
+  at::Tensor x = at::zeros({3});
+  State into = state_of(x);
+  EXPECT_EQ(load(into, dir.path()).step, 3);
+  EXPECT_TRUE(tensors_equal(x, at::full({3}, 3.0)));
+  save(state_of(at::full({3}, 5.0)), dir.path(), 5);
+  SharedTempDir::sync();
+  EXPECT_TRUE(std::filesystem::exists(dir / "step-00000003/metadata.json"));
+  EXPECT_FALSE(std::filesystem::exists(dir / ".old-step-00000003"));
+  EXPECT_FALSE(std::filesystem::exists(dir / ".old-step-00000002"));
+  load(into, dir / "step-00000003");
+  EXPECT_TRUE(tensors_equal(x, at::full({3}, 3.0)));
+}
+
+// A newest checkpoint that fails its checks (here: corrupt metadata, and
+// below it a chunk that fails its checksum) is skipped, saying so, and the
+// newest one that passes them is loaded.
+TEST(SaveRoots, ACorruptNewestCheckpointFallsBackToThePreviousOne) {
+  SharedTempDir dir("fallback");
+  auto state_of = [](at::Tensor t) {
+    State s;
+    s.add("x", t);
+    return s;
+  };
+  for (int64_t step = 1; step <= 3; ++step) {
+    save(state_of(at::full({64}, static_cast<double>(step))), dir.path(), step);
+  }
+  flip_byte(dir / "step-00000003/metadata.json", 40);
+  const std::string two = dir / "step-00000002";
+  const Metadata m = Metadata::parse(read_whole_file(two + "/metadata.json"), two);
+  const ChunkRecord& chunk = m.find("x")->chunks.front();
+  flip_byte(two + "/" + chunk.file, chunk.byte_offset + chunk.bytes / 2);
+  at::Tensor x = at::zeros({64});
+  State into = state_of(x);
+  testing::internal::CaptureStderr();
+  const LoadResult r = load(into, dir.path());
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(r.step, 1);
+  EXPECT_TRUE(tensors_equal(x, at::full({64}, 1.0)));
+  ASSERT_EQ(r.skipped.size(), 2u);
+  EXPECT_THAT(r.skipped[0], HasSubstr(dir / "step-00000003/metadata.json"));
+  EXPECT_THAT(r.skipped[1], HasSubstr("does not match its checksum"));
+  if (test::rank() == 0) {
+    EXPECT_THAT(err, HasSubstr("skipping " + dir / "step-00000003" + ", which fails its checks"));
+    EXPECT_THAT(err, HasSubstr("falling back to " + dir / "step-00000001"));
+  }
+  // Nothing intact: every failure is listed.
+  flip_byte(dir / "step-00000001/metadata.json", 40);
+  EXPECT_THAT([&] { load(into, dir.path()); },
+              ThrowsMessage<CheckpointError>(AllOf(HasSubstr("holds no intact checkpoint"),
+                                                   HasSubstr(dir / "step-00000001"),
+                                                   HasSubstr(dir / "step-00000003"))));
+}
+
+// Each rank resolves a root itself: ranks that see different newest
+// checkpoints (here: a different root per rank, as a network file system
+// showing ranks different directories would) refuse on every rank, naming
+// both steps, instead of resuming from two steps.
+TEST(SaveRoots, RanksThatChooseDifferentCheckpointsRefuseNamingBoth) {
+  if (world() < 2) GTEST_SKIP() << "needs two ranks";
+  SharedTempDir dir("disagree");
+  auto state_of = [](at::Tensor t) {
+    State s;
+    s.add("x", t);
+    return s;
+  };
+  save(state_of(at::full({3}, 2.0)), dir / "a", 2);
+  save(state_of(at::full({3}, 3.0)), dir / "b", 3);
+  at::Tensor x = at::zeros({3});
+  State into = state_of(x);
+  EXPECT_THAT([&] { load(into, test::rank() == 0 ? dir / "a" : dir / "b"); },
+              ThrowsMessage<CheckpointError>(AllOf(HasSubstr("differs between the ranks"),
+                                                   HasSubstr("rank 0 has step 2"),
+                                                   HasSubstr("has step 3"))));
+  EXPECT_TRUE(tensors_equal(x, at::zeros({3})));
 }
 
 // Tensor-parallel parameters are tensor-form DTensors (dtensor_tensor.h):

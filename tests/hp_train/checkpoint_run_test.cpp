@@ -19,12 +19,18 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
 #include <vector>
 
+#include "hp/checkpoint/file_io.h"
+#include "hp/checkpoint/metadata.h"
 #include "hp/checkpoint/safetensors.h"
 #include "hp/nn/gpt.h"
 #include "hp/nn/loss.h"
@@ -282,6 +288,69 @@ TEST(HpTrainCheckpoints, ResumeOfAnotherModelFailsBeforeTraining) {
   ProcessResult none = hp_train(0, concat(kCkpt, {"--steps", "2", "--resume", dir.file("nothing")}));
   EXPECT_EQ(none.exit_code, 2);
   EXPECT_THAT(none.err, HasSubstr("holds no complete checkpoint"));
+}
+
+// A restarted job whose newest checkpoint is damaged: step 6's metadata is
+// corrupt, a chunk of step 4 fails its checksum, and a replace of step 2
+// stopped between its renames (.old-step-2, no step-2). --resume auto
+// recovers step 2, skips 6 and 4 saying why, resumes from 2, and ends with
+// the uninterrupted run's losses, one log line per step.
+TEST(HpTrainCheckpoints, ADamagedNewestCheckpointFallsBackToAnIntactOne) {
+  TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  const Args automatic = concat(kCkpt, {"--steps", "6", "--save-dir", ckpt, "--save-every", "2",
+                                        "--resume", "auto", "--log-json", dir.file("auto.jsonl")});
+  ProcessResult first = hp_train(2, automatic);
+  ASSERT_EQ(first.exit_code, 0) << describe(first);
+  const auto straight = read_losses(dir.file("auto.jsonl"));
+  ASSERT_EQ(straight.size(), 6u);
+  auto flip = [](const std::string& path, uint64_t offset) {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f.good()) << path;
+    f.seekg(static_cast<std::streamoff>(offset));
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x10);
+    f.seekp(static_cast<std::streamoff>(offset));
+    f.write(&c, 1);
+  };
+  flip(ckpt + "/step-00000006/metadata.json", 40);
+  const std::string four = ckpt + "/step-00000004";
+  const auto metadata = checkpoint::Metadata::parse(
+      checkpoint::read_whole_file(four + "/metadata.json"), four + "/metadata.json");
+  const checkpoint::ChunkRecord& chunk = metadata.tensors.front().second.chunks.front();
+  flip(four + "/" + chunk.file, chunk.byte_offset + chunk.bytes / 2);
+  std::filesystem::rename(ckpt + "/step-00000002", ckpt + "/.old-step-00000002");
+
+  ProcessResult resumed = hp_train(2, automatic);
+  ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+  EXPECT_THAT(resumed.err, HasSubstr("skipping " + ckpt + "/step-00000006, which fails its checks"));
+  EXPECT_THAT(resumed.err, HasSubstr("recovered " + ckpt + "/step-00000002 from " + ckpt +
+                                     "/.old-step-00000002"));
+  EXPECT_THAT(resumed.err, HasSubstr("skipping " + four + ", which fails its checks"));
+  EXPECT_THAT(resumed.out, HasSubstr("resumed from " + ckpt + "/step-00000002 after 2 steps"));
+  EXPECT_THAT(resumed.out, HasSubstr("[rank 0] step 3/6 | loss "));
+  EXPECT_EQ(read_losses(dir.file("auto.jsonl")), straight) << describe(resumed);
+}
+
+// Two jobs saving into one --save-dir: the second stops before it trains,
+// naming the job that holds the directory (here the test, holding the lock
+// as that job's rank 0 would).
+TEST(HpTrainCheckpoints, ASecondJobSavingIntoTheSameDirStopsNamingTheFirst) {
+  TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  std::filesystem::create_directories(ckpt);
+  const int held = ::open((ckpt + "/.hp-save.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX | LOCK_NB), 0);
+  const std::string holder = "host trainer-7 pid 31337 run 0123456789abcdef since earlier\n";
+  ASSERT_EQ(::write(held, holder.data(), holder.size()), static_cast<ssize_t>(holder.size()));
+  ProcessResult second = hp_train(2, concat(kCkpt, {"--steps", "2", "--save-dir", ckpt}));
+  ::close(held);
+  EXPECT_NE(second.exit_code, 0) << describe(second);
+  EXPECT_THAT(second.err, HasSubstr("checkpoint root " + ckpt + " is in use by another job"));
+  EXPECT_THAT(second.err, HasSubstr("host trainer-7 pid 31337 run 0123456789abcdef"));
+  EXPECT_THAT(second.out, testing::Not(HasSubstr("step 1/"))) << "nothing trained";
 }
 
 TEST(HpTrainCheckpoints, ExportReadsBackInPyTorchAndThroughInitFrom) {

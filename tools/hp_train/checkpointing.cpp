@@ -8,8 +8,10 @@
 #include <filesystem>
 #include <vector>
 
+#include "hp/checkpoint/agreement.h"
 #include "hp/checkpoint/async_save.h"
 #include "hp/checkpoint/checkpoint.h"
+#include "hp/checkpoint/directory.h"
 #include "hp/checkpoint/consolidated.h"
 #include "hp/checkpoint/metadata.h"
 #include "hp/checkpoint/file_io.h"
@@ -55,22 +57,43 @@ void prepare_save_dir(const TrainOptions& o) {
   HP_CHECK_ARG(!ec, "--save-dir '", o.save_dir, "' cannot be created: ", ec.message());
 }
 
-std::optional<ResumePoint> find_resume_point(const TrainOptions& o, TrainModel& model) {
+std::optional<ResumePoint> find_resume_point(const TrainOptions& o, TrainModel& model,
+                                             bool say) {
   if (o.resume.empty()) return std::nullopt;
   const bool automatic = o.resume == kResumeAuto;
-  const std::optional<std::string> latest =
-      checkpoint::latest_checkpoint(automatic ? o.save_dir : o.resume);
+  const std::string root = automatic ? o.save_dir : o.resume;
+  const std::vector<checkpoint::CheckpointDir> candidates = checkpoint::complete_checkpoints(root);
   // auto: a first attempt (nothing saved yet) starts from scratch.
-  if (automatic && !latest) return std::nullopt;
-  HP_CHECK_ARG(latest.has_value(), "--resume '", o.resume,
+  if (automatic && candidates.empty()) return std::nullopt;
+  HP_CHECK_ARG(!candidates.empty(), "--resume '", o.resume,
                "' holds no complete checkpoint (a step-N directory with metadata.json)");
-  const std::string metadata_path = *latest + "/metadata.json";
+  // The newest whose metadata passes its checks: a corrupt newest one must
+  // not fail every restart of the job the same way.
+  std::optional<std::string> latest;
   checkpoint::Metadata metadata;
-  try {
-    metadata = checkpoint::Metadata::parse(checkpoint::read_whole_file(metadata_path),
-                                           metadata_path);
-  } catch (const std::exception& e) {
-    throw_argument_error(fmt::format("--resume '{}': {}", o.resume, exception_message(e)));
+  std::vector<std::string> failures;
+  for (size_t i = 0; i < candidates.size() && !latest; ++i) {
+    const std::string metadata_path = candidates[i].path + "/metadata.json";
+    try {
+      metadata = checkpoint::Metadata::parse(checkpoint::read_whole_file(metadata_path),
+                                             metadata_path);
+      latest = candidates[i].path;
+    } catch (const std::exception& e) {
+      failures.push_back(exception_message(e));
+      if (say) {
+        fmt::print(stderr, "hp-train: --resume: skipping {}, which fails its checks: {}{}\n",
+                   candidates[i].path, exception_message(e),
+                   i + 1 < candidates.size()
+                       ? fmt::format("; falling back to {}", candidates[i + 1].path)
+                       : std::string());
+      }
+    }
+  }
+  if (!latest) {
+    std::string message = fmt::format("--resume '{}': no checkpoint in it passes its checks:",
+                                      o.resume);
+    for (const std::string& f : failures) message += "\n  " + f;
+    throw_argument_error(message);
   }
   HP_CHECK_ARG(metadata.step <= o.steps, "--resume '", *latest, "' was saved after ",
                metadata.step, " steps, more than --steps ", o.steps,
@@ -107,7 +130,15 @@ std::optional<ResumePoint> find_resume_point(const TrainOptions& o, TrainModel& 
     if (problems.size() > 5) message += fmt::format("\n  ... and {} more", problems.size() - 5);
     throw_argument_error(message);
   }
-  return ResumePoint{*latest, metadata.step};
+  return ResumePoint{root, *latest, metadata.step};
+}
+
+void agree_on_resume_point(const std::optional<ResumePoint>& point) {
+  checkpoint::require_same_on_every_rank(
+      point ? point->step : -1, "the checkpoint --resume chose (the step it was saved at)",
+      [](int64_t step) {
+        return step < 0 ? std::string("none (start from step 0)") : fmt::format("step {}", step);
+      });
 }
 
 TrainCheckpoints::TrainCheckpoints(TrainModel model, torch::optim::AdamW& optimizer,
@@ -183,13 +214,22 @@ std::string TrainCheckpoints::finish() {
   return async_line(r, seconds_since(t0), /*training=*/false);
 }
 
-std::string TrainCheckpoints::resume(const ResumePoint& point) {
+TrainCheckpoints::Resumed TrainCheckpoints::resume(const ResumePoint& point) {
   int64_t step = -1;
   checkpoint::State state = run_state(model_, optimizer_, step);
-  const checkpoint::LoadResult r = checkpoint::load(state, point.path);
-  return fmt::format("resumed from {} after {}: read {} on this rank in {:.2f} s", r.path,
-                     plural(step, "step"), human_bytes(static_cast<int64_t>(r.bytes_read)),
-                     r.seconds);
+  // From the root, up to the step checked: a chunk that fails its checksum
+  // falls back to the checkpoint before (said on stderr by load).
+  checkpoint::LoadOptions options;
+  options.newest_step = point.step;
+  const checkpoint::LoadResult r = checkpoint::load(state, point.root, options);
+  std::string line = fmt::format("resumed from {} after {}: read {} on this rank in {:.2f} s",
+                                 r.path, plural(step, "step"),
+                                 human_bytes(static_cast<int64_t>(r.bytes_read)), r.seconds);
+  if (!r.skipped.empty()) {
+    line += fmt::format(" (skipped {} that failed its checks)",
+                        plural(static_cast<int64_t>(r.skipped.size()), "newer checkpoint"));
+  }
+  return {line, step};
 }
 
 std::string TrainCheckpoints::export_weights() {

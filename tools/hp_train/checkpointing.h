@@ -39,18 +39,29 @@ void validate_checkpoint_options(const TrainOptions& options, const Parallelism&
 void prepare_save_dir(const TrainOptions& options);
 
 struct ResumePoint {
-  std::string path;  // the checkpoint directory
+  std::string root;  // --resume DIR, or --save-dir for auto
+  std::string path;  // the checkpoint directory checked
   int64_t step = 0;  // steps done when it was saved
 };
 
-// --resume DIR, checked before the process group is joined (every rank reads
-// the same metadata, so every rank reaches the same verdict): the newest
-// complete checkpoint in DIR, saved at a step not beyond --steps, whose model
-// has this run's parameter names and shapes. Otherwise hp::ArgumentError
-// naming --resume and what differs (e.g. the vocabulary or --d). nullopt
-// without --resume, and for --resume auto when --save-dir holds no complete
-// checkpoint yet (a job's first attempt: it starts from scratch).
-std::optional<ResumePoint> find_resume_point(const TrainOptions& options, TrainModel& model);
+// --resume DIR, checked before the process group is joined: the newest
+// complete checkpoint in DIR whose metadata passes its checks (a newer one
+// that fails them is skipped, said on stderr when `say` (rank 0)), saved at
+// a step not beyond --steps, whose model has this run's parameter names and
+// shapes. Otherwise hp::ArgumentError naming --resume and what differs
+// (e.g. the vocabulary or --d). nullopt without --resume, and for --resume
+// auto when --save-dir holds no complete checkpoint yet (a job's first
+// attempt: it starts from scratch). Each rank decides alone:
+// agree_on_resume_point checks that they decided the same.
+std::optional<ResumePoint> find_resume_point(const TrainOptions& options, TrainModel& model,
+                                             bool say);
+
+// Collective, once the process group is up: raises CheckpointError on every
+// rank, naming both steps and ranks, when the ranks' find_resume_point
+// chose different checkpoints (or some none): a network file system that
+// shows ranks different directories must not resume them from different
+// steps.
+void agree_on_resume_point(const std::optional<ResumePoint>& point);
 
 // Saves, resumes and exports one run's state. Every call is collective,
 // the constructor too with --save-async (every rank makes it at the same
@@ -76,8 +87,14 @@ class TrainCheckpoints {
   // the last save's copy is done. Before anything changes the parameters or
   // AdamW's state (the optimizer step).
   void wait_for_staging();
-  // Loads `point` into the model and optimizer; returns the line to print.
-  std::string resume(const ResumePoint& point);
+  struct Resumed {
+    std::string line;  // to print
+    int64_t step = 0;  // steps done in the checkpoint loaded
+  };
+  // Loads `point`'s checkpoint into the model and optimizer, or, when its
+  // data fails its checks, the newest older one that passes them
+  // (checkpoint.h's load from a root): `step` says which.
+  Resumed resume(const ResumePoint& point);
   // --export: the whole weights by parameter name; returns the line to print.
   std::string export_weights();
 

@@ -35,6 +35,7 @@
 #include "hp/util/host_memory.h"
 #include "hp/util/memory_stats.h"
 #include "hp/util/trace.h"
+#include "hp/checkpoint/checkpoint.h"
 #include "tools/hp_train/checkpointing.h"
 #include "tools/hp_train/corpus.h"
 #include "tools/hp_train/dry_run.h"
@@ -171,7 +172,8 @@ int run(TrainOptions options) {
   // Built on the host (the same values as a CPU run), then moved whole; on
   // meta, each rank's shards are materialised on its GPU below.
   if (device.is_cuda() && !meta_init) model.module().to(device.device);
-  const std::optional<ResumePoint> resume_point = find_resume_point(options, model);
+  const std::optional<ResumePoint> resume_point =
+      find_resume_point(options, model, /*say=*/world.rank == 0);
   prepare_save_dir(options);
   const int64_t parameters = parameter_count(model);
 
@@ -188,6 +190,12 @@ int run(TrainOptions options) {
   // --- communication starts here ---
   const bool distributed = parallelism.mode != hp::plan::ParallelMode::kNone;
   if (distributed) hp::dist::init_process_group();
+  // The ranks resume from one checkpoint or not at all; then --save-dir
+  // becomes this job's (a second job sharing it stops here, naming this
+  // one), and what crashed saves left there is made right before the resume
+  // reads it (checkpoint.h).
+  agree_on_resume_point(resume_point);
+  if (!options.save_dir.empty()) hp::checkpoint::claim_root(options.save_dir);
   std::optional<hp::FSDPModule> fsdp = parallelize(model, parallelism, options);
   const std::string init_line = materialize_model(model, options, meta_init, device.device);
   const StartupMemory startup =
@@ -229,9 +237,16 @@ int run(TrainOptions options) {
   }
   TrainCheckpoints checkpoints(model, trainer.optimizer(), options);
   trainer.set_before_optimizer_step([&checkpoints] { checkpoints.wait_for_staging(); });
-  const int64_t first_step = resume_point ? resume_point->step : 0;
+  int64_t first_step = resume_point ? resume_point->step : 0;
   if (resume_point) {
-    say(root, checkpoints.resume(*resume_point));
+    const TrainCheckpoints::Resumed resumed = checkpoints.resume(*resume_point);
+    say(root, resumed.line);
+    if (resumed.step != first_step) {
+      // The checked checkpoint's data failed its checks: an older one was
+      // loaded, and the run (and its log) continues from there.
+      first_step = resumed.step;
+      if (step_log) step_log->restart_at(first_step);
+    }
     meter.start_at(first_step);
   } else if (options.resume == kResumeAuto) {
     say(root, fmt::format("--resume auto: no complete checkpoint in {} yet; starting from step 0",

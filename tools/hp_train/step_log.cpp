@@ -58,6 +58,11 @@ std::ofstream continued_log(const std::string& path, int64_t first_step) {
 StepLog::StepLog(const std::string& path, int64_t first_step)
     : path_(path), out_(continued_log(path, first_step)) {}
 
+void StepLog::restart_at(int64_t first_step) {
+  out_.close();
+  out_ = continued_log(path_, first_step);
+}
+
 void StepLog::set_startup(std::vector<int64_t> peak_bytes, std::vector<int64_t> vmhwm_bytes,
                           std::vector<int64_t> before_model_bytes, bool meta) {
   startup_peak_bytes_ = std::move(peak_bytes);

@@ -30,6 +30,11 @@ class StepLog {
   // kill during that leaves the old file whole.
   StepLog(const std::string& path, int64_t first_step);
 
+  // As if constructed with `first_step` (earlier than the first one: a
+  // resume that fell back to an older checkpoint); the start-up memory and
+  // MFU basis set so far stay.
+  void restart_at(int64_t first_step);
+
   // Appends the record's line and flushes it, so a run that dies keeps the
   // steps it finished.
   void write(const StepRecord& record);
