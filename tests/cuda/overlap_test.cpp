@@ -188,8 +188,9 @@ TEST_F(OnCuda, CollectivesOverlapTheNeighbouringUnitsCompute) {
     FSDPModule root = shard_gpt(model, options);
     const auto blocks = model->blocks();
     for (int64_t j = 0; j < kLayers; ++j) {
+      nn::Block block = blocks.at(static_cast<size_t>(j));
       // Registered after fully_shard's hooks, so they run after them.
-      blocks[j]->register_forward_pre_hook(
+      block->register_forward_pre_hook(
           [&, j](nn::Module&, const nn::TensorList& inputs) -> std::optional<nn::TensorList> {
             fwd_start[j] = timing->mark();
             // A view of the input, whose gradient is the block's last
@@ -201,7 +202,7 @@ TEST_F(OnCuda, CollectivesOverlapTheNeighbouringUnitsCompute) {
             replaced[0] = x;
             return replaced;
           });
-      blocks[j]->register_forward_hook(
+      block->register_forward_hook(
           [&, j](nn::Module&, const nn::TensorList&,
                  const nn::TensorList& outputs) -> std::optional<nn::TensorList> {
             fwd_end[j] = timing->mark();
@@ -224,7 +225,13 @@ TEST_F(OnCuda, CollectivesOverlapTheNeighbouringUnitsCompute) {
     }
   }
   const std::vector<double> t = timing->times();
-  auto interval = [&](int from, int to) { return Interval{t.at(from), t.at(to)}; };
+  for (int64_t j = 0; j < kLayers; ++j) {
+    ASSERT_TRUE(fwd_start[j] >= 0 && fwd_end[j] >= 0 && bwd_start[j] >= 0 && bwd_end[j] >= 0)
+        << "a hook of block " << j << " did not run";
+  }
+  auto interval = [&](int from, int to) {
+    return Interval{t.at(static_cast<size_t>(from)), t.at(static_cast<size_t>(to))};
+  };
 
   // The forward's all-gathers, in issue order: the root's (when it was
   // resharded), then block 0, ..., block L-1.
