@@ -94,7 +94,9 @@ TEST_F(OnCuda, FusedStepPeakIsWithinThePlanAndSteadyWhenTheHostRunsAhead) {
         nn::cross_entropy(model(tokens.narrow(1, 0, kSeq)), tokens.narrow(1, 1, kSeq));
     loss.backward();
     optimizer.step();
-    if (sync) EXPECT_TRUE(std::isfinite(loss.item<double>()));
+    if (sync) {
+      EXPECT_TRUE(std::isfinite(loss.item<double>()));
+    }
     return loss;
   };
   auto peak_of = [&](const std::function<void()>& steps) {
