@@ -144,6 +144,8 @@ struct Registry {
   // destruction, after the driver shut down; leaking the ops keeps their
   // pools alive for that.
   std::map<int, StreamOps*> cuda;
+  // Installed by ScopedStreamOps in front of `cuda`, by device index.
+  std::map<int, std::shared_ptr<StreamOps>> cuda_installed;
 };
 
 Registry& registry() {
@@ -158,6 +160,9 @@ StreamOps& stream_ops_for(c10::Device device) {
   std::lock_guard<std::mutex> lock(r.mutex);
   if (!device.is_cuda()) return *r.cpu;
   const int index = device.has_index() ? device.index() : 0;
+  if (auto installed = r.cuda_installed.find(index); installed != r.cuda_installed.end()) {
+    return *installed->second;
+  }
   auto it = r.cuda.find(index);
   if (it == r.cuda.end()) {
     it = r.cuda.emplace(index, new CudaStreamOps(c10::Device(c10::DeviceType::CUDA, index))).first;
@@ -165,17 +170,35 @@ StreamOps& stream_ops_for(c10::Device device) {
   return *it->second;
 }
 
-ScopedStreamOps::ScopedStreamOps(std::shared_ptr<StreamOps> ops) {
+namespace {
+
+int cuda_index(c10::Device device) { return device.has_index() ? device.index() : 0; }
+
+}  // namespace
+
+ScopedStreamOps::ScopedStreamOps(std::shared_ptr<StreamOps> ops, c10::Device device)
+    : device_(device) {
   HP_CHECK_ARG(ops != nullptr, "ScopedStreamOps: ops must not be null");
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  previous_ = std::exchange(r.cpu, std::move(ops));
+  if (!device.is_cuda()) {
+    previous_ = std::exchange(r.cpu, std::move(ops));
+    return;
+  }
+  std::shared_ptr<StreamOps>& slot = r.cuda_installed[cuda_index(device)];
+  previous_ = std::exchange(slot, std::move(ops));
 }
 
 ScopedStreamOps::~ScopedStreamOps() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  r.cpu = std::move(previous_);
+  if (!device_.is_cuda()) {
+    r.cpu = std::move(previous_);
+  } else if (previous_) {
+    r.cuda_installed[cuda_index(device_)] = std::move(previous_);
+  } else {
+    r.cuda_installed.erase(cuda_index(device_));
+  }
 }
 
 }  // namespace hp::dist

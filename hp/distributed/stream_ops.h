@@ -123,14 +123,23 @@ StreamOps& stream_ops_for(c10::Device device);
 // Installs `ops` for the CPU for its lifetime (tests: RecordingStreamOps),
 // restoring the previous ones after. Not for use while a collective or a
 // fully_shard step is in flight.
+//
+// With a CUDA device: installs `ops` for that device instead, in front of
+// its CUDA ops, so that a GPU test can wrap them (a wrapper that forwards
+// every call to stream_ops_for(device), taken before, and marks the
+// streams with timing events: tests/cuda/overlap_test.cpp). A fully_shard
+// tree keeps the ops it found at its first forward, and a Work the ops of
+// its issue: both must be gone before the scope ends.
 class ScopedStreamOps {
  public:
-  explicit ScopedStreamOps(std::shared_ptr<StreamOps> ops);
+  explicit ScopedStreamOps(std::shared_ptr<StreamOps> ops,
+                           c10::Device device = c10::Device(c10::DeviceType::CPU));
   ~ScopedStreamOps();
   ScopedStreamOps(const ScopedStreamOps&) = delete;
   ScopedStreamOps& operator=(const ScopedStreamOps&) = delete;
 
  private:
+  c10::Device device_;
   std::shared_ptr<StreamOps> previous_;
 };
 

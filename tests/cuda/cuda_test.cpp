@@ -24,6 +24,7 @@
 #include "hp/util/error.h"
 #include "hp/util/torch_compat.h"
 #include "tests/checkpoint/checkpoint_test_util.h"
+#include "tests/cuda/on_cuda.h"
 #include "tests/support/model_configs.h"
 #include "tests/support/rounding_bounds.h"
 
@@ -48,16 +49,7 @@ TEST(CudaMesh, ABuildWithoutCudaNamesWhatIsMissing) {
   }
 }
 
-class OnCuda : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!compat::cuda_available()) GTEST_SKIP() << "no CUDA in this libtorch or no device";
-    mesh_ = init_device_mesh("cuda", {dist::get_world_size()});
-    device_ = mesh_->device();
-  }
-  DeviceMeshPtr mesh_;
-  at::Device device_{at::kCPU};
-};
+using cuda_test::OnCuda;
 
 TEST_F(OnCuda, MeshUsesThisRanksGpuAndTheChosenBackend) {
   EXPECT_TRUE(device_.is_cuda());
