@@ -151,8 +151,11 @@ void load_initial_weights(torch::nn::Module& model, const std::string& path) {
 void check_initial_weights(const torch::nn::Module& model, const std::string& path) {
   const checkpoint::SafetensorsIndex index = read_index(path);
   check_against(model, path, described(index));
+  // Kept alive for the loop: find() points into the dict named_parameters
+  // returns, so a temporary one would leave `param` dangling.
+  const auto params = model.named_parameters(/*recurse=*/true);
   for (const auto& e : index.entries) {
-    const at::Tensor* param = model.named_parameters(/*recurse=*/true).find(e.name);
+    const at::Tensor* param = params.find(e.name);
     HP_CHECK_ARG(param && param->scalar_type() == e.dtype, "--init-from '", path,
                  "': tensor '", e.name, "' has dtype ", c10::toString(e.dtype),
                  "; reading straight into the shards (--init meta) needs the parameters' dtype ",
