@@ -5,8 +5,8 @@
 # installed hprun. ctest runs it (package.installed_example).
 #
 # Usage: scripts/check-package.sh [BUILD_DIR]   (default: build)
-# The example is configured with the build's Torch_DIR, CMAKE_PREFIX_PATH
-# and compiler launcher, so it finds the libtorch the project was built with.
+# The example names only the prefix (and the build's compiler launcher): the
+# package finds the libtorch it was built with (cmake/HPInstall.cmake).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=$(cd "${1:-build}" && pwd)
@@ -15,8 +15,6 @@ prefix=$(mktemp -d "${TMPDIR:-/tmp}/hp-package.XXXXXX")
 trap 'rm -rf "$prefix"' EXIT
 
 cache_value() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt" | head -1; }
-torch_dir=$(cache_value Torch_DIR)
-prefix_path=$(cache_value CMAKE_PREFIX_PATH)
 launcher=$(cache_value CMAKE_CXX_COMPILER_LAUNCHER)
 
 cmake --install "$build" --prefix "$prefix" >/dev/null
@@ -27,8 +25,7 @@ for f in bin/hprun bin/hp-train include/hp/fsdp/fully_shard.h \
 done
 
 args=(-S examples/installed_package -B "$prefix/example-build" -G Ninja
-      -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$prefix${prefix_path:+;$prefix_path}")
-[ -n "$torch_dir" ] && args+=("-DTorch_DIR=$torch_dir")
+      -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$prefix")
 [ -n "$launcher" ] && args+=("-DCMAKE_CXX_COMPILER_LAUNCHER=$launcher")
 cmake "${args[@]}" >/dev/null
 cmake --build "$prefix/example-build"
