@@ -294,14 +294,13 @@ void Work::State::wait_host() {
 
 void Work::wait() {
   if (!state_) return;
-  StreamOps& ops = stream_ops_for(state_->device);
-  wait_on(ops.current());
+  // Host-ordered ops have no streams to wait on: no registry lookup per wait.
+  wait_on(state_->ops ? state_->ops->current() : StreamRole::kCompute);
 }
 
 void Work::wait_on(StreamRole stream) {
   if (!state_) return;
   State& s = *state_;
-  StreamOps& ops = stream_ops_for(s.device);
   // Started before the host waits: while it is blocked, the waiting stream
   // may run dry, and that stall is what the pair measures.
   std::optional<CudaTimer> stall;
@@ -311,7 +310,7 @@ void Work::wait_on(StreamRole stream) {
   }
   if (s.host_completion) s.wait_host();
   if (s.error) std::rethrow_exception(s.error);
-  if (s.done.defined()) ops.wait(stream, s.done);
+  if (s.ops && s.done.defined()) s.ops->wait(stream, s.done);
   if (stall) {
     stall->stop();
     std::lock_guard<std::mutex> guard(g_stream_waits.mutex);
@@ -323,7 +322,7 @@ StreamEvent Work::event() const { return state_ ? state_->done : StreamEvent{}; 
 
 bool Work::is_completed() const {
   if (!state_) return true;
-  if (!state_->host_completion) return stream_ops_for(state_->device).query(state_->done);
+  if (!state_->host_completion) return !state_->ops || state_->ops->query(state_->done);
   std::lock_guard<std::mutex> lock(state_->mutex);
   return state_->finished;
 }

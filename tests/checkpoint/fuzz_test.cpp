@@ -185,7 +185,7 @@ TEST_F(ReaderFuzz, SafetensorsReaderParsesOrRaisesItsError) {
     const std::string& seed = files[m.below(files.size())];
     std::string input;
     if (m.below(2)) {
-      // A mutated header under its own length, with the seed's data.
+      // A mutated header under its own length, with the corpus input's data.
       const std::string header = header_of(seed);
       input = test::safetensors_bytes(m.mutate(header, headers),
                                       seed.substr(std::min(seed.size(), 8 + header.size())));

@@ -13,6 +13,7 @@
 #include "hp/optim/fused_adamw.h"
 #include "hp/util/torch_compat.h"
 #include "tests/cuda/on_cuda.h"
+#include "tests/support/adamw_step_bounds.h"
 #include "tests/support/rounding_bounds.h"
 
 namespace hp::cuda_test {
@@ -46,29 +47,18 @@ AdamWParamState& state_of(torch::optim::Optimizer& optimizer, const at::Tensor& 
   return static_cast<AdamWParamState&>(*optimizer.state().at(compat::optimizer_state_key(p)));
 }
 
-// tests/optim/fused_adamw_test.cpp's step_bounds: the elementwise bound on
-// m', v' and p' of two fp32 evaluations of one step from (p, m, v, g).
-struct StepBounds {
-  at::Tensor m, v, p;
-};
+// The bound on one step's m', v' and p' (tests/support/adamw_step_bounds.h).
+using StepBounds = test::AdamWStepBounds;
 
 StepBounds step_bounds(const at::Tensor& p0, const at::Tensor& m0, const at::Tensor& v0,
                        const at::Tensor& g0, int64_t step) {
-  const double u = test::unit_roundoff(at::kFloat);
-  at::Tensor p = p0.to(at::kDouble), m = m0.to(at::kDouble), v = v0.to(at::kDouble),
-             g = g0.to(at::kDouble);
-  const double bc1 = 1 - std::pow(kBeta1, step), bc2 = 1 - std::pow(kBeta2, step);
-  at::Tensor m1 = kBeta1 * m + (1 - kBeta1) * g;
-  at::Tensor v1 = kBeta2 * v + (1 - kBeta2) * g * g;
-  at::Tensor dm = 6 * u * (m.abs() + g.abs());
-  at::Tensor dv = 8 * u * (v + g * g);
-  at::Tensor den = v1.sqrt() / std::sqrt(bc2) + kEps;
-  at::Tensor dden = dv / (2 * v1.sqrt() * std::sqrt(bc2)) + 6 * u * den;
-  at::Tensor q = m1 / den;
-  at::Tensor dq = dm / den + m1.abs() * dden / (den * den) + 4 * u * q.abs();
-  const double step_size = kLr / bc1;
-  at::Tensor dp = 6 * u * p.abs() + step_size * dq + 4 * u * step_size * q.abs();
-  return {dm, dv, dp};
+  test::AdamWHyper hyper;
+  hyper.lr = kLr;
+  hyper.beta1 = kBeta1;
+  hyper.beta2 = kBeta2;
+  hyper.eps = kEps;
+  hyper.weight_decay = kDecay;
+  return test::adamw_step_bounds(hyper, p0, m0, v0, g0, step);
 }
 
 TEST_F(OnCuda, FusedAdamWStepsLikeAdamWUpToRounding) {
