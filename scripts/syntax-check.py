@@ -79,8 +79,12 @@ def main():
         sys.exit(f"syntax-check: {commands} does not exist: configure {a.build_dir} first")
     wanted = [os.path.normpath(p) for p in a.paths]
 
+    build_rel = os.path.relpath(a.build_dir, root) + os.sep
+
     def selected(rel):
-        if rel.startswith(("..", "cmake/")):  # outside the project; the PCH anchors
+        # Outside the project; the PCH anchors; CMake's sources of the PCHs
+        # (empty once their -include is gone).
+        if rel.startswith(("..", "cmake/", build_rel)):
             return False
         return not wanted or any(rel == w or rel.startswith(w + os.sep) for w in wanted)
 
