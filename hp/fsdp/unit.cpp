@@ -468,8 +468,11 @@ void Unit::post_accumulate(FSDPParam& param) {
       param.keep_for_later(std::move(grad));
       param.restore_stash();
     } else {
-      // Fused: pack it now (its full tensor goes at once), reduce with the last.
-      grads_.pack(param, std::move(grad), /*defer=*/root_of_others());
+      // Fused: pack it now (its full tensor goes at once), reduce with the
+      // last; on the streams all are packed with the last, by one kernel.
+      const CommContext* comm = context_->comm();
+      const bool on_streams = comm != nullptr && comm->streams() != nullptr;
+      grads_.pack(param, std::move(grad), /*defer=*/root_of_others() || on_streams);
     }
     if (last) reduce_fused();
   });
