@@ -12,12 +12,12 @@
 #include <mutex>
 #include <optional>
 #include <ostream>
-#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "hp/distributed/collective_checks.h"
 #include "hp/distributed/comm_stats.h"
+#include "hp/distributed/native_average.h"
 #include "hp/distributed/shm_channel.h"
 #include "hp/distributed/work_launch.h"
 #include "hp/util/cuda_timer.h"
@@ -125,17 +125,6 @@ bool on_channel(const Group& group, const at::Tensor& a, const at::Tensor& b) {
 template <typename Options>
 Options options_for(const Group& group, Options options = {}) {
   return group.backend_type() == BackendType::kNccl ? detail::stream_ordered(options) : options;
-}
-
-// An fp16 average on NCCL: the sum of group.size() fp16 values can overflow
-// where their average does not, so the inputs are divided by `pre` before
-// the sum and the result by `post` after (pre * post = size), pre the
-// largest power of two with pre * pre <= size that divides it. bf16 and fp32
-// have the range for NCCL's own average.
-std::pair<int, int> fp16_average_factors(int size) {
-  int pre = 1;
-  while (size % (pre * 2) == 0 && (pre * 2) * (pre * 2) <= size) pre *= 2;
-  return {pre, size / pre};
 }
 
 // The tensors' device, for the Work (the CPU for a barrier).
@@ -330,18 +319,20 @@ Work reduce_scatter(Group& group, const at::Tensor& output, const at::Tensor& in
   if (op_kind == ReduceOp::kAvg) divide_for_average = [output, size] { output.div_(size); };
   if (nccl) {
     // One reduce-scatter into the output itself (no group-size receive
-    // buffer). An average is NCCL's own (fp32, bf16), or for fp16 a sum
-    // between a division before and one after (fp16_average_factors).
+    // buffer). An average is NCCL's own, or for fp16 a sum between a
+    // division before and one after (native_average.h).
     c10d::ReduceScatterOptions options = options_for<c10d::ReduceScatterOptions>(group);
     options.reduceOp = to_c10d(op_kind);
     std::function<void()> post;
     at::Tensor send = in;
-    if (op_kind == ReduceOp::kAvg && in.scalar_type() == at::kHalf) {
-      const auto [pre, after] = fp16_average_factors(size);
-      if (pre > 1) send = in / pre;
-      post = [output, after = after] { output.div_(after); };
-    } else if (op_kind == ReduceOp::kAvg) {
-      options.reduceOp = c10d::ReduceOp::AVG;
+    if (op_kind == ReduceOp::kAvg) {
+      const NativeAverage average = native_average(in.scalar_type(), size);
+      if (average.backend_average) {
+        options.reduceOp = c10d::ReduceOp::AVG;
+      } else {
+        if (average.pre > 1) send = in / average.pre;
+        post = [output, after = average.post] { output.div_(after); };
+      }
     }
     return detail::launch(group, info_for(op, std::move(sizes), fp, in),
                           [&group, output, send, options] {
@@ -419,14 +410,15 @@ Work all_reduce(Group& group, const at::Tensor& tensor, ReduceOp op_kind) {
     c10d::AllreduceOptions options = options_for<c10d::AllreduceOptions>(group);
     options.reduceOp = to_c10d(op_kind);
     std::function<void()> post;
-    at::Tensor pre_scale;
     int pre = 1;
-    if (op_kind == ReduceOp::kAvg && tensor.scalar_type() == at::kHalf) {
-      int after = 1;
-      std::tie(pre, after) = fp16_average_factors(size);
-      post = [tensor, after] { tensor.div_(after); };
-    } else if (op_kind == ReduceOp::kAvg) {
-      options.reduceOp = c10d::ReduceOp::AVG;
+    if (op_kind == ReduceOp::kAvg) {
+      const NativeAverage average = native_average(tensor.scalar_type(), size);
+      if (average.backend_average) {
+        options.reduceOp = c10d::ReduceOp::AVG;
+      } else {
+        pre = average.pre;
+        post = [tensor, after = average.post] { tensor.div_(after); };
+      }
     }
     return detail::launch(group, info_for(op, std::move(sizes), fp, tensor),
                           [&group, tensor, options, pre] {
