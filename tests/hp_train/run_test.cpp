@@ -284,12 +284,11 @@ TEST(HpTrain, PerformanceFlagsTrainTheSameModel) {
       EXPECT_NE(name.rfind("issue ", 0), 0u) << "a stream's issue span on the host: " << name;
     }
     EXPECT_TRUE(forward && all_gather && reduce_scatter) << path;
-    // On the CPU (Gloo) the host spans alone, in the host's lanes: GPU
-    // lanes come only from device streams.
+    // On the CPU (Gloo) the host spans alone: GPU lanes come only from
+    // device streams.
+    EXPECT_TRUE(lanes.count("compute") && lanes.count("all_gather")) << path;
     for (const std::string& lane : lanes) {
-      EXPECT_TRUE(lane == "compute" || lane == "step" || lane == "wait" || lane == "all_gather" ||
-                  lane == "reduce_scatter" || lane == "all_reduce")
-          << path << ": lane '" << lane << "'";
+      EXPECT_NE(lane.rfind("gpu ", 0), 0u) << path << ": lane '" << lane << "'";
     }
   }
 
