@@ -67,6 +67,8 @@ class CudaMark final : public trace::GpuMark {
   bool reached() override { return event_->query(); }
   void synchronize() override { event_->synchronize(); }
   double milliseconds_to(trace::GpuMark& later) override {
+    // Marks of one process are all CUDA marks or all a test's fakes: the
+    // trace never pairs the two kinds.
     return event_->elapsedTime(*static_cast<CudaMark&>(later).event_);
   }
 
