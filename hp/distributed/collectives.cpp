@@ -1,30 +1,21 @@
 #include "hp/distributed/collectives.h"
 
 #include <ATen/ATen.h>
-#include <c10/core/Event.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-#include <atomic>
-#include <condition_variable>
-#include <cstdlib>
 #include <functional>
-#include <mutex>
-#include <optional>
 #include <ostream>
-#include <tuple>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "hp/distributed/backend_collectives.h"
 #include "hp/distributed/collective_checks.h"
-#include "hp/distributed/comm_stats.h"
-#include "hp/distributed/shm_channel.h"
 #include "hp/distributed/work_launch.h"
-#include "hp/util/cuda_timer.h"
 #include "hp/util/error.h"
-#include "hp/util/torch_compat.h"
-#include "hp/util/trace.h"
+#include "hp/util/format.h"
 
+// The facade: every argument checked here, before any route (one file per
+// route: backend_collectives.h) sees it.
 namespace hp::dist {
 
 namespace {
@@ -44,39 +35,6 @@ std::ostream& operator<<(std::ostream& out, const TensorDesc& d) {
 }
 
 std::string describe_tensor(const at::Tensor& t) { return cat(TensorDesc(t)); }
-
-// Gloo 1.13 rejects bf16, bool and int16 ("Invalid scalar type"): move their
-// bytes as a same-size type it knows (fp16 for bf16: gathers, broadcasts and
-// all-to-alls only copy bytes, so this is bit-exact). Never reduce through it.
-at::Tensor wire_view(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kBFloat16: return t.view(at::kHalf);
-    case at::kBool: return t.view(at::kByte);
-    default: return t;
-  }
-}
-
-bool is_low_precision(at::ScalarType type) {
-  return type == at::kBFloat16 || type == at::kHalf;
-}
-
-// Whether the backend gathers into one flat tensor: NCCL always, Gloo where
-// this libtorch's can (CPU tensors). The fallback gathers into a list of
-// views (for NCCL a flat temporary plus one copy per rank).
-bool gathers_flat(const Group& group, const at::Tensor& t) {
-  if (group.backend_type() == BackendType::kNccl) return true;
-  return compat::gloo_has_flat_all_gather() && t.is_cpu();
-}
-
-c10d::ReduceOp to_c10d(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg: return c10d::ReduceOp::SUM;
-    case ReduceOp::kMax: return c10d::ReduceOp::MAX;
-    case ReduceOp::kMin: return c10d::ReduceOp::MIN;
-  }
-  return c10d::ReduceOp::SUM;
-}
 
 void check_member(const Group& group, const char* op) {
   HP_CHECK_ARG(group.is_member(), op, ": this process is not a member of ", group.describe());
@@ -107,35 +65,6 @@ void check_reduce_dtype(const at::Tensor& t, ReduceOp op_kind, const char* op) {
                    op_kind == ReduceOp::kMin,
                op, ": a bool tensor reduces with 'max' (any) or 'min' (all), got '",
                to_string(op_kind), "'");
-}
-
-// A collective's state, with its sequence number claimed and (under
-// HP_CHECK_COLLECTIVES) the call compared across the group. `sizes` formats
-// the arguments for a failure message; it runs only then.
-// tensors (the facade's arguments are checked by then).
-bool on_channel(const Group& group, const at::Tensor& a, const at::Tensor& b) {
-  return group.shm_channel() != nullptr && ShmChannel::carries(a) && ShmChannel::carries(b);
-}
-
-// Queues `channel_op` on the group's shared-memory channel; `finish` is the
-
-// c10d options for `group`: on NCCL the collective runs on the current
-// stream with no c10d stash (detail::stream_ordered); Gloo keeps its own
-// threads.
-template <typename Options>
-Options options_for(const Group& group, Options options = {}) {
-  return group.backend_type() == BackendType::kNccl ? detail::stream_ordered(options) : options;
-}
-
-// An fp16 average on NCCL: the sum of group.size() fp16 values can overflow
-// where their average does not, so the inputs are divided by `pre` before
-// the sum and the result by `post` after (pre * post = size), pre the
-// largest power of two with pre * pre <= size that divides it. bf16 and fp32
-// have the range for NCCL's own average.
-std::pair<int, int> fp16_average_factors(int size) {
-  int pre = 1;
-  while (size % (pre * 2) == 0 && (pre * 2) * (pre * 2) <= size) pre *= 2;
-  return {pre, size / pre};
 }
 
 // The tensors' device, for the Work (the CPU for a barrier).
@@ -169,27 +98,14 @@ Work all_gather_into(Group& group, const at::Tensor& output, const at::Tensor& i
       if (output.data_ptr() != in.data_ptr()) output.view(-1).copy_(in.view(-1));
     });
   }
-  if (on_channel(group, in, output)) {
-    return detail::launch_on_channel(group, info_for(op, std::move(sizes), fp, in),
-                             {ShmChannel::Kind::kAllGather, in, output}, nullptr);
+  detail::LaunchInfo info = info_for(op, std::move(sizes), fp, in);
+  if (group.backend_type() == BackendType::kNccl) {
+    return detail::nccl_all_gather(group, std::move(info), output, in);
   }
-  if (gathers_flat(group, in)) {
-    return detail::launch(group, info_for(op, std::move(sizes), fp, in), [&group, output, in] {
-      at::Tensor flat_out = wire_view(output).view(-1);
-      at::Tensor flat_in = wire_view(in).view(-1);
-      return group.process_group()._allgather_base(flat_out, flat_in,
-                                                   options_for<c10d::AllgatherOptions>(group));
-    }, nullptr);
+  if (detail::on_channel(group, in, output)) {
+    return detail::channel_all_gather(group, std::move(info), output, in);
   }
-  return detail::launch(group, info_for(op, std::move(sizes), fp, in), [&group, output, in, n] {
-    at::Tensor flat_out = wire_view(output).view(-1);
-    std::vector<std::vector<at::Tensor>> outputs(1);
-    outputs[0].reserve(group.size());
-    for (int r = 0; r < group.size(); ++r) outputs[0].push_back(flat_out.narrow(0, r * n, n));
-    std::vector<at::Tensor> inputs{wire_view(in).view(-1)};
-    return group.process_group().allgather(outputs, inputs,
-                                           options_for<c10d::AllgatherOptions>(group));
-  }, nullptr);
+  return detail::gloo_all_gather(group, std::move(info), output, in);
 }
 
 Work all_gather_coalesced(Group& group, const std::vector<std::vector<at::Tensor>>& outputs,
@@ -230,68 +146,14 @@ Work all_gather_coalesced(Group& group, const std::vector<std::vector<at::Tensor
       }
     });
   }
-  if (group.shm_channel() != nullptr) {
-    // The channel copies bytes: it takes contiguous CPU tensors only (the
-    // strided outputs stay on Gloo, which copies into them).
-    bool contiguous_cpu = true;
-    for (const at::Tensor& t : inputs) contiguous_cpu = contiguous_cpu && ShmChannel::carries(t);
-    for (const auto& row : outputs) {
-      for (const at::Tensor& t : row) {
-        contiguous_cpu = contiguous_cpu && ShmChannel::carries(t) && t.is_contiguous();
-      }
-    }
-    if (contiguous_cpu) {
-      ShmChannel::Op channel_op;
-      channel_op.kind = ShmChannel::Kind::kAllGatherCoalesced;
-      for (const at::Tensor& t : inputs) channel_op.inputs.push_back(t.contiguous());
-      channel_op.outputs = outputs;
-      return detail::launch_on_channel(group, info_for(op, std::move(sizes), fp, inputs[0]), std::move(channel_op), nullptr);
-    }
+  detail::LaunchInfo info = info_for(op, std::move(sizes), fp, inputs[0]);
+  if (detail::channel_carries_all(group, outputs, inputs)) {
+    return detail::channel_all_gather_coalesced(group, std::move(info), outputs, inputs);
   }
   if (group.backend_type() == BackendType::kNccl || inputs[0].is_cuda()) {
-    // c10d's NCCL backend has no coalesced all-gather, nor Gloo's for CUDA
-    // tensors: pack the inputs, gather once and unpack, which is what Gloo's
-    // does inside for CPU tensors.
-    std::vector<at::Tensor> flat;
-    for (const auto& t : inputs) flat.push_back(wire_view(t.contiguous()).view(-1));
-    at::Tensor packed = at::cat(flat);
-    at::Tensor gathered = at::empty({group.size() * numel}, packed.options());
-    auto unpack = [outputs, inputs, gathered, numel] {
-      for (size_t r = 0; r < outputs.size(); ++r) {
-        int64_t offset = static_cast<int64_t>(r) * numel;
-        for (size_t i = 0; i < inputs.size(); ++i) {
-          const int64_t n = inputs[i].numel();
-          at::Tensor piece = gathered.narrow(0, offset, n).view(inputs[i].scalar_type());
-          outputs[r][i].copy_(piece.view(outputs[r][i].sizes()));
-          offset += n;
-        }
-      }
-    };
-    return detail::launch(group, info_for(op, std::move(sizes), fp, inputs[0]), [&group, packed, gathered, numel] {
-      std::vector<std::vector<at::Tensor>> out(1);
-      for (int r = 0; r < group.size(); ++r) out[0].push_back(gathered.narrow(0, r * numel, numel));
-      std::vector<at::Tensor> in{packed};
-      return group.process_group().allgather(out, in, options_for<c10d::AllgatherOptions>(group));
-    }, std::move(unpack));
+    return detail::packed_all_gather_coalesced(group, std::move(info), outputs, inputs, numel);
   }
-  return detail::launch(group, info_for(op, std::move(sizes), fp, inputs[0]), [&group, outputs, inputs] {
-    // The backend flattens the inputs, gathers once and copies each piece
-    // into outputs[r][i] (as copy_, so strided views work); shapes must
-    // match the inputs exactly. Those two host copies were measured against
-    // writing the gather as Gloo sends and receives straight into the
-    // outputs (one per parameter and peer, no copy): on 2 ranks of 2 cores
-    // the transfers cost more kernel time (a message, a ready notice and a
-    // wake-up each) than the copies they save, and the step was no faster.
-    std::vector<std::vector<at::Tensor>> out(outputs.size());
-    for (size_t r = 0; r < outputs.size(); ++r) {
-      for (size_t i = 0; i < inputs.size(); ++i) {
-        out[r].push_back(wire_view(outputs[r][i]).view_as(wire_view(inputs[i])));
-      }
-    }
-    std::vector<at::Tensor> in;
-    for (const auto& t : inputs) in.push_back(wire_view(t));
-    return group.process_group().allgather_coalesced(out, in);
-  }, nullptr);
+  return detail::gloo_all_gather_coalesced(group, std::move(info), outputs, inputs);
 }
 
 Work reduce_scatter(Group& group, const at::Tensor& output, const at::Tensor& input,
@@ -320,81 +182,25 @@ Work reduce_scatter(Group& group, const at::Tensor& output, const at::Tensor& in
       if (output.data_ptr() != in.data_ptr()) output.view(-1).copy_(in.view(-1));
     });
   }
-  const bool nccl = group.backend_type() == BackendType::kNccl;
-  // Low-precision data travels as its own bits and is summed in fp32 here
-  // (NCCL sums bf16 and fp16 natively, as FSDP2 does).
-  const bool low = is_low_precision(in.scalar_type()) && !nccl;
-  // Where the backend reduces into the output itself (the channel), an
-  // average is its sum divided afterwards.
-  std::function<void()> divide_for_average;
-  if (op_kind == ReduceOp::kAvg) divide_for_average = [output, size] { output.div_(size); };
-  if (nccl) {
-    // One reduce-scatter into the output itself (no group-size receive
-    // buffer). An average is NCCL's own (fp32, bf16), or for fp16 a sum
-    // between a division before and one after (fp16_average_factors).
-    c10d::ReduceScatterOptions options = options_for<c10d::ReduceScatterOptions>(group);
-    options.reduceOp = to_c10d(op_kind);
-    std::function<void()> post;
-    at::Tensor send = in;
-    if (op_kind == ReduceOp::kAvg && in.scalar_type() == at::kHalf) {
-      const auto [pre, after] = fp16_average_factors(size);
-      if (pre > 1) send = in / pre;
-      post = [output, after = after] { output.div_(after); };
-    } else if (op_kind == ReduceOp::kAvg) {
-      options.reduceOp = c10d::ReduceOp::AVG;
-    }
-    return detail::launch(group, info_for(op, std::move(sizes), fp, in),
-                          [&group, output, send, options] {
-                            at::Tensor out = output.view(-1), flat_in = send.view(-1);
-                            return group.process_group()._reduce_scatter_base(out, flat_in,
-                                                                              options);
-                          },
-                          std::move(post));
+  detail::LaunchInfo info = info_for(op, std::move(sizes), fp, in);
+  if (group.backend_type() == BackendType::kNccl) {
+    return detail::nccl_reduce_scatter(group, std::move(info), output, in, op_kind);
   }
-  if (!low && on_channel(group, in, output)) {
-    // Straight into the output: no group-size receive buffer, no local sum.
-    return detail::launch_on_channel(group, info_for(op, std::move(sizes), fp, in),
-                             {ShmChannel::Kind::kReduceScatter, wire_view(in).view(-1),
-                              wire_view(output).view(-1), op_kind},
-                             std::move(divide_for_average));
+  if (!detail::is_low_precision(in.scalar_type()) && detail::on_channel(group, in, output)) {
+    return detail::channel_reduce_scatter(group, std::move(info), output, in, op_kind);
   }
-  at::Tensor send = wire_view(in).view(-1);
-  at::Tensor recv;
   if (scratch.defined()) {
     HP_CHECK_ARG(scratch.is_contiguous() && scratch.scalar_type() == in.scalar_type() &&
                      scratch.numel() >= size * n,
                  op, ": scratch ", describe_tensor(scratch), " must be a contiguous ",
                  in.scalar_type(), " tensor of at least ", size * n, " elements");
-    recv = wire_view(scratch).view(-1).narrow(0, 0, size * n);
-  } else {
-    recv = at::empty({size * n}, send.options());
   }
-  auto finish = [output, recv, size, n, op_kind, low, dtype = in.scalar_type()] {
-    at::Tensor chunks = (low ? recv.view(dtype).to(at::kFloat) : recv.view(dtype)).view({size, n});
-    at::Tensor out = output.view(-1);
-    at::Tensor reduced;
-    switch (op_kind) {
-      case ReduceOp::kSum:
-      case ReduceOp::kAvg:
-        reduced = low ? chunks.sum(0) : at::sum_out(out, chunks, {0});
-        if (op_kind == ReduceOp::kAvg) reduced.div_(size);
-        break;
-      case ReduceOp::kMax: reduced = low ? chunks.amax(0) : at::amax_out(out, chunks, {0}); break;
-      case ReduceOp::kMin: reduced = low ? chunks.amin(0) : at::amin_out(out, chunks, {0}); break;
-    }
-    if (low) out.copy_(reduced);
-  };
-  return detail::launch(group, info_for(op, std::move(sizes), fp, in), [&group, send, recv] {
-    at::Tensor s = send, r = recv;
-    std::vector<int64_t> equal_splits;
-    return group.process_group().alltoall_base(r, s, equal_splits, equal_splits,
-                                               options_for<c10d::AllToAllOptions>(group));
-  }, std::move(finish));
+  return detail::gloo_reduce_scatter(group, std::move(info), output, in, op_kind, scratch);
 }
 
 bool reduce_scatter_uses_scratch(const Group& group, const at::Tensor& input) {
   if (group.size() == 1 || group.backend_type() == BackendType::kNccl) return false;
-  return is_low_precision(input.scalar_type()) || !on_channel(group, input, input);
+  return detail::is_low_precision(input.scalar_type()) || !detail::on_channel(group, input, input);
 }
 
 Work all_reduce(Group& group, const at::Tensor& tensor, ReduceOp op_kind) {
@@ -412,52 +218,11 @@ Work all_reduce(Group& group, const at::Tensor& tensor, ReduceOp op_kind) {
   if (size == 1 || tensor.numel() == 0) {
     return detail::launch(group, info_for(op, std::move(sizes), fp, tensor), nullptr, nullptr);
   }
-  const bool nccl = group.backend_type() == BackendType::kNccl;
-  if (nccl) {
-    // NCCL reduces bf16 and fp16 natively and averages itself (fp16: a sum
-    // between two divisions, as in reduce_scatter).
-    c10d::AllreduceOptions options = options_for<c10d::AllreduceOptions>(group);
-    options.reduceOp = to_c10d(op_kind);
-    std::function<void()> post;
-    at::Tensor pre_scale;
-    int pre = 1;
-    if (op_kind == ReduceOp::kAvg && tensor.scalar_type() == at::kHalf) {
-      int after = 1;
-      std::tie(pre, after) = fp16_average_factors(size);
-      post = [tensor, after] { tensor.div_(after); };
-    } else if (op_kind == ReduceOp::kAvg) {
-      options.reduceOp = c10d::ReduceOp::AVG;
-    }
-    return detail::launch(group, info_for(op, std::move(sizes), fp, tensor),
-                          [&group, tensor, options, pre] {
-                            if (pre > 1) tensor.div_(pre);
-                            std::vector<at::Tensor> tensors{tensor};
-                            return group.process_group().allreduce(tensors, options);
-                          },
-                          std::move(post));
+  detail::LaunchInfo info = info_for(op, std::move(sizes), fp, tensor);
+  if (group.backend_type() == BackendType::kNccl) {
+    return detail::nccl_all_reduce(group, std::move(info), tensor, op_kind);
   }
-  // bf16 and fp16 are reduced (and averaged) in fp32 and copied back, as in
-  // reduce_scatter; bool reduces as bytes.
-  const bool low = is_low_precision(tensor.scalar_type());
-  at::Tensor buffer = low ? tensor.to(at::kFloat) : wire_view(tensor);
-  std::function<void()> finish;
-  if (low || op_kind == ReduceOp::kAvg) {
-    finish = [tensor, buffer, low, size, op_kind] {
-      if (op_kind == ReduceOp::kAvg) buffer.div_(size);
-      if (low) tensor.copy_(buffer);
-    };
-  }
-  if (on_channel(group, buffer, buffer)) {
-    return detail::launch_on_channel(group, info_for(op, std::move(sizes), fp, tensor),
-                             {ShmChannel::Kind::kAllReduce, buffer.view(-1), {}, op_kind},
-                             std::move(finish));
-  }
-  return detail::launch(group, info_for(op, std::move(sizes), fp, tensor), [&group, buffer, op_kind] {
-    std::vector<at::Tensor> tensors{buffer};
-    c10d::AllreduceOptions options;
-    options.reduceOp = to_c10d(op_kind);
-    return group.process_group().allreduce(tensors, options);
-  }, std::move(finish));
+  return detail::host_all_reduce(group, std::move(info), tensor, op_kind);
 }
 
 Work broadcast(Group& group, const at::Tensor& tensor, int source) {
@@ -474,12 +239,7 @@ Work broadcast(Group& group, const at::Tensor& tensor, int source) {
   if (group.size() == 1 || tensor.numel() == 0) {
     return detail::launch(group, info_for(op, std::move(sizes), fp, tensor), nullptr, nullptr);
   }
-  return detail::launch(group, info_for(op, std::move(sizes), fp, tensor), [&group, tensor, source] {
-    std::vector<at::Tensor> tensors{wire_view(tensor)};
-    c10d::BroadcastOptions options = options_for<c10d::BroadcastOptions>(group);
-    options.rootRank = source;
-    return group.process_group().broadcast(tensors, options);
-  }, nullptr);
+  return detail::c10d_broadcast(group, info_for(op, std::move(sizes), fp, tensor), tensor, source);
 }
 
 Work all_to_all(Group& group, const at::Tensor& output, const at::Tensor& input,
@@ -539,14 +299,8 @@ Work all_to_all(Group& group, const at::Tensor& output, const at::Tensor& input,
       if (output.data_ptr() != in.data_ptr()) output.copy_(in);
     });
   }
-  return detail::launch(group, info_for(op, std::move(sizes), fp, in),
-                [&group, output, in, output_splits, input_splits] {
-                  at::Tensor o = wire_view(output), i = wire_view(in);
-                  std::vector<int64_t> os = output_splits, is = input_splits;
-                  return group.process_group().alltoall_base(o, i, os, is,
-                                                             options_for<c10d::AllToAllOptions>(group));
-                },
-                nullptr);
+  return detail::c10d_all_to_all(group, info_for(op, std::move(sizes), fp, in), output, in,
+                                 output_splits, input_splits);
 }
 
 Work barrier(Group& group) {
@@ -555,9 +309,7 @@ Work barrier(Group& group) {
   CallFingerprint fp{OpType::kBarrier, 0, 0, 0, 0};
   auto sizes = [] { return std::string("no tensors"); };
   if (group.size() == 1) return detail::launch(group, info_for(op, std::move(sizes), fp, at::Tensor()), nullptr, nullptr);
-  return detail::launch(group, info_for(op, std::move(sizes), fp, at::Tensor()),
-                [&group] { return group.process_group().barrier(); },
-                nullptr);
+  return detail::c10d_barrier(group, info_for(op, std::move(sizes), fp, at::Tensor()));
 }
 
 }  // namespace hp::dist

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "hp/util/cuda_timer.h"
 #include "hp/util/error.h"
 #include "hp/util/torch_compat.h"
 
@@ -101,6 +102,10 @@ class CudaStreamOps final : public StreamOps {
   }
 
   bool query(const StreamEvent& event) override { return !event.native || event.native->query(); }
+
+  std::shared_ptr<trace::GpuMark> trace_mark(StreamRole stream) override {
+    return cuda_trace_mark(streams_[index(stream)]);
+  }
 
  private:
   static size_t index(StreamRole role) { return static_cast<size_t>(role); }

@@ -38,6 +38,9 @@
 namespace c10 {
 struct Event;
 }
+namespace hp::trace {
+class GpuMark;
+}
 
 namespace hp::dist {
 
@@ -96,6 +99,12 @@ class StreamOps {
   // A named point of the schedule (iteration start, end of backward, a
   // failure's cleanup), for the checks.
   virtual void on_mark(const char* what) {}
+
+  // A timing mark on `stream` now, for the trace's GPU spans (gpu_trace.h):
+  // CUDA records a timing event there; null where no device stream runs the
+  // work (the host ops, the recording ops) or this libtorch cannot time
+  // events. Called only while tracing.
+  virtual std::shared_ptr<trace::GpuMark> trace_mark(StreamRole stream) { return nullptr; }
 };
 
 // Sets `role` current on the calling thread for the scope; restores the

@@ -17,6 +17,7 @@
 #include "hp/distributed/work_launch.h"
 #include "hp/util/cuda_timer.h"
 #include "hp/util/error.h"
+#include "hp/util/gpu_trace.h"
 #include "hp/util/trace.h"
 
 namespace hp::dist {
@@ -145,6 +146,16 @@ void finish_on_stream(Work::State& s) {
   if (s.ops) s.done = s.ops->record(s.ops->current(), s.op);
 }
 
+// The trace of a collective that ran on the issuing stream: the host's
+// issue (the host does not wait for it: no completion to record) and the
+// device's run, from `gpu_start` to the stream after the local step.
+void trace_on_stream(Work::State& s, trace::GpuMarkPtr gpu_start) {
+  std::string name = cat(s.op, " ", *s.group, " #", s.sequence);
+  trace::record("issue " + name, "comm", s.op, s.issued_us, trace::now_us());
+  trace::record_gpu(std::move(name), "comm", s.op, std::move(gpu_start),
+                    s.ops->trace_mark(s.ops->current()));
+}
+
 }  // namespace
 
 namespace detail {
@@ -173,6 +184,10 @@ Work launch(Group& group, LaunchInfo info,
   std::shared_ptr<Work::State> state = begin(group, info, std::move(finish));
   const bool nccl = group.backend_type() == BackendType::kNccl;
   if (state->ops && issue) state->ops->on_collective(state->ops->current(), info.op, info.bytes);
+  // Where the collective runs on the issuing stream, the trace marks that
+  // stream around it: when the device ran it, beside when the host issued it.
+  trace::GpuMarkPtr gpu_start;
+  if (state->ops && trace::enabled()) gpu_start = state->ops->trace_mark(state->ops->current());
   c10::intrusive_ptr<c10d::Work> backend_work;
   try {
     if (issue) backend_work = issue();
@@ -192,6 +207,7 @@ Work launch(Group& group, LaunchInfo info,
   if (!backend_work) {
     // NCCL, or nothing to communicate: done on the current stream.
     finish_on_stream(*state);
+    if (gpu_start) trace_on_stream(*state, std::move(gpu_start));
     return Work(std::move(state));
   }
   if (state->ops) state->done = state->ops->record(state->ops->current(), info.op);
@@ -310,7 +326,17 @@ void Work::wait_on(StreamRole stream) {
   }
   if (s.host_completion) s.wait_host();
   if (s.error) std::rethrow_exception(s.error);
-  if (s.ops && s.done.defined()) s.ops->wait(stream, s.done);
+  if (s.ops && s.done.defined()) {
+    // The trace marks the waiting stream before and after its wait: the
+    // time it stood still for the collective (dropped when it did not).
+    trace::GpuMarkPtr before;
+    if (trace::enabled()) before = s.ops->trace_mark(stream);
+    s.ops->wait(stream, s.done);
+    if (before) {
+      trace::record_gpu(cat("wait ", s.op), "wait", "wait", std::move(before),
+                        s.ops->trace_mark(stream));
+    }
+  }
   if (stall) {
     stall->stop();
     std::lock_guard<std::mutex> guard(g_stream_waits.mutex);

@@ -4,6 +4,7 @@
 
 #include "hp/distributed/collectives.h"
 #include "hp/fsdp/storage.h"
+#include "hp/util/torch_compat.h"
 
 #include <algorithm>
 #include <utility>
@@ -84,6 +85,45 @@ void PackedGrads::add(FSDPParam& param, const at::Tensor& full_grad) {
   } else {
     data_.narrow(0, offsets_[i], full_grad.numel()).copy_(full_grad.reshape(-1));
   }
+}
+
+bool PackedGrads::add_all(std::vector<std::pair<FSDPParam*, at::Tensor>> grads) {
+#if HP_TORCH_AT_LEAST(2, 4)
+  // _chunk_cat pads each gradient's dim 0 to shard_size chunks of
+  // ceil(size / shard_size) rows: FSDPParam's padded shard along dim 0, so
+  // column block i of its output is what add() would write for params_[i].
+  const bool one_kernel =
+      sharded_ && !data_.defined() && grads.size() == params_.size() &&
+      std::all_of(params_.begin(), params_.end(), [&](const FSDPParam* p) {
+        return p->shard_dim() == 0 && p->reduce_numel() > 0 &&
+               std::count_if(grads.begin(), grads.end(),
+                             [p](const auto& g) { return g.first == p; }) == 1;
+      });
+  if (one_kernel) {
+    std::vector<at::Tensor> ordered(params_.size());
+    for (auto& [param, grad] : grads) {
+      const size_t i = std::find(params_.begin(), params_.end(), param) - params_.begin();
+      ordered[i] = std::move(grad);
+    }
+    // The op takes one input dtype (and casts to the output's); a unit whose
+    // gradients differ casts the others to the reduce dtype first.
+    const at::ScalarType first = ordered[0].scalar_type();
+    const bool mixed = std::any_of(ordered.begin(), ordered.end(),
+                                   [first](const at::Tensor& g) { return g.scalar_type() != first; });
+    if (mixed) {
+      for (at::Tensor& g : ordered) g = g.to(params_[0]->reduce_dtype());
+    }
+    allocate();  // every block written whole: not zeroed
+    at::_chunk_cat_out(data_, ordered, 0, params_[0]->shard_size());
+    arrived_.assign(params_.size(), true);
+    return true;
+  }
+#endif
+  for (auto& [param, grad] : grads) {
+    add(*param, grad);
+    grad = at::Tensor();
+  }
+  return false;
 }
 
 GradReduction::GradReduction(PackedGrads grads, at::Tensor scratch, const MeshInfo& mesh,

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -54,8 +55,9 @@ struct ReduceSettings {
 // total] with params[i]'s rows (what each rank keeps) in a column block, as a
 // reduce-scatter wants them; whole: `data` is [total], params[i]'s gradient
 // at its offset. Gradients arrive one at a time (add() copies each in, so its
-// full tensor can go at once); blocks of parameters that got none stay zero
-// and their .grad untouched.
+// full tensor can go at once) or all at once (add_all(): one kernel where it
+// can); blocks of parameters that got none stay zero and their .grad
+// untouched.
 class PackedGrads {
  public:
   PackedGrads() = default;
@@ -66,6 +68,14 @@ class PackedGrads {
 
   bool empty() const { return params_.empty(); }
   void add(FSDPParam& param, const at::Tensor& full_grad);
+  // Every gradient of a sharded pack at once, before any add(): one
+  // _chunk_cat writes the whole [shard_size, total] buffer (each gradient
+  // chunked along dim 0 into shard_size padded rows, cast to the reduce
+  // dtype) where every parameter has a gradient here, all are sharded along
+  // dim 0 and the libtorch has the op (2.4 and later); otherwise one add()
+  // each. Returns whether the one kernel packed them. The tensors are
+  // released either way.
+  bool add_all(std::vector<std::pair<FSDPParam*, at::Tensor>> grads);
 
  private:
   friend class GradReduction;

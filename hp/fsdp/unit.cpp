@@ -9,7 +9,9 @@
 #include "hp/fsdp/storage.h"
 #include "hp/nn/activation_checkpoint.h"
 #include "hp/tensor/dtensor_tensor.h"
+#include "hp/util/cuda_timer.h"
 #include "hp/util/error.h"
+#include "hp/util/gpu_trace.h"
 #include "hp/util/trace.h"
 
 namespace hp::fsdp {
@@ -231,6 +233,39 @@ void Unit::complete_own_reductions() {
   }
 }
 
+std::shared_ptr<trace::GpuMark> Unit::compute_mark() const {
+  // The design's compute stream where the streams order the work; else,
+  // for parameters on a GPU, the device's current stream (what the caller
+  // computes on). Null on the host: there the host spans are the times.
+  if (CommContext* comm = context_ ? context_->comm() : nullptr; comm && comm->streams()) {
+    return comm->streams()->trace_mark(dist::StreamRole::kCompute);
+  }
+  if (!params_.empty() && params_[0]->compute_device().is_cuda()) {
+    return cuda_trace_mark(params_[0]->compute_device());
+  }
+  return nullptr;
+}
+
+void Unit::trace_compute_start() {
+  if (!trace::enabled()) {
+    compute_start_us_ = 0;
+    gpu_compute_start_ = nullptr;  // none kept from a start traced earlier
+    return;
+  }
+  compute_start_us_ = trace::now_us();
+  gpu_compute_start_ = compute_mark();
+}
+
+void Unit::trace_compute_end(const char* what) {
+  std::string name = what + name_;
+  trace::record(name, "compute", "compute", compute_start_us_, trace::now_us());
+  // A start taken before tracing began has no mark: the host span alone.
+  if (gpu_compute_start_) {
+    trace::record_gpu(std::move(name), "compute", "compute", std::move(gpu_compute_start_),
+                      compute_mark());
+  }
+}
+
 void Unit::begin_unshard(bool snapshot) {
   if (context_) context_->check_usable();
   if (group_.empty()) return;
@@ -310,7 +345,7 @@ std::optional<nn::TensorList> Unit::pre_forward(nn::Module& module, const nn::Te
     if (auto m = weak.lock()) modules_to_run_.push_back(m.get());
   }
   state_ = State::kForward;
-  compute_start_us_ = trace::enabled() ? trace::now_us() : 0;
+  trace_compute_start();
   if (mp_.param_dtype && mp_.cast_forward_inputs) return cast_floating(inputs, *mp_.param_dtype);
   return std::nullopt;
 }
@@ -324,9 +359,7 @@ std::optional<nn::TensorList> Unit::post_forward(nn::Module& module,
   // Still kForward until the state changes below: should anything here
   // raise, the error hook resets the unit (the tree, for the root).
   if (is_root()) context_->check_hooks_ran(outputs);
-  if (trace::enabled()) {
-    trace::record("forward " + name_, "compute", "compute", compute_start_us_, trace::now_us());
-  }
+  if (trace::enabled()) trace_compute_end("forward ");
   // The stream log's marker of this unit's forward kernels (docs/streams.md).
   if (CommContext* comm = context_->comm(); comm && comm->streams()) {
     comm->streams()->on_mark("compute forward");
@@ -412,7 +445,7 @@ void Unit::pre_backward() {
   if (communicates_) {
     for (auto& p : params_) p->stash_grad();
   }
-  compute_start_us_ = trace::enabled() ? trace::now_us() : 0;
+  trace_compute_start();
   state_ = State::kPreBackward;
   grads_.begin(params_, group_.fused() && flags_.requires_gradient_sync,
                /*pack_whole=*/!keeps_whole_grads_unreduced());
@@ -430,9 +463,7 @@ void Unit::post_accumulate(FSDPParam& param) {
       if (!group_.fused()) context_->reductions().complete_before(grads_.wave());
     }
     const bool last = grads_.arrive();
-    if (last && trace::enabled()) {
-      trace::record("backward " + name_, "compute", "compute", compute_start_us_, trace::now_us());
-    }
+    if (last && trace::enabled()) trace_compute_end("backward ");
     if (CommContext* comm = context_->comm(); last && comm && comm->streams()) {
       comm->streams()->on_mark("compute backward");
     }
@@ -468,8 +499,11 @@ void Unit::post_accumulate(FSDPParam& param) {
       param.keep_for_later(std::move(grad));
       param.restore_stash();
     } else {
-      // Fused: pack it now (its full tensor goes at once), reduce with the last.
-      grads_.pack(param, std::move(grad), /*defer=*/root_of_others());
+      // Fused: pack it now (its full tensor goes at once), reduce with the
+      // last; on the streams all are packed with the last, by one kernel.
+      const CommContext* comm = context_->comm();
+      const bool on_streams = comm != nullptr && comm->streams() != nullptr;
+      grads_.pack(param, std::move(grad), /*defer=*/root_of_others() || on_streams);
     }
     if (last) reduce_fused();
   });

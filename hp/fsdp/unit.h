@@ -65,6 +65,10 @@
 #include "hp/fsdp/unit_grads.h"
 #include "hp/nn/module.h"
 
+namespace hp::trace {
+class GpuMark;
+}
+
 namespace hp::fsdp {
 
 // The key under which a module carries its unit (nn::Module::attachment).
@@ -209,6 +213,12 @@ class Unit : public std::enable_shared_from_this<Unit> {
   void validate_for_training() const;
   void prefetch(const std::vector<std::weak_ptr<Unit>>& explicit_units, int offset);
   void complete_own_reductions();
+  // The trace's spans of this unit's forward or backward compute: the host's
+  // and, on a GPU, the compute stream's (gpu_trace.h). The start forgets an
+  // earlier one while tracing is off; the end is called only while tracing.
+  void trace_compute_start();
+  void trace_compute_end(const char* what);
+  std::shared_ptr<trace::GpuMark> compute_mark() const;
   // Back to kIdle with the parameters resharded and nothing in flight;
   // false if a gather in flight could not be waited for.
   bool reset_after_failure(bool drop_grads) noexcept;
@@ -243,6 +253,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
   UnitGrads grads_;
   bool stale_copy_traced_ = false;  // the trace said once that a kept copy was stale
   int64_t compute_start_us_ = 0;  // trace: start of this unit's forward / backward compute
+  std::shared_ptr<trace::GpuMark> gpu_compute_start_;  // trace: its mark on the compute stream
 };
 
 }  // namespace hp::fsdp

@@ -34,11 +34,17 @@ void UnitGrads::pack(FSDPParam& param, at::Tensor grad, bool defer) {
 void UnitGrads::flush(ReductionQueue& queue, at::Tensor scratch, const MeshInfo& mesh,
                       ReduceSettings settings, const std::shared_ptr<void>& keep_alive,
                       CommContext* comm) {
+  std::vector<std::pair<FSDPParam*, at::Tensor>> sharded_grads;
   for (auto& [param, grad] : deferred_) {
-    (param->sharded() ? sharded_ : whole_).add(*param, grad);
-    grad = at::Tensor();
+    if (param->sharded()) {
+      sharded_grads.emplace_back(param, std::move(grad));
+    } else {
+      whole_.add(*param, grad);
+      grad = at::Tensor();
+    }
   }
   deferred_.clear();
+  if (!sharded_grads.empty()) sharded_.add_all(std::move(sharded_grads));
   if (!sharded_.empty()) {
     queue.push(std::make_unique<GradReduction>(std::move(sharded_), std::move(scratch), mesh,
                                                settings, wave_, keep_alive, comm));

@@ -8,7 +8,11 @@
 // A fused root of other units receives gradients at both ends of backward
 // (head first, embeddings last); its early gradients are deferred as they
 // are and packed with the last, since packing the first would hold the
-// whole root's buffer through every other unit's backward.
+// whole root's buffer through every other unit's backward. On the streams
+// (docs/streams.md) every unit defers them, as FSDP2 does: the sharded ones
+// are packed by one kernel (PackedGrads::add_all) instead of a few copies per
+// gradient, at the cost of holding the unit's full gradients until its last
+// one arrives.
 #pragma once
 
 #include <cstdint>
@@ -41,7 +45,8 @@ class UnitGrads {
   void set_wave(int64_t wave) { wave_ = wave; }
 
   // Fused: copies `grad` into the packed buffers (its memory can go at
-  // once), or with `defer` keeps it as it is until flush().
+  // once), or with `defer` keeps it as it is until flush(), which packs the
+  // deferred sharded gradients at once.
   void pack(FSDPParam& param, at::Tensor grad, bool defer);
   // Fused: issues the reductions of everything packed (`scratch`: the unit's
   // lent unsharded buffer, which the reduce-scatter may receive into); the

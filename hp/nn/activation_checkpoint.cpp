@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 
+#include "hp/util/cuda_timer.h"
 #include "hp/util/error.h"
+#include "hp/util/gpu_trace.h"
 #include "hp/util/trace.h"
 
 namespace hp::nn {
@@ -134,6 +137,19 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       leaves.push_back(t.defined() ? t.detach().requires_grad_(t.requires_grad()) : t);
     }
     const int64_t start = trace::enabled() ? trace::now_us() : 0;
+    // On a GPU the trace also marks the stream the recomputation runs on
+    // (autograd runs this on the forward's stream): when the device ran it.
+    trace::GpuMarkPtr gpu_start;
+    std::optional<c10::Device> cuda;
+    if (trace::enabled()) {
+      for (const at::Tensor& t : saved) {
+        if (t.defined() && t.is_cuda()) {
+          cuda = t.device();
+          break;
+        }
+      }
+      if (cuda) gpu_start = cuda_trace_mark(*cuda);
+    }
     TensorList outputs;
     {
       ReplayRng replay(recompute->rng);
@@ -156,8 +172,12 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     outputs.clear();  // the recomputed graph is held by `roots` alone
     if (!roots.empty()) torch::autograd::backward(roots, grads);
     if (trace::enabled()) {
-      trace::record("recompute+backward " + recompute->name, "compute", "compute", start,
-                    trace::now_us());
+      std::string name = "recompute+backward " + recompute->name;
+      trace::record(name, "compute", "compute", start, trace::now_us());
+      if (gpu_start) {
+        trace::record_gpu(std::move(name), "compute", "compute", std::move(gpu_start),
+                          cuda_trace_mark(*cuda));
+      }
     }
     torch::autograd::variable_list result;
     for (const auto& leaf : leaves) {

@@ -10,12 +10,15 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "hp/util/gpu_trace.h"
+
 namespace hp::trace {
 namespace {
 
 struct Recorder {
   std::mutex mutex;
   std::vector<Event> events;
+  GpuTimeline gpu;  // GPU spans not yet converted (gpu_trace.h)
   int pid = 0;
   std::string process_name;
 };
@@ -34,6 +37,8 @@ using Steady = std::chrono::steady_clock;
 std::atomic<Steady::rep> g_origin{Steady::now().time_since_epoch().count()};
 std::atomic<int64_t> g_origin_unix_us{0};
 
+bool is_gpu_lane(const std::string& lane) { return lane.rfind("gpu ", 0) == 0; }
+
 }  // namespace
 
 bool enabled() { return g_enabled.load(std::memory_order_relaxed); }
@@ -42,6 +47,7 @@ void enable(int pid, const std::string& process_name) {
   Recorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.mutex);
   r.events.clear();
+  r.gpu.clear();
   r.pid = pid;
   r.process_name = process_name;
   g_enabled.store(true);
@@ -101,6 +107,35 @@ Span::~Span() {
   if (active_) record(std::move(name_), category_, lane_, start_, now_us());
 }
 
+void anchor_gpu(GpuMarkPtr mark, int64_t host_us) {
+  if (!enabled()) return;
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.gpu.anchor(std::move(mark), host_us);
+  r.gpu.resolve(/*wait=*/false, r.events);
+}
+
+void record_gpu(std::string name, std::string category, const std::string& lane,
+                GpuMarkPtr start, GpuMarkPtr end) {
+  if (!enabled()) return;
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.gpu.add(std::move(name), std::move(category), lane, std::move(start), std::move(end),
+            r.events);
+}
+
+void resolve_gpu(bool wait) {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.gpu.resolve(wait, r.events);
+}
+
+size_t pending_gpu_spans() {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.gpu.pending();
+}
+
 std::vector<Event> events() {
   Recorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.mutex);
@@ -110,13 +145,20 @@ std::vector<Event> events() {
 void write(const std::string& path) {
   Recorder& r = recorder();
   std::lock_guard<std::mutex> lock(r.mutex);
+  // The GPU spans still pending: the one host wait a trace adds.
+  r.gpu.resolve(/*wait=*/true, r.events);
   // Lanes become threads of this process, numbered in order of appearance
-  // with the compute lane first.
+  // with the compute lane first, and the GPU lanes after the host's (a
+  // viewer shows the host issuing above the device running).
   std::map<std::string, int> lanes{{"compute", 0}};
+  for (const bool gpu : {false, true}) {
+    for (const Event& e : r.events) {
+      if (is_gpu_lane(e.lane) == gpu) lanes.emplace(e.lane, static_cast<int>(lanes.size()));
+    }
+  }
   nlohmann::json out = nlohmann::json::array();
   for (const Event& e : r.events) {
-    auto it = lanes.find(e.lane);
-    if (it == lanes.end()) it = lanes.emplace(e.lane, static_cast<int>(lanes.size())).first;
+    const auto it = lanes.find(e.lane);
     out.push_back({{"name", e.name},
                    {"cat", e.category},
                    {"ph", "X"},

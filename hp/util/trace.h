@@ -6,6 +6,10 @@
 // (ui.perfetto.dev) and chrome://tracing open; one file per rank, with the
 // rank as the process id. Disabled (the default), recording costs one
 // relaxed atomic load.
+//
+// These spans are host times. On a GPU the layers also record what the
+// device ran, timed on its streams, in lanes of their own ("gpu compute",
+// "gpu all_gather", ...): gpu_trace.h.
 #pragma once
 
 #include <chrono>
@@ -67,6 +71,7 @@ class Span {
 
 std::vector<Event> events();
 // Writes the recorded events as Chrome trace JSON; raises on I/O errors.
+// First waits for the GPU spans still pending (gpu_trace.h) and adds them.
 void write(const std::string& path);
 
 }  // namespace hp::trace

@@ -9,11 +9,14 @@
 #include <torch/torch.h>
 
 #include "hp/distributed/comm_stats.h"
+#include "hp/distributed/stream_ops.h"
 #include "hp/fsdp/fsdp_param.h"
 #include "hp/fsdp/registry.h"
 #include "hp/fsdp/storage.h"
 #include "hp/util/error.h"
 #include "hp/util/format.h"
+#include "hp/util/op_profile.h"
+#include "hp/util/torch_compat.h"
 #include "hp/util/trace.h"
 #include "tests/fsdp/fsdp_test_util.h"
 #include "tests/fsdp/gpt_fixture.h"
@@ -78,6 +81,43 @@ TEST(CommFusion, AtMostTwoAllGathersAndOneReduceScatterPerUnit) {
       }
     }
   }
+}
+
+// The reduce-scatter input of a fused unit: on the streams (the GPU's
+// schedule; here recorded under HP_TEST_STREAMS=record) every unit packs its
+// sharded gradients with one _chunk_cat once the last arrived; on the host
+// path each gradient is copied in as it arrives, except the root's, which
+// wait for its last (its first arrive at the head, its last at the
+// embeddings) and so are packed by one _chunk_cat too. The packed values are
+// checked by the parity tests above, which run on both paths.
+TEST(CommFusion, AUnitsGradientsArePackedByOneChunkCat) {
+  if (dist::get_world_size() < 2) GTEST_SKIP() << "one rank reduce-scatters nothing";
+#if !HP_TORCH_AT_LEAST(2, 4)
+  GTEST_SKIP() << "libtorch before 2.4 has no _chunk_cat: one copy per gradient";
+#else
+  const bool on_streams = dist::stream_ops_for(c10::Device(c10::kCPU)).orders_by_streams();
+  const int64_t layers = 3;
+  auto model = test::make_gpt(7, layers);
+  FullyShardOptions options;
+  options.comm_fusion = true;
+  test::shard_gpt(model, options);
+  auto opt = test::make_adamw(*model);
+  for (int step = 0; step < 2; ++step) {
+    at::Tensor loss = test::gpt_loss(model, test::token_batch(step), my_first_row(), my_rows());
+    OpProfile profile;
+    profile.start();
+    loss.backward();
+    const OpProfileResult ops = profile.stop();
+    double chunk_cats = 0;
+    for (const OpStats& op : ops.ops) {
+      if (op.name == "aten::_chunk_cat") chunk_cats += op.calls;
+    }
+    EXPECT_EQ(chunk_cats, on_streams ? 1 + layers : 1)
+        << "step " << step << (on_streams ? " on the streams" : " on the host path");
+    opt.step();
+    opt.zero_grad();
+  }
+#endif
 }
 
 TEST(CommFusion, ZeroCopyShardsShareOneBuffer) {

@@ -2,7 +2,8 @@
 // out: wait_for_gradients() after set_is_last_backward(false) (F10),
 // set_reduce_op_type and set_requires_all_reduce on one unit, comm_fusion
 // with no-sync micro-batches and after load_state_dict (F12), the pipeline
-// of fused reductions seen in the trace (F12, A3), mesh-less fully_shard
+// of fused reductions seen in the trace (F12, A3), each unit's compute
+// marked on the compute stream for the trace's GPU lanes, mesh-less fully_shard
 // over tensor-parallel parameters (F16), and the errors of lazy init, fused
 // dtypes and replicate_params.
 //
@@ -18,15 +19,20 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "hp/distributed/comm_stats.h"
+#include "hp/distributed/recording_stream_ops.h"
+#include "hp/distributed/stream_ops.h"
 #include "hp/fsdp/fsdp_param.h"
 #include "hp/fsdp/registry.h"
 #include "hp/tensor/dtensor_tensor.h"
 #include "hp/tp/shard_module.h"
 #include "hp/util/error.h"
+#include "hp/util/gpu_trace.h"
 #include "hp/util/trace.h"
 #include "tests/fsdp/fsdp_test_util.h"
 #include "tests/fsdp/gpt_fixture.h"
@@ -389,6 +395,63 @@ TEST(CommFusion, ReductionStagesFormAPipelineAcrossUnits) {
       }
     }
   }
+}
+
+// Fake GPU marks: a device clock that advances 1 ms per mark, always reached.
+class ClockMark final : public trace::GpuMark {
+ public:
+  explicit ClockMark(double ms) : ms_(ms) {}
+  bool reached() override { return true; }
+  void synchronize() override {}
+  double milliseconds_to(trace::GpuMark& later) override {
+    return static_cast<ClockMark&>(later).ms_ - ms_;
+  }
+
+ private:
+  double ms_;
+};
+
+// The recording ops (the schedule a GPU runs), marking streams for the
+// trace as CUDA's ops do.
+class MarkingStreamOps final : public dist::RecordingStreamOps {
+ public:
+  std::shared_ptr<trace::GpuMark> trace_mark(dist::StreamRole stream) override {
+    device_ms_ += 1.0;
+    return std::make_shared<ClockMark>(device_ms_);
+  }
+
+ private:
+  double device_ms_ = 0;
+};
+
+// On streams every unit's forward and backward compute is also marked on
+// the compute stream: one GPU span beside each host span, of the same name,
+// in the lane "gpu compute" (the host's lanes keep their spans).
+TEST(Trace, EachUnitsComputeGetsAGpuSpanOnTheComputeStream) {
+  auto ops = std::make_shared<MarkingStreamOps>();
+  dist::ScopedStreamOps scope(ops);
+  auto model = test::make_gpt(7, /*layers=*/2);
+  FullyShardOptions options;
+  options.mesh = test::make_mesh(test::mesh_configs().front());
+  test::shard_gpt(model, options);
+  trace::enable(dist::get_rank(), "test");
+  trace::anchor_gpu(ops->trace_mark(dist::StreamRole::kCompute), trace::now_us());
+  test::gpt_loss(model, test::token_batch(0), my_first_row(), my_rows()).backward();
+  trace::disable();
+  trace::resolve_gpu(/*wait=*/true);
+  std::multiset<std::string> host, gpu;
+  for (const trace::Event& e : trace::events()) {
+    const bool compute = e.name.rfind("forward ", 0) == 0 || e.name.rfind("backward ", 0) == 0;
+    if (compute && e.lane == "compute") host.insert(e.name);
+    if (e.lane == "gpu compute") {
+      gpu.insert(e.name);
+      EXPECT_GT(e.end_us, e.start_us) << e.name << ": its own two marks";
+    }
+  }
+  // The 2 blocks and the root, forward and backward.
+  EXPECT_EQ(host.size(), 6u);
+  EXPECT_EQ(gpu, host);
+  EXPECT_EQ(trace::pending_gpu_spans(), 0u);
 }
 
 // A unit of two layers whose second only some ranks use in a step.

@@ -48,6 +48,7 @@
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -273,13 +274,22 @@ TEST(HpTrain, PerformanceFlagsTrainTheSameModel) {
     ASSERT_TRUE(in.is_open()) << path;
     const auto events = nlohmann::json::parse(in)["traceEvents"];
     bool forward = false, all_gather = false, reduce_scatter = false;
+    std::set<std::string> lanes;
     for (const auto& e : events) {
       const std::string name = e.value("name", "");
       forward |= name.rfind("forward ", 0) == 0;
       all_gather |= name.rfind("all_gather", 0) == 0;
       reduce_scatter |= name.rfind("reduce_scatter", 0) == 0;
+      if (name == "thread_name") lanes.insert(e["args"].value("name", ""));
+      EXPECT_NE(name.rfind("issue ", 0), 0u) << "a stream's issue span on the host: " << name;
     }
     EXPECT_TRUE(forward && all_gather && reduce_scatter) << path;
+    // On the CPU (Gloo) the host spans alone: GPU lanes come only from
+    // device streams.
+    EXPECT_TRUE(lanes.count("compute") && lanes.count("all_gather")) << path;
+    for (const std::string& lane : lanes) {
+      EXPECT_NE(lane.rfind("gpu ", 0), 0u) << path << ": lane '" << lane << "'";
+    }
   }
 
   // bf16 parameters and compute, fp32 reduction, against bf16 only (see the

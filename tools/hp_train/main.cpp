@@ -31,6 +31,7 @@
 #include "hp/distributed/comm_stats.h"
 #include "hp/distributed/launch_env.h"
 #include "hp/distributed/world.h"
+#include "hp/util/cuda_timer.h"
 #include "hp/util/error.h"
 #include "hp/util/host_memory.h"
 #include "hp/util/memory_stats.h"
@@ -214,6 +215,8 @@ int run(TrainOptions options) {
     if (distributed) hp::dist::broadcast(*hp::dist::world_group(), origin, 0).wait();
     hp::trace::set_origin(origin.item<int64_t>());
     hp::trace::enable(world.rank, fmt::format("rank {}", world.rank));
+    // GPU spans convert to this timeline from here (hp/util/gpu_trace.h).
+    if (device.is_cuda()) hp::anchor_cuda_trace(device.device);
   }
   // Data-parallel ranks are the world's ranks in the fully_shard modes;
   // tensor-parallel ranks (of one data-parallel group) read the same samples.

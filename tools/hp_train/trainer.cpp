@@ -10,6 +10,7 @@
 #include "hp/nn/loss.h"
 #include "hp/optim/fused_adamw.h"
 #include "hp/util/cuda_memory.h"
+#include "hp/util/cuda_timer.h"
 #include "hp/util/memory_stats.h"
 #include "tools/hp_train/batches.h"
 
@@ -68,6 +69,10 @@ StepRecord Trainer::step(int64_t step) {
   // On a GPU, loss.item() waits for the step's kernels: the step time and
   // the allocator's peaks below cover the whole step.
   const double local_loss = loss.item<double>();
+  // The host has just waited for the step's kernels: a traced run anchors
+  // the trace's GPU clock again here (a sync of an idle stream) and converts
+  // the GPU spans the step left (hp/util/gpu_trace.h).
+  if (cuda) anchor_cuda_trace(device_);
   CudaMemoryStats gpu;
   if (cuda) gpu = cuda_memory_stats(device_.index());
   at::Tensor mine = torch::tensor({local_loss, static_cast<double>(memory_stats().peak_bytes),
