@@ -48,4 +48,5 @@ esac
 
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$prefix" \
       "-DHP_PYTHON=$python" "$@" >/dev/null
-ninja -C "$build" -j "$jobs"
+# HP_BUILD_TARGETS: only these targets (scripts/sanitize.sh), instead of all.
+ninja -C "$build" -j "$jobs" ${HP_BUILD_TARGETS:-}

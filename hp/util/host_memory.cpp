@@ -52,7 +52,10 @@ ScopedMappedHostBlocks::~ScopedMappedHostBlocks() {
 bool retain_freed_host_memory() {
   // 0: leave malloc as it is; 1 (the default): keep freed memory.
   if (!hp::env::get_bool("HP_RETAIN_HOST_MEMORY", true)) return false;
-#if defined(__GLIBC__)
+  // Not under AddressSanitizer: malloc is then ASan's own allocator, to
+  // which glibc's thresholds mean nothing (its mallopt does nothing and
+  // returns 0); docs/design.md, "Sanitizers".
+#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__)
   // Setting either threshold also stops glibc from moving them on its own.
   set_mmap_threshold(kRetainedBlockBytes);
   if (mallopt(M_TRIM_THRESHOLD, static_cast<int>(kRetainedTopBytes)) != 1) {
