@@ -18,6 +18,7 @@
 #include "hp/distributed/world.h"
 #include "hp/util/gpu_trace.h"
 #include "hp/util/trace.h"
+#include "tests/support/clock_gpu_mark.h"
 
 namespace hp::dist {
 namespace {
@@ -25,18 +26,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 
-class ClockMark final : public trace::GpuMark {
- public:
-  explicit ClockMark(double ms) : ms_(ms) {}
-  bool reached() override { return true; }
-  void synchronize() override {}
-  double milliseconds_to(trace::GpuMark& later) override {
-    return static_cast<ClockMark&>(later).ms_ - ms_;
-  }
-
- private:
-  double ms_;
-};
+using test::ClockMark;  // fake GPU marks on a device clock
 
 // The recording ops, marking each stream for the trace; `marks` counts them.
 class MarkingStreamOps final : public RecordingStreamOps {

@@ -34,6 +34,7 @@
 #include "hp/util/error.h"
 #include "hp/util/gpu_trace.h"
 #include "hp/util/trace.h"
+#include "tests/support/clock_gpu_mark.h"
 #include "tests/fsdp/fsdp_test_util.h"
 #include "tests/fsdp/gpt_fixture.h"
 #include "tests/fsdp/toy_model.h"
@@ -397,19 +398,7 @@ TEST(CommFusion, ReductionStagesFormAPipelineAcrossUnits) {
   }
 }
 
-// Fake GPU marks: a device clock that advances 1 ms per mark, always reached.
-class ClockMark final : public trace::GpuMark {
- public:
-  explicit ClockMark(double ms) : ms_(ms) {}
-  bool reached() override { return true; }
-  void synchronize() override {}
-  double milliseconds_to(trace::GpuMark& later) override {
-    return static_cast<ClockMark&>(later).ms_ - ms_;
-  }
-
- private:
-  double ms_;
-};
+using test::ClockMark;  // fake GPU marks on a device clock
 
 // The recording ops (the schedule a GPU runs), marking streams for the
 // trace as CUDA's ops do.
