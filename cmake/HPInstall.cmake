@@ -6,7 +6,7 @@
 #   target_link_libraries(app PRIVATE HyperParallel::hp)
 #
 # HyperParallel::hp brings every layer (fully_shard, tensor parallelism,
-# checkpoints and the memory plan down to the process
+# checkpoints, the memory plan and the pipeline schedules down to the process
 # world), libtorch (Torch's own find_package, run again by the config file),
 # Gloo's headers, fmt, nlohmann_json and the link order every hp program
 # needs (hp_link_order in cmake/HPTargets.cmake).
@@ -23,10 +23,11 @@ include(CMakePackageConfigHelpers)
 set(HP_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/HyperParallel)
 
 add_library(hp INTERFACE)
-target_link_libraries(hp INTERFACE hp_fsdp hp_checkpoint hp_tp hp_plan hp_optim)
+target_link_libraries(hp INTERFACE hp_fsdp hp_checkpoint hp_tp hp_plan hp_optim hp_pp_schedule)
 add_library(HyperParallel::hp ALIAS hp)
 
 install(TARGETS hp hp_fsdp hp_tp hp_plan hp_optim hp_nn hp_tensor hp_mesh hp_distributed hp_checkpoint hp_util
+                hp_pp_schedule
                 hp_link_order hp_fmt hp_gloo_headers
         EXPORT HyperParallelTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
