@@ -1,0 +1,152 @@
+#include "tests/pp/pipeline_parity.h"
+
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "hp/nn/activation_checkpoint.h"
+#include "hp/nn/gpt.h"
+#include "hp/nn/llama.h"
+#include "hp/nn/loss.h"
+#include "hp/util/format.h"
+#include "tests/support/model_configs.h"
+#include "tests/support/random_tokens.h"
+#include "tests/support/tensor_checks.h"
+
+namespace hp::pp::parity {
+
+namespace {
+
+constexpr int kSteps = 2;
+constexpr uint64_t kSeed = 21;
+
+int64_t layers_of(const Case& c) {
+  return std::max<int64_t>(c.ranks * c.stages_per_rank + 1, 4);
+}
+
+std::shared_ptr<nn::Module> build_whole(const Case& c) {
+  torch::manual_seed(kSeed);
+  if (c.llama) {
+    nn::LlamaConfig config = hp::test::tiny_llama_config();
+    config.n_layer = layers_of(c);
+    return nn::Llama(config).ptr();
+  }
+  return nn::GPT(hp::test::small_gpt_config(layers_of(c))).ptr();
+}
+
+int64_t vocab_of(const Case& c) {
+  return c.llama ? hp::test::tiny_llama_config().vocab_size
+                 : hp::test::small_gpt_config().vocab_size;
+}
+
+int64_t width_of(const Case& c) {
+  return c.llama ? hp::test::tiny_llama_config().n_embd : hp::test::small_gpt_config().n_embd;
+}
+
+at::Tensor logits_of(const Case& c, nn::Module& whole, const at::Tensor& ids) {
+  return c.llama ? static_cast<nn::LlamaImpl&>(whole).forward(ids)
+                 : static_cast<nn::GPTImpl&>(whole).forward(ids);
+}
+
+int64_t rows_of(const Case& c) { return 2 * c.microbatches; }
+
+at::Tensor batch(const Case& c, int step, uint64_t salt) {
+  return hp::test::random_tokens({rows_of(c), 8}, vocab_of(c), 100 * step + salt);
+}
+
+torch::optim::AdamWOptions adamw() { return torch::optim::AdamWOptions(1e-2); }
+
+ScheduleSpec spec_of(const Case& c) {
+  return {c.kind, c.ranks, c.stages_per_rank, c.microbatches};
+}
+
+}  // namespace
+
+std::string name_of(const Case& c) {
+  return hp::cat(to_string(c.kind), " p", c.ranks, " v", c.stages_per_rank, " m", c.microbatches,
+                 c.split_points.empty() ? "" : " uneven", c.checkpointing ? " checkpointed" : "",
+                 c.llama ? " llama" : "");
+}
+
+Run reference_run(const Case& c) {
+  std::shared_ptr<nn::Module> whole = build_whole(c);
+  torch::optim::AdamW optimizer(whole->parameters(), adamw());
+  Run run;
+  for (int step = 0; step < kSteps; ++step) {
+    optimizer.zero_grad();
+    const auto ids = batch(c, step, 1).chunk(c.microbatches);
+    const auto targets = batch(c, step, 2).chunk(c.microbatches);
+    at::Tensor total;
+    for (int k = 0; k < c.microbatches; ++k) {
+      at::Tensor loss = nn::cross_entropy(logits_of(c, *whole, ids[k]), targets[k]) / c.microbatches;
+      loss.backward();
+      total = total.defined() ? total + loss.detach() : loss.detach();
+    }
+    run.losses.push_back(total);
+    if (step == kSteps - 1)
+      for (const auto& item : whole->named_parameters())
+        run.grads[item.key()] = item.value().grad().clone();
+    optimizer.step();
+  }
+  for (const auto& item : whole->named_parameters()) run.params[item.key()] = item.value();
+  return run;
+}
+
+std::vector<StageModule> build_stages(const Case& c, int rank) {
+  std::shared_ptr<nn::Module> whole = build_whole(c);
+  const ScheduleSpec spec = spec_of(c);
+  const ModelLayout layout =
+      c.llama ? llama_layout(static_cast<nn::LlamaImpl&>(*whole).config())
+              : gpt_layout(static_cast<nn::GPTImpl&>(*whole).config());
+  const StagePlan plan = plan_stages(layout, num_stages(spec), c.split_points);
+  std::vector<StageModule> stages;
+  for (int s : rank_stages(spec, rank)) {
+    stages.push_back(c.llama ? llama_stage(static_cast<nn::LlamaImpl&>(*whole), plan, s)
+                             : gpt_stage(static_cast<nn::GPTImpl&>(*whole), plan, s));
+    if (c.checkpointing)
+      for (const auto& block : stages.back()->blocks()) nn::set_activation_checkpointing(*block);
+  }
+  return stages;
+}
+
+Run pipeline_run(const Case& c, std::vector<StageModule> stages,
+                 std::shared_ptr<Transport> transport) {
+  Pipeline pipeline({spec_of(c), width_of(c)}, stages, std::move(transport),
+                    [](const at::Tensor& logits, const at::Tensor& targets) {
+                      return nn::cross_entropy(logits, targets);
+                    });
+  torch::optim::AdamW optimizer(pipeline.parameters(), adamw());
+  Run run;
+  for (int step = 0; step < kSteps; ++step) {
+    optimizer.zero_grad();
+    run.losses.push_back(pipeline.step(batch(c, step, 1), batch(c, step, 2)));
+    if (step == kSteps - 1)
+      for (const auto& s : stages)
+        for (const auto& item : s->named_parameters())
+          run.grads[item.key()] = item.value().grad().clone();
+    optimizer.step();
+  }
+  for (const auto& s : stages)
+    for (const auto& item : s->named_parameters()) run.params[item.key()] = item.value();
+  return run;
+}
+
+size_t expect_rank_matches(const Case& c, int rank, const Run& got, const Run& reference) {
+  SCOPED_TRACE(hp::cat(name_of(c), ", pipeline rank ", rank));
+  const ScheduleSpec spec = spec_of(c);
+  const bool has_last = stage_rank(spec, num_stages(spec) - 1) == rank;
+  for (size_t step = 0; step < reference.losses.size(); ++step) {
+    EXPECT_EQ(got.losses.at(step).defined(), has_last) << "step " << step;
+    if (has_last)
+      EXPECT_TRUE(hp::test::tensors_equal(got.losses[step], reference.losses[step]))
+          << "step " << step;
+  }
+  EXPECT_FALSE(got.params.empty());
+  for (const auto& [name, p] : got.params) {
+    EXPECT_TRUE(hp::test::tensors_equal(got.grads.at(name), reference.grads.at(name))) << name;
+    EXPECT_TRUE(hp::test::tensors_equal(p, reference.params.at(name))) << name;
+  }
+  return got.params.size();
+}
+
+}  // namespace hp::pp::parity

@@ -1,0 +1,59 @@
+// One training run of the pipeline against one process training the whole
+// model on the same micro-batches, shared by the in-process test (ranks as
+// threads over LoopbackTransport) and the multi-process one (ranks as
+// processes over a process group).
+//
+// Losses, gradients and the parameters after AdamW steps are compared bit
+// for bit: each stage runs the ops the whole model runs on the same values,
+// the boundary gradient reaches a stage's output as it reaches the same
+// tensor inside the whole model's graph (one sum of the same
+// contributions), every parameter's gradient accumulates over the
+// micro-batches in micro-batch order in both, and transfers copy bytes.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "hp/pp/pipeline.h"
+
+namespace hp::pp::parity {
+
+struct Case {
+  ScheduleKind kind;
+  int ranks;
+  int stages_per_rank;
+  int microbatches;
+  std::vector<std::string> split_points;  // empty: balanced
+  bool checkpointing = false;
+  bool llama = false;
+};
+
+std::string name_of(const Case& c);
+
+struct Run {
+  std::vector<at::Tensor> losses;              // per step (undefined off the last stage)
+  std::map<std::string, at::Tensor> grads;     // after the last step's backward
+  std::map<std::string, at::Tensor> params;    // after the last step
+};
+
+// The whole model in this process.
+Run reference_run(const Case& c);
+
+// Pipeline rank `rank`'s stages of the case's model, built from the same
+// seed as the reference (call one rank after the other within a process:
+// the weights come from the one default generator).
+std::vector<StageModule> build_stages(const Case& c, int rank);
+
+// Trains `stages` as pipeline rank transport->rank() for the case's steps.
+Run pipeline_run(const Case& c, std::vector<StageModule> stages,
+                 std::shared_ptr<Transport> transport);
+
+// Expects `rank`'s run to equal the reference's for what the rank holds;
+// returns how many parameters it compared.
+size_t expect_rank_matches(const Case& c, int rank, const Run& got, const Run& reference);
+
+}  // namespace hp::pp::parity

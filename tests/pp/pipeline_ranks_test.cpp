@@ -1,0 +1,58 @@
+// The pipeline over real processes (hprun): pipeline rank = global rank,
+// point-to-point over the world group (Gloo), every schedule against the
+// whole model trained in this process on the same micro-batches.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <torch/torch.h>
+
+#include "hp/distributed/world.h"
+#include "hp/pp/transport.h"
+#include "tests/pp/pipeline_parity.h"
+#include "tests/support/tensor_checks.h"
+
+namespace hp::pp {
+namespace {
+
+using parity::Case;
+
+void expect_parity_on_world(Case c) {
+  c.ranks = hp::test::world_size();
+  const int rank = hp::test::rank();
+  const parity::Run reference = parity::reference_run(c);
+  auto transport = std::make_shared<GroupTransport>(dist::world_group());
+  const parity::Run run = parity::pipeline_run(c, parity::build_stages(c, rank), transport);
+  parity::expect_rank_matches(c, rank, run, reference);
+}
+
+int p() { return hp::test::world_size(); }
+
+TEST(PipelineRanks, GPipe) {
+  expect_parity_on_world({ScheduleKind::kGPipe, 0, 1, p()});
+}
+
+TEST(PipelineRanks, OneForwardOneBackward) {
+  expect_parity_on_world({ScheduleKind::k1F1B, 0, 1, p()});
+  expect_parity_on_world({ScheduleKind::k1F1B, 0, 1, 2 * p()});
+  // Uneven: the last stage holds one block.
+  std::vector<std::string> points;
+  for (int s = 1; s < p(); ++s) points.push_back("h." + std::to_string(s));
+  expect_parity_on_world({ScheduleKind::k1F1B, 0, 1, p() + 1, points});
+  expect_parity_on_world({ScheduleKind::k1F1B, 0, 1, p(), {}, /*checkpointing=*/true});
+}
+
+TEST(PipelineRanks, Interleaved) {
+  expect_parity_on_world({ScheduleKind::kInterleaved1F1B, 0, 2, 2 * p()});
+}
+
+TEST(PipelineRanks, ZeroBubble) {
+  expect_parity_on_world({ScheduleKind::kZeroBubble, 0, 2, 2 * p()});
+  expect_parity_on_world({ScheduleKind::kZeroBubble, 0, 2, p(), {}, /*checkpointing=*/true});
+}
+
+TEST(PipelineRanks, Llama) {
+  expect_parity_on_world({ScheduleKind::k1F1B, 0, 1, p(), {}, false, /*llama=*/true});
+}
+
+}  // namespace
+}  // namespace hp::pp
