@@ -2,6 +2,7 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include "hp/distributed/p2p_state.h"
 #include "hp/distributed/shm_channel.h"
 #include "hp/util/error.h"
 
@@ -22,7 +23,8 @@ Group::Group(std::vector<int> ranks, int group_rank,
       timeout_(timeout),
       kind_(kind),
       device_(device),
-      shm_(std::move(shm)) {
+      shm_(std::move(shm)),
+      p2p_(std::make_unique<P2PState>(static_cast<int>(ranks_.size()))) {
   HP_CHECK_ARG(group_rank >= -1 && group_rank < static_cast<int>(ranks_.size()), "group '", name_,
                "': group rank ", group_rank, " is out of range for ranks ", to_string(ranks_),
                "; expected -1 (not a member) or an index into them");

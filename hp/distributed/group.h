@@ -8,7 +8,9 @@
 // collectives raise ArgumentError. Every collective issued on a member
 // increments the group's sequence number, which error messages report so
 // that a desynchronised job can be diagnosed (ranks that disagree on the
-// sequence number issued collectives in a different order).
+// sequence number issued collectives in a different order). Point-to-point
+// ops (p2p.h) do not touch it: they are numbered per peer and direction in
+// the group's P2PState instead.
 #pragma once
 
 #include <atomic>
@@ -29,6 +31,7 @@ class ProcessGroup;
 namespace hp::dist {
 
 class ShmChannel;
+class P2PState;
 
 // The c10d backend a group runs on (c10d's ProcessGroup::BackendType): Gloo
 // (CPU tensors, and CUDA tensors through host copies on a CUDA build) or
@@ -88,6 +91,10 @@ class Group {
   // or null (a member elsewhere, HP_SHM=0, a group of one, a non-member).
   ShmChannel* shm_channel() const { return shm_.get(); }
 
+  // The per-peer numbers of point-to-point ops (p2p.h and p2p_state.h),
+  // which p2p.cpp updates.
+  P2PState& p2p_state() const { return *p2p_; }
+
  private:
   std::vector<int> ranks_;
   int rank_ = -1;
@@ -101,6 +108,7 @@ class Group {
   // Destroyed before the process group: its thread may still be finishing a
   // collective whose completion refers to nothing of Gloo's.
   std::unique_ptr<ShmChannel> shm_;
+  std::unique_ptr<P2PState> p2p_;
 };
 
 using GroupPtr = std::shared_ptr<Group>;

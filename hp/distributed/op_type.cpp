@@ -10,6 +10,8 @@ const char* op_name(OpType op) {
     case OpType::kBroadcast: return "broadcast";
     case OpType::kAllToAll: return "all_to_all";
     case OpType::kBarrier: return "barrier";
+    case OpType::kSend: return "send";
+    case OpType::kRecv: return "recv";
   }
   return "unknown";
 }

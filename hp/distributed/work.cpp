@@ -45,6 +45,11 @@ struct Work::State {
   c10::Device device{c10::DeviceType::CPU};
   StreamOps* ops = nullptr;  // the device's, when they order by streams
   bool host_completion = true;
+  // A point-to-point op (p2p.h): `sequence` is its number among this rank's
+  // ops of that direction with the peer (group rank `peer`, global rank
+  // `peer_global`; -1 for a coalesced batch, whose `sizes` names each op).
+  bool p2p = false;
+  int peer = -1, peer_global = -1;
 
   std::mutex mutex;
   std::condition_variable finished_cv;
@@ -55,6 +60,9 @@ struct Work::State {
   std::exception_ptr error;
   c10::intrusive_ptr<c10d::Work> backend_work;  // dropped once finished
   std::function<void()> finish;                 // the local step
+  // Host path without a future (Gloo's sends and receives): the first
+  // wait runs it, then complete().
+  detail::P2PWaiter waiter;
   StreamEvent done;
 
   // Runs the local step once; `cause` is the backend's error.
@@ -87,9 +95,28 @@ struct StreamWaitTimes {
 StreamWaitTimes g_stream_waits;
 
 std::string failure_message(const Work::State& s, const std::string& cause) {
+  if (s.p2p && s.peer >= 0) {
+    const bool send = std::string(s.op) == "send";
+    return cat(s.op, " failed on ", *s.group, " (this rank is group rank ", s.group_rank,
+               "; peer global rank ", s.peer_global, ", group rank ", s.peer,
+               "; p2p sequence number ", s.sequence, send ? " to" : " from", " that peer, timeout ",
+               s.timeout.count(), " ms); ", s.sizes(), ": ", cause);
+  }
+  if (s.p2p) {
+    return cat(s.op, " failed on ", *s.group, " (this rank is group rank ", s.group_rank,
+               ", timeout ", s.timeout.count(), " ms); ", s.sizes(), ": ", cause);
+  }
   return cat(s.op, " failed on ", *s.group, " (this rank is group rank ", s.group_rank,
              ", sequence number ", s.sequence, ", timeout ", s.timeout.count(), " ms); ",
              s.sizes(), ": ", cause);
+}
+
+// The op's name in the trace: "all_reduce group 'world' ranks [0, 1] #3",
+// "send group 'world' ranks [0, 1] to rank 1 #0".
+std::string trace_name(const Work::State& s) {
+  if (!s.p2p || s.peer < 0) return cat(s.op, " ", *s.group, " #", s.sequence);
+  return cat(s.op, " ", *s.group, std::string(s.op) == "send" ? " to" : " from", " rank ",
+             s.peer_global, " #", s.sequence);
 }
 
 std::string describe_exception(const Work::State& s, std::exception_ptr e) {
@@ -130,6 +157,31 @@ std::shared_ptr<Work::State> begin(Group& group, detail::LaunchInfo& info,
   return state;
 }
 
+// A point-to-point op's state: nothing of the group's sequence, no
+// cross-rank comparison (ranks issue different numbers of them).
+std::shared_ptr<Work::State> begin_p2p(Group& group, detail::P2PInfo& info,
+                                       std::function<void()> finish) {
+  auto state = std::make_shared<Work::State>();
+  state->op = info.op;
+  state->group = group.shared_description();
+  state->group_rank = group.rank();
+  state->timeout = group.timeout();
+  state->sizes = std::move(info.sizes);
+  state->sequence = info.sequence;
+  state->p2p = true;
+  state->peer = info.peer;
+  state->peer_global = info.peer >= 0 ? group.global_rank(info.peer) : -1;
+  state->finish = std::move(finish);
+  state->device = info.device;
+  StreamOps& ops = stream_ops_for(info.device);
+  if (ops.orders_by_streams()) state->ops = &ops;
+  state->issued_us = trace::now_us();
+  constexpr auto relaxed = std::memory_order_relaxed;
+  g_stats.calls[static_cast<size_t>(OpType::kSend)].fetch_add(info.sends, relaxed);
+  g_stats.calls[static_cast<size_t>(OpType::kRecv)].fetch_add(info.recvs, relaxed);
+  return state;
+}
+
 // The stream path's end of issue: the local step behind the collective on
 // the issuing stream, then the event.
 void finish_on_stream(Work::State& s) {
@@ -150,7 +202,7 @@ void finish_on_stream(Work::State& s) {
 // issue (the host does not wait for it: no completion to record) and the
 // device's run, from `gpu_start` to the stream after the local step.
 void trace_on_stream(Work::State& s, trace::GpuMarkPtr gpu_start) {
-  std::string name = cat(s.op, " ", *s.group, " #", s.sequence);
+  std::string name = trace_name(s);
   trace::record("issue " + name, "comm", s.op, s.issued_us, trace::now_us());
   trace::record_gpu(std::move(name), "comm", s.op, std::move(gpu_start),
                     s.ops->trace_mark(s.ops->current()));
@@ -178,12 +230,14 @@ Work launch_on_channel(Group& group, LaunchInfo info, ShmChannel::Op channel_op,
   return Work(std::move(state));
 }
 
-Work launch(Group& group, LaunchInfo info,
-            const std::function<c10::intrusive_ptr<c10d::Work>()>& issue,
-            std::function<void()> finish) {
-  std::shared_ptr<Work::State> state = begin(group, info, std::move(finish));
+namespace {
+
+// launch()'s issue, for any begun state: what a collective and a
+// point-to-point op on the stream path share.
+Work issue_on_backend(Group& group, std::shared_ptr<Work::State> state, int64_t bytes,
+                      const std::function<c10::intrusive_ptr<c10d::Work>()>& issue) {
   const bool nccl = group.backend_type() == BackendType::kNccl;
-  if (state->ops && issue) state->ops->on_collective(state->ops->current(), info.op, info.bytes);
+  if (state->ops && issue) state->ops->on_collective(state->ops->current(), state->op, bytes);
   // Where the collective runs on the issuing stream, the trace marks that
   // stream around it: when the device ran it, beside when the host issued it.
   trace::GpuMarkPtr gpu_start;
@@ -210,7 +264,7 @@ Work launch(Group& group, LaunchInfo info,
     if (gpu_start) trace_on_stream(*state, std::move(gpu_start));
     return Work(std::move(state));
   }
-  if (state->ops) state->done = state->ops->record(state->ops->current(), info.op);
+  if (state->ops) state->done = state->ops->record(state->ops->current(), state->op);
   {
     std::lock_guard<std::mutex> lock(state->mutex);
     state->backend_work = backend_work;
@@ -223,6 +277,43 @@ Work launch(Group& group, LaunchInfo info,
     if (!s) return;
     s->complete(future.hasError() ? future.exception_ptr() : nullptr);
   });
+  return Work(std::move(state));
+}
+
+}  // namespace
+
+Work launch(Group& group, LaunchInfo info,
+            const std::function<c10::intrusive_ptr<c10d::Work>()>& issue,
+            std::function<void()> finish) {
+  std::shared_ptr<Work::State> state = begin(group, info, std::move(finish));
+  return issue_on_backend(group, std::move(state), info.bytes, issue);
+}
+
+Work launch_p2p_on_stream(Group& group, P2PInfo info,
+                          const std::function<c10::intrusive_ptr<c10d::Work>()>& issue) {
+  std::shared_ptr<Work::State> state = begin_p2p(group, info, nullptr);
+  return issue_on_backend(group, std::move(state), info.bytes, issue);
+}
+
+Work launch_p2p(Group& group, P2PInfo info, const std::function<P2PWaiter()>& issue,
+                std::function<void()> finish) {
+  std::shared_ptr<Work::State> state = begin_p2p(group, info, std::move(finish));
+  if (state->ops) state->ops->on_collective(state->ops->current(), info.op, info.bytes);
+  P2PWaiter waiter;
+  try {
+    if (issue) waiter = issue();
+  } catch (const CollectiveError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CollectiveError(failure_message(*state, exception_message(e)));
+  }
+  if (state->ops) state->done = state->ops->record(state->ops->current(), info.op);
+  if (!waiter) {
+    state->complete(nullptr);  // nothing on the wire: done here
+  } else {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    state->waiter = std::move(waiter);
+  }
   return Work(std::move(state));
 }
 
@@ -297,13 +388,30 @@ void Work::State::wait_host() {
   std::unique_lock<std::mutex> lock(mutex);
   if (waited) return;
   const int64_t wait_start = trace::now_us();
+  if (waiter) {
+    // The first waiting thread drives the op to its end (bounded by the
+    // group's timeout); any other one waits for it below.
+    detail::P2PWaiter drive = std::move(waiter);
+    waiter = nullptr;
+    lock.unlock();
+    std::exception_ptr cause;
+    try {
+      drive(timeout);
+    } catch (...) {
+      cause = std::current_exception();
+    }
+    drive = nullptr;  // the backend's buffers go before the local step
+    complete(cause);
+    lock.lock();
+    if (waited) return;
+  }
   finished_cv.wait(lock, [this] { return finished; });
   const int64_t wait_end = trace::now_us();
   waited = true;
   g_stats.comm_us.fetch_add(completed_us - issued_us, std::memory_order_relaxed);
   g_stats.wait_us.fetch_add(wait_end - wait_start, std::memory_order_relaxed);
   if (trace::enabled()) {
-    trace::record(cat(op, " ", *group, " #", sequence), "comm", op, issued_us, completed_us);
+    trace::record(trace_name(*this), "comm", op, issued_us, completed_us);
     if (wait_end > wait_start) trace::record(cat("wait ", op), "wait", "wait", wait_start, wait_end);
   }
 }
