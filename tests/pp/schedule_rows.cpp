@@ -15,8 +15,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
-    hp::pp::ScheduleSpec spec{hp::pp::parse_schedule_kind(argv[1]), std::atoi(argv[2]), std::atoi(argv[3]),
-                              std::atoi(argv[4])};
+    hp::pp::ScheduleSpec spec{hp::pp::parse_schedule_kind(argv[1]), std::atoi(argv[2]),
+                              std::atoi(argv[3]), std::atoi(argv[4])};
     std::fputs(hp::pp::to_csv(hp::pp::compute_rows(spec)).c_str(), stdout);
   } catch (const hp::ArgumentError& e) {
     std::fprintf(stderr, "%s\n", e.what());

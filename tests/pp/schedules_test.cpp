@@ -71,8 +71,8 @@ TEST(PpAction, SpellsActionsAsPyTorch) {
 }
 
 TEST(PpAction, ParsesEveryOpBack) {
-  for (Op op : {Op::kForward, Op::kBackward, Op::kBackwardInput, Op::kBackwardWeight, Op::kSendF, Op::kRecvF,
-                Op::kSendB, Op::kRecvB, Op::kUnshard, Op::kReshard, Op::kReduceGrad}) {
+  for (Op op : {Op::kForward, Op::kBackward, Op::kBackwardInput, Op::kBackwardWeight, Op::kSendF,
+                Op::kRecvF, Op::kSendB, Op::kRecvB, Op::kUnshard, Op::kReshard, Op::kReduceGrad}) {
     Action a{17, op, is_stage_wide(op) ? -1 : 123};
     EXPECT_EQ(parse_action(to_string(a)), a) << to_string(a);
   }
@@ -81,7 +81,8 @@ TEST(PpAction, ParsesEveryOpBack) {
 
 TEST(PpAction, RefusesMalformedTextNamingIt) {
   auto refused = [](const char* text) {
-    EXPECT_THAT([&] { parse_action(text); }, ThrowsMessage<ArgumentError>(HasSubstr(std::string("'") + text + "'")))
+    EXPECT_THAT([&] { parse_action(text); },
+                ThrowsMessage<ArgumentError>(HasSubstr(std::string("'") + text + "'")))
         << text;
   };
   for (const char* text : {"", "F0", "2X0", "2F", "2F0x", "0UNSHARD3", "1WAIT_SEND_F0", "1F-1",
@@ -93,14 +94,17 @@ TEST(PpAction, RefusesMalformedTextNamingIt) {
 }
 
 TEST(PpAction, CsvRoundTripsAndReadsPyTorchsDump) {
-  Rows rows = {{{0, Op::kForward, 0}, {0, Op::kSendF, 0}, {0, Op::kUnshard, -1}}, {}, {{2, Op::kRecvF, 0}}};
+  Rows rows = {
+      {{0, Op::kForward, 0}, {0, Op::kSendF, 0}, {0, Op::kUnshard, -1}}, {}, {{2, Op::kRecvF, 0}}};
   EXPECT_EQ(to_csv(rows), "0F0,0SEND_F0,0UNSHARD\n\n2RECV_F0\n");
   EXPECT_EQ(parse_csv(to_csv(rows)), rows);
   // csv.writer: "\r\n" endings, idle steps (None) as empty cells.
   EXPECT_EQ(parse_csv("0F0,,0B0\r\n1F0, 1B0\r\n"),
-            (Rows{{{0, Op::kForward, 0}, {0, Op::kBackward, 0}}, {{1, Op::kForward, 0}, {1, Op::kBackward, 0}}}));
+            (Rows{{{0, Op::kForward, 0}, {0, Op::kBackward, 0}},
+                  {{1, Op::kForward, 0}, {1, Op::kBackward, 0}}}));
   EXPECT_THAT([] { parse_csv("0F0\n1F0,1Q0\n"); },
-              ThrowsMessage<ArgumentError>(AllOf(HasSubstr("line 2 (rank 1), cell 2"), HasSubstr("'1Q0'"))));
+              ThrowsMessage<ArgumentError>(
+                  AllOf(HasSubstr("line 2 (rank 1), cell 2"), HasSubstr("'1Q0'"))));
 }
 
 // ---- specs and placement -------------------------------------------------
@@ -109,34 +113,60 @@ TEST(PpSpec, NamesKinds) {
   for (ScheduleKind kind : kAllKinds) EXPECT_EQ(parse_schedule_kind(to_string(kind)), kind);
   EXPECT_STREQ(to_string(ScheduleKind::kZeroBubble), "zero-bubble");
   EXPECT_THAT([] { parse_schedule_kind("zb1p"); },
-              ThrowsMessage<ArgumentError>(AllOf(HasSubstr("'zb1p'"), HasSubstr("gpipe, 1f1b, interleaved"))));
+              ThrowsMessage<ArgumentError>(
+                  AllOf(HasSubstr("'zb1p'"), HasSubstr("gpipe, 1f1b, interleaved"))));
 }
 
 TEST(PpSpec, RefusesFewerMicrobatchesThanRanksNamingBoth) {
   for (ScheduleKind kind : kAllKinds) {
-    EXPECT_THAT([&] { check_spec({kind, 4, 1, 3}); },
-                ThrowsMessage<ArgumentError>(AllOf(HasSubstr("microbatches = 3"), HasSubstr("ranks = 4"))))
+    EXPECT_THAT(
+        [&] {
+          check_spec({kind, 4, 1, 3});
+        },
+        ThrowsMessage<ArgumentError>(AllOf(HasSubstr("microbatches = 3"), HasSubstr("ranks = 4"))))
         << to_string(kind);
   }
 }
 
 TEST(PpSpec, RefusesBadArgumentsNamingThem) {
-  EXPECT_THAT([] { check_spec({ScheduleKind::k1F1B, 0, 1, 4}); },
-              ThrowsMessage<ArgumentError>(HasSubstr("ranks = 0")));
-  EXPECT_THAT([] { check_spec({ScheduleKind::kGPipe, 2, 1, 0}); },
-              ThrowsMessage<ArgumentError>(HasSubstr("microbatches = 0")));
-  EXPECT_THAT([] { check_spec({ScheduleKind::kGPipe, 2, 2, 4}); },
-              ThrowsMessage<ArgumentError>(AllOf(HasSubstr("stages_per_rank = 2 for gpipe"), HasSubstr("expected 1"))));
-  EXPECT_THAT([] { check_spec({ScheduleKind::kInterleaved1F1B, 2, 0, 4}); },
-              ThrowsMessage<ArgumentError>(HasSubstr("stages_per_rank = 0 for interleaved")));
+  EXPECT_THAT(
+      [] {
+        check_spec({ScheduleKind::k1F1B, 0, 1, 4});
+      },
+      ThrowsMessage<ArgumentError>(HasSubstr("ranks = 0")));
+  EXPECT_THAT(
+      [] {
+        check_spec({ScheduleKind::kGPipe, 2, 1, 0});
+      },
+      ThrowsMessage<ArgumentError>(HasSubstr("microbatches = 0")));
+  EXPECT_THAT(
+      [] {
+        check_spec({ScheduleKind::kGPipe, 2, 2, 4});
+      },
+      ThrowsMessage<ArgumentError>(
+          AllOf(HasSubstr("stages_per_rank = 2 for gpipe"), HasSubstr("expected 1"))));
+  EXPECT_THAT(
+      [] {
+        check_spec({ScheduleKind::kInterleaved1F1B, 2, 0, 4});
+      },
+      ThrowsMessage<ArgumentError>(HasSubstr("stages_per_rank = 0 for interleaved")));
   // PyTorch's rounds rule: m a multiple of max(1, m / p).
-  EXPECT_THAT([] { check_spec({ScheduleKind::kZeroBubble, 4, 2, 9}); },
-              ThrowsMessage<ArgumentError>(AllOf(HasSubstr("microbatches = 9"), HasSubstr("rounds"),
-                                                 HasSubstr("= 2"), HasSubstr("e.g. 8 or 10"))));
-  EXPECT_THAT([] { check_spec({ScheduleKind::kGPipe, 4096, 1, 1 << 13}); },
-              ThrowsMessage<ArgumentError>(HasSubstr("at most 16777216")));
-  EXPECT_THAT([] { check_spec({static_cast<ScheduleKind>(9), 2, 1, 2}); },
-              ThrowsMessage<ArgumentError>(HasSubstr("ScheduleSpec.kind = 9")));
+  EXPECT_THAT(
+      [] {
+        check_spec({ScheduleKind::kZeroBubble, 4, 2, 9});
+      },
+      ThrowsMessage<ArgumentError>(AllOf(HasSubstr("microbatches = 9"), HasSubstr("rounds"),
+                                         HasSubstr("= 2"), HasSubstr("e.g. 8 or 10"))));
+  EXPECT_THAT(
+      [] {
+        check_spec({ScheduleKind::kGPipe, 4096, 1, 1 << 13});
+      },
+      ThrowsMessage<ArgumentError>(HasSubstr("at most 16777216")));
+  EXPECT_THAT(
+      [] {
+        check_spec({static_cast<ScheduleKind>(9), 2, 1, 2});
+      },
+      ThrowsMessage<ArgumentError>(HasSubstr("ScheduleSpec.kind = 9")));
   // Accepted: GPipe with any m >= p; the looped ones with m = 5 on 4 ranks
   // (one round of 5) and m = 10 (two rounds of 5).
   check_spec({ScheduleKind::kGPipe, 4, 1, 7});
@@ -170,8 +200,10 @@ TEST(PpComputeRows, ZeroBubbleDefersWeightsByRank) {
   // PyTorch 2.15's InterleavedZeroBubble, p = 4, m = 8, v = 2, rank 3.
   Rows rows = compute_rows({ScheduleKind::kZeroBubble, 4, 2, 8});
   EXPECT_EQ(to_csv({rows[3]}),
-            "3F0,3F1,3F2,3F3,7F0,7I0,7F1,7I1,7F2,7I2,7F3,7I3,7W0,3F4,3I0,7W1,3F5,3I1,7W2,3F6,3I2,7W3,3F7,3I3,3W0,"
-            "7F4,7I4,3W1,7F5,7I5,3W2,7F6,7I6,3W3,7F7,7I7,7W4,3I4,7W5,3I5,7W6,3I6,7W7,3I7,3W4,3W5,3W6,3W7\n");
+            "3F0,3F1,3F2,3F3,7F0,7I0,7F1,7I1,7F2,7I2,7F3,7I3,7W0,3F4,3I0,7W1,3F5,3I1,7W2,3F6,3I2,"
+            "7W3,3F7,3I3,3W0,"
+            "7F4,7I4,3W1,7F5,7I5,3W2,7F6,7I6,3W3,7F7,7I7,7W4,3I4,7W5,3I5,7W6,3I6,7W7,3I7,3W4,3W5,"
+            "3W6,3W7\n");
 }
 
 // Forwards before the first backward: GPipe m; 1F1B min(m, p-r);
@@ -181,14 +213,23 @@ TEST(PpComputeRows, WarmUpCountsFollowTheFormulas) {
   for (const ScheduleSpec& spec : grid()) {
     Rows rows = compute_rows(spec);
     SimResult sim = simulate(spec, lower(spec, rows));
-    int p = spec.ranks, v = spec.stages_per_rank, m = spec.microbatches, g = microbatches_per_round(spec);
+    int p = spec.ranks, v = spec.stages_per_rank, m = spec.microbatches,
+        g = microbatches_per_round(spec);
     for (int r = 0; r < p; ++r) {
       int expected = 0;
       switch (spec.kind) {
-        case ScheduleKind::kGPipe: expected = m; break;
-        case ScheduleKind::k1F1B: expected = std::min(m, p - r); break;
-        case ScheduleKind::kInterleaved1F1B: expected = std::min(v * m, (v - 1) * g + 2 * (p - 1 - r) + 1); break;
-        case ScheduleKind::kZeroBubble: expected = std::min(v * m, (v - 1) * g + (p - 1 - r) + 1); break;
+        case ScheduleKind::kGPipe:
+          expected = m;
+          break;
+        case ScheduleKind::k1F1B:
+          expected = std::min(m, p - r);
+          break;
+        case ScheduleKind::kInterleaved1F1B:
+          expected = std::min(v * m, (v - 1) * g + 2 * (p - 1 - r) + 1);
+          break;
+        case ScheduleKind::kZeroBubble:
+          expected = std::min(v * m, (v - 1) * g + (p - 1 - r) + 1);
+          break;
       }
       EXPECT_EQ(sim.forwards_before_first_backward[r], expected) << name(spec) << " rank " << r;
     }
@@ -207,14 +248,17 @@ TEST(PpValidate, RejectsBrokenRowsPrecisely) {
   ScheduleSpec one_f_one_b{ScheduleKind::k1F1B, 2, 1, 2};
   ScheduleSpec zero_bubble{ScheduleKind::kZeroBubble, 2, 1, 2};
   auto rejects = [](const ScheduleSpec& spec, const char* csv, auto matcher) {
-    EXPECT_THAT([&] { validate(spec, parse_csv(csv)); }, ThrowsMessage<ArgumentError>(matcher)) << csv;
+    EXPECT_THAT([&] { validate(spec, parse_csv(csv)); }, ThrowsMessage<ArgumentError>(matcher))
+        << csv;
   };
   // Sanity: the unbroken rows pass.
   validate(one_f_one_b, parse_csv("0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n"));
   validate(zero_bubble, parse_csv("0F0,0F1,0I0,0W0,0I1,0W1\n1F0,1I0,1F1,1I1,1W0,1W1\n"));
   // A missing B.
-  rejects(one_f_one_b, "0F0,0F1,0B0,0B1\n1F0,1B0,1F1\n",
-          HasSubstr("stage 1, micro-batch 1 has no backward: expected 1B1 (or 1I1 and 1W1) in rank 1's row"));
+  rejects(
+      one_f_one_b, "0F0,0F1,0B0,0B1\n1F0,1B0,1F1\n",
+      HasSubstr(
+          "stage 1, micro-batch 1 has no backward: expected 1B1 (or 1I1 and 1W1) in rank 1's row"));
   // A B before its F.
   rejects(one_f_one_b, "0F0,0B1,0F1,0B0\n1F0,1B0,1F1,1B1\n",
           HasSubstr("rank 0, position 1: 0B1 comes before its forward 0F1"));
@@ -227,13 +271,15 @@ TEST(PpValidate, RejectsBrokenRowsPrecisely) {
   // Twice the same F, a missing F, a missing W, B and I for one backward.
   rejects(one_f_one_b, "0F0,0F1,0F0,0B0,0B1\n1F0,1B0,1F1,1B1\n",
           HasSubstr("rank 0, position 2: 0F0 runs a second time (first at position 0)"));
-  rejects(one_f_one_b, "0F0,0B0\n1F0,1B0,1F1,1B1\n", HasSubstr("stage 0, micro-batch 1 has no forward"));
+  rejects(one_f_one_b, "0F0,0B0\n1F0,1B0,1F1,1B1\n",
+          HasSubstr("stage 0, micro-batch 1 has no forward"));
   rejects(zero_bubble, "0F0,0F1,0I0,0W0,0I1\n1F0,1I0,1F1,1I1,1W0,1W1\n",
           HasSubstr("stage 0, micro-batch 1 has 0I1 but no 0W1"));
   rejects(zero_bubble, "0F0,0F1,0I0,0W0,0I1,0B1,0W1\n1F0,1I0,1F1,1I1,1W0,1W1\n",
           HasSubstr("both run micro-batch 1's backward of stage 0"));
   // Out of range, lowered actions, the wrong number of rows.
-  rejects(one_f_one_b, "0F0,0F1,0B0,0B1,0F2\n1F0,1B0,1F1,1B1\n", HasSubstr("micro-batch 2 is out of range"));
+  rejects(one_f_one_b, "0F0,0F1,0B0,0B1,0F2\n1F0,1B0,1F1,1B1\n",
+          HasSubstr("micro-batch 2 is out of range"));
   rejects(one_f_one_b, "0F0,0SEND_F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n",
           HasSubstr("0SEND_F0 is not a compute action"));
   rejects(one_f_one_b, "0F0,0F1,0B0,0B1\n", HasSubstr("1 rows for a 1f1b schedule of 2 ranks"));
@@ -289,7 +335,8 @@ TEST(PpLower, PairsTheKthSendWithTheKthRecvOnEveryEdge) {
           EXPECT_TRUE(consumed_later) << name(spec) << ": " << a << " after its consumer";
         }
       }
-      EXPECT_EQ(computes, compute[rank]) << name(spec) << ": lowering reordered rank " << rank << "'s computes";
+      EXPECT_EQ(computes, compute[rank])
+          << name(spec) << ": lowering reordered rank " << rank << "'s computes";
     }
     EXPECT_TRUE(sends == recvs) << name(spec);
     // Every cross-rank boundary: p*v - 1 boundaries, those between two ranks carry m
@@ -307,7 +354,8 @@ TEST(PpLower, SameRankHandoffsNeedNoTransfer) {
 }
 
 TEST(PpLower, PutsFsdpActionsAroundEachStagesWork) {
-  for (ScheduleSpec spec : {ScheduleSpec{ScheduleKind::k1F1B, 4, 1, 8}, ScheduleSpec{ScheduleKind::kInterleaved1F1B, 4, 2, 8},
+  for (ScheduleSpec spec : {ScheduleSpec{ScheduleKind::k1F1B, 4, 1, 8},
+                            ScheduleSpec{ScheduleKind::kInterleaved1F1B, 4, 2, 8},
                             ScheduleSpec{ScheduleKind::kZeroBubble, 2, 2, 4}}) {
     Rows compute = compute_rows(spec);
     Rows plain = lower(spec, compute);
@@ -352,8 +400,9 @@ TEST(PpLower, NamesTheStuckActionsOfMalformedRows) {
   Rows crossed = parse_csv("0F0,0B0,0F1,0B1\n1F1,1F0,1B0,1B1\n");
   EXPECT_NO_THROW(validate(spec, crossed));
   EXPECT_THAT([&] { lower(spec, crossed); },
-              ThrowsMessage<ArgumentError>(AllOf(HasSubstr("malformed"), HasSubstr("rank 0 at position 1: 0B0 waits for 0RECV_B0"),
-                                                 HasSubstr("rank 1 at position 0: 1F1 waits for 1RECV_F1"))));
+              ThrowsMessage<ArgumentError>(AllOf(
+                  HasSubstr("malformed"), HasSubstr("rank 0 at position 1: 0B0 waits for 0RECV_B0"),
+                  HasSubstr("rank 1 at position 0: 1F1 waits for 1RECV_F1"))));
   // Rows that fail validate() fail with validate()'s message.
   EXPECT_THAT([&] { lower(spec, parse_csv("0F0,0F1,0B0,0B1\n1F0,1B0,1F1\n")); },
               ThrowsMessage<ArgumentError>(HasSubstr("has no backward")));
@@ -368,7 +417,8 @@ TEST(PpSimulate, LoweredSchedulesNeverDeadlock) {
       for (P2PSemantics semantics : {P2PSemantics::kEagerSend, P2PSemantics::kRendezvous}) {
         for (Costs costs : {Costs{}, Costs{1, 2, 1, 0.25}, Costs{2, 1, 1, 0}}) {
           SimResult sim = simulate(spec, lowered, costs, semantics);
-          ASSERT_FALSE(sim.deadlock) << name(spec) << (fsdp ? " fsdp" : "") << ": " << sim.deadlock_report;
+          ASSERT_FALSE(sim.deadlock)
+              << name(spec) << (fsdp ? " fsdp" : "") << ": " << sim.deadlock_report;
           ASSERT_EQ(sim.idle.size(), static_cast<size_t>(spec.ranks));
           // No rank finishes before it computed v*m*(t_F + t_I + t_W).
           double busy = spec.stages_per_rank * spec.microbatches *
@@ -389,10 +439,11 @@ TEST(PpSimulate, ReproducesTheFigures) {
     std::vector<int> forwards_first;
     std::vector<int> peak_live;
   };
-  for (const Expected& e : {Expected{{ScheduleKind::kGPipe, 4, 1, 8}, 9.0, {8, 8, 8, 8}, {8, 8, 8, 8}},
-                            Expected{{ScheduleKind::k1F1B, 4, 1, 8}, 9.0, {4, 3, 2, 1}, {4, 3, 2, 1}},
-                            Expected{{ScheduleKind::kInterleaved1F1B, 4, 2, 8}, 4.5, {11, 9, 7, 5}, {11, 9, 7, 5}},
-                            Expected{{ScheduleKind::kZeroBubble, 4, 2, 8}, 1.5, {8, 7, 6, 5}, {8, 8, 8, 8}}}) {
+  for (const Expected& e :
+       {Expected{{ScheduleKind::kGPipe, 4, 1, 8}, 9.0, {8, 8, 8, 8}, {8, 8, 8, 8}},
+        Expected{{ScheduleKind::k1F1B, 4, 1, 8}, 9.0, {4, 3, 2, 1}, {4, 3, 2, 1}},
+        Expected{{ScheduleKind::kInterleaved1F1B, 4, 2, 8}, 4.5, {11, 9, 7, 5}, {11, 9, 7, 5}},
+        Expected{{ScheduleKind::kZeroBubble, 4, 2, 8}, 1.5, {8, 7, 6, 5}, {8, 8, 8, 8}}}) {
     // Stage-equivalents: a looped stage is half a rank's layers.
     Costs costs;
     if (e.spec.stages_per_rank == 2) costs = {0.5, 0.5, 0.5, 0};
@@ -465,14 +516,19 @@ TEST(PpSimulate, ReportsCrossedSendsAsADeadlockUnderRendezvous) {
   EXPECT_FALSE(eager.deadlock) << eager.deadlock_report;
   SimResult rendezvous = simulate(spec, rows, {}, P2PSemantics::kRendezvous);
   EXPECT_TRUE(rendezvous.deadlock);
-  EXPECT_THAT(rendezvous.deadlock_report,
-              AllOf(HasSubstr("rendezvous"),
-                    HasSubstr("rank 0 blocked at position 3, 0SEND_F1: waits for rank 1 to post its 2nd receive"),
-                    HasSubstr("rank 1 blocked at position 3, 1SEND_B0: waits for rank 0 to post its 1st receive")));
+  EXPECT_THAT(
+      rendezvous.deadlock_report,
+      AllOf(
+          HasSubstr("rendezvous"),
+          HasSubstr(
+              "rank 0 blocked at position 3, 0SEND_F1: waits for rank 1 to post its 2nd receive"),
+          HasSubstr(
+              "rank 1 blocked at position 3, 1SEND_B0: waits for rank 0 to post its 1st receive")));
 }
 
 TEST(PpSimulate, ReportsCyclicWaitsAsADeadlockUnderBothSemantics) {
-  // Rank 0 sends 0F0's output only after 0B0, which needs the gradient of 1F0, which needs that output.
+  // Rank 0 sends 0F0's output only after 0B0, which needs the gradient of 1F0, which needs that
+  // output.
   ScheduleSpec spec{ScheduleKind::kGPipe, 2, 1, 2};
   Rows rows = parse_csv(
       "0F0,0F1,0SEND_F1,0RECV_B0,0B0,0SEND_F0,0RECV_B1,0B1\n"
@@ -480,8 +536,9 @@ TEST(PpSimulate, ReportsCyclicWaitsAsADeadlockUnderBothSemantics) {
   for (P2PSemantics semantics : {P2PSemantics::kEagerSend, P2PSemantics::kRendezvous}) {
     // The first receive on rank 1 would take 0F1's output: refused before any deadlock.
     EXPECT_THAT([&] { simulate(spec, rows, {}, semantics); },
-                ThrowsMessage<ArgumentError>(AllOf(HasSubstr("the 1st transfer from rank 0 to rank 1 pairs 0SEND_F1"),
-                                                   HasSubstr("with 1RECV_F0"))));
+                ThrowsMessage<ArgumentError>(
+                    AllOf(HasSubstr("the 1st transfer from rank 0 to rank 1 pairs 0SEND_F1"),
+                          HasSubstr("with 1RECV_F0"))));
   }
   rows = parse_csv(
       "0F0,0F1,0SEND_F1,0RECV_B0,0B0,0SEND_F0,0RECV_B1,0B1\n"
@@ -489,10 +546,13 @@ TEST(PpSimulate, ReportsCyclicWaitsAsADeadlockUnderBothSemantics) {
   for (P2PSemantics semantics : {P2PSemantics::kEagerSend, P2PSemantics::kRendezvous}) {
     SimResult sim = simulate(spec, rows, {}, semantics);
     EXPECT_TRUE(sim.deadlock);
-    EXPECT_THAT(sim.deadlock_report,
-                AllOf(HasSubstr("rank 0 blocked at position 4, 0B0: waits for the data of 0RECV_B0"),
-                      HasSubstr("rank 1 blocked at position 2, 1F0: waits for the data of 1RECV_F0: rank 0 has not "
-                                "sent its 2nd transfer to rank 1")));
+    EXPECT_THAT(
+        sim.deadlock_report,
+        AllOf(
+            HasSubstr("rank 0 blocked at position 4, 0B0: waits for the data of 0RECV_B0"),
+            HasSubstr(
+                "rank 1 blocked at position 2, 1F0: waits for the data of 1RECV_F0: rank 0 has not "
+                "sent its 2nd transfer to rank 1")));
     EXPECT_TRUE(sim.idle.empty());
     EXPECT_EQ(sim.peak_live, (std::vector<int>{2, 1}));
   }
@@ -505,8 +565,9 @@ TEST(PpSimulate, ReportsUnpairedTransfers) {
   rows[0].push_back(Action{0, Op::kSendF, 1});
   SimResult sim = simulate(spec, rows);
   EXPECT_TRUE(sim.deadlock);
-  EXPECT_THAT(sim.deadlock_report, HasSubstr("0SEND_F1 (position " + std::to_string(rows[0].size() - 1) +
-                                             ", its 3rd send to rank 1) is never received"));
+  EXPECT_THAT(sim.deadlock_report,
+              HasSubstr("0SEND_F1 (position " + std::to_string(rows[0].size() - 1) +
+                        ", its 3rd send to rank 1) is never received"));
 }
 
 TEST(PpSimulate, RefusesRowsThatAreNoScheduleOfTheSpec) {
@@ -514,11 +575,15 @@ TEST(PpSimulate, RefusesRowsThatAreNoScheduleOfTheSpec) {
   EXPECT_THAT([&] { simulate(spec, parse_csv("0F0\n1F0\n1F1\n")); },
               ThrowsMessage<ArgumentError>(HasSubstr("3 rows for a schedule of 2 ranks")));
   EXPECT_THAT([&] { simulate(spec, parse_csv("0F0,1F0\n\n")); },
-              ThrowsMessage<ArgumentError>(HasSubstr("rank 0, position 1: 1F0: stage 1 is held by rank 1")));
+              ThrowsMessage<ArgumentError>(
+                  HasSubstr("rank 0, position 1: 1F0: stage 1 is held by rank 1")));
   EXPECT_THAT([&] { simulate(spec, parse_csv("0F0,0SEND_B0\n\n")); },
               ThrowsMessage<ArgumentError>(HasSubstr("stage 0 has no previous stage")));
-  EXPECT_THAT([&] { simulate(spec, parse_csv("0F0\n\n"), Costs{-1, 1, 1, 0}); },
-              ThrowsMessage<ArgumentError>(HasSubstr("expected finite costs >= 0")));
+  EXPECT_THAT(
+      [&] {
+        simulate(spec, parse_csv("0F0\n\n"), Costs{-1, 1, 1, 0});
+      },
+      ThrowsMessage<ArgumentError>(HasSubstr("expected finite costs >= 0")));
 }
 
 }  // namespace
