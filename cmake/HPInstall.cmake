@@ -23,11 +23,11 @@ include(CMakePackageConfigHelpers)
 set(HP_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/HyperParallel)
 
 add_library(hp INTERFACE)
-target_link_libraries(hp INTERFACE hp_fsdp hp_checkpoint hp_tp hp_plan hp_optim hp_pp_schedule)
+target_link_libraries(hp INTERFACE hp_fsdp hp_checkpoint hp_tp hp_plan hp_optim hp_pp hp_pp_schedule)
 add_library(HyperParallel::hp ALIAS hp)
 
 install(TARGETS hp hp_fsdp hp_tp hp_plan hp_optim hp_nn hp_tensor hp_mesh hp_distributed hp_checkpoint hp_util
-                hp_pp_schedule
+                hp_pp hp_pp_schedule
                 hp_link_order hp_fmt hp_gloo_headers
         EXPORT HyperParallelTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}

@@ -1,0 +1,259 @@
+#include "hp/pp/pipeline.h"
+
+#include <torch/torch.h>
+
+#include <map>
+#include <optional>
+#include <tuple>
+
+#include "hp/pp/lower.h"
+#include "hp/pp/split_backward.h"
+#include "hp/util/error.h"
+
+namespace hp::pp {
+
+// Ours and the vector overloads alike.
+using hp::to_string;
+
+namespace {
+
+// Rethrows the exception in flight with `where` in front, keeping its kind.
+[[noreturn]] void rethrow_with(const std::string& where) {
+  try {
+    throw;
+  } catch (const ArgumentError& e) {
+    throw ArgumentError(where + exception_message(e));
+  } catch (const CollectiveError& e) {
+    throw CollectiveError(where + exception_message(e));
+  } catch (const UnusableError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw std::runtime_error(where + exception_message(e));
+  }
+}
+
+}  // namespace
+
+// What one (stage, micro-batch) carries through a step.
+struct MicroBatch {
+  at::Tensor input;        // the stage's input: ids on stage 0, else a leaf
+  at::Tensor output;       // the stage's output (its graph), or the loss on the last stage
+  at::Tensor grad_output;  // the gradient of output (received, handed over, or ones)
+  at::Tensor grad_input;   // the gradient of input, once backward produced it
+  std::unique_ptr<SplitBackward> split;  // between I and W
+  std::unique_ptr<TransferHandle> recv_input, recv_grad;
+};
+
+struct Pipeline::StepState {
+  std::vector<at::Tensor> inputs, targets;  // per micro-batch
+  std::vector<int64_t> hidden_shape;
+  std::map<std::pair<int, int>, MicroBatch> micro;
+  // Sends in flight and the tensors they read, waited at the end of the step.
+  std::vector<std::pair<std::unique_ptr<TransferHandle>, at::Tensor>> sends;
+  at::Tensor loss_sum;
+};
+
+Pipeline::Pipeline(PipelineOptions options, std::vector<StageModule> stages,
+                   std::shared_ptr<Transport> transport, PipelineLoss loss)
+    : options_(std::move(options)),
+      stages_(std::move(stages)),
+      transport_(std::move(transport)),
+      loss_(std::move(loss)) {
+  const ScheduleSpec& spec = options_.schedule;
+  check_spec(spec);
+  HP_CHECK_ARG(transport_ != nullptr, "Pipeline: transport must not be null");
+  HP_CHECK_ARG(transport_->size() == spec.ranks, "Pipeline: the transport connects ",
+               transport_->size(), " ranks but the schedule has ", spec.ranks, " pipeline ranks");
+  HP_CHECK_ARG(static_cast<bool>(loss_), "Pipeline: loss must be set");
+  HP_CHECK_ARG(options_.hidden_size > 0, "Pipeline: hidden_size ", options_.hidden_size,
+               " must be positive");
+  const std::vector<int> expected = rank_stages(spec, transport_->rank());
+  std::vector<int> got;
+  for (const StageModule& s : stages_) {
+    HP_CHECK_ARG(!s.is_empty(), "Pipeline: a stage module is null");
+    HP_CHECK_ARG(s->num_stages() == num_stages(spec), "Pipeline: stage ", s->stage(),
+                 " comes from a plan of ", s->num_stages(), " stages but the schedule runs ",
+                 num_stages(spec), " (", spec.ranks, " ranks x ", spec.stages_per_rank,
+                 " stages per rank)");
+    got.push_back(s->stage());
+  }
+  HP_CHECK_ARG(got == expected, "Pipeline: pipeline rank ", transport_->rank(), " runs stages ",
+               to_string(expected), " of the ", to_string(spec.kind), " schedule but was given ",
+               to_string(got));
+  rows_ = lower(spec, compute_rows(spec));
+}
+
+Pipeline::~Pipeline() = default;
+
+int Pipeline::rank() const { return transport_->rank(); }
+
+std::vector<at::Tensor> Pipeline::parameters() const {
+  std::vector<at::Tensor> params;
+  for (const StageModule& s : stages_)
+    for (const at::Tensor& p : s->parameters()) params.push_back(p);
+  return params;
+}
+
+StageModuleImpl& Pipeline::local_stage(int stage) {
+  for (StageModule& s : stages_)
+    if (s->stage() == stage) return *s;
+  throw ArgumentError(hp::cat("Pipeline: stage ", stage, " is not on pipeline rank ", rank()));
+}
+
+at::Tensor Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
+  if (!unusable_.empty()) throw UnusableError(unusable_);
+  const ScheduleSpec& spec = options_.schedule;
+  const int M = spec.microbatches;
+  const int last_stage = num_stages(spec) - 1;
+  const bool has_first = stage_rank(spec, 0) == rank();
+  const bool has_last = stage_rank(spec, last_stage) == rank();
+  HP_CHECK_ARG(inputs.defined() && inputs.dim() == 2,
+               "Pipeline::step: inputs must be [B, T] but got ",
+               inputs.defined() ? inputs.sizes() : at::IntArrayRef{});
+  const int64_t B = inputs.size(0), T = inputs.size(1);
+  HP_CHECK_ARG(B % M == 0 && B > 0, "Pipeline::step: batch size ", B,
+               " must be a positive multiple of the schedule's ", M, " micro-batches");
+  if (has_last) {
+    HP_CHECK_ARG(targets.defined() && targets.sizes() == inputs.sizes(),
+                 "Pipeline::step: targets must have the inputs' shape ", inputs.sizes(),
+                 " but got ", targets.defined() ? targets.sizes() : at::IntArrayRef{});
+  }
+  StepState state;
+  state.hidden_shape = {B / M, T, options_.hidden_size};
+  if (has_first) state.inputs = inputs.chunk(M, 0);
+  if (has_last) state.targets = targets.chunk(M, 0);
+
+  const auto& row = rows_.at(rank());
+  for (size_t i = 0; i < row.size(); ++i) {
+    try {
+      run_action(state, row[i]);
+    } catch (...) {
+      const std::string where =
+          hp::cat("pipeline rank ", rank(), " (global rank ", transport_->global_rank(rank()),
+                  "), action ", to_string(row[i]), " (#", i, " of its ", row.size(), " actions): ");
+      unusable_ = where +
+                  "failed in an earlier step; the ranks' schedules no longer agree, "
+                  "rebuild the pipeline (restart the job)";
+      rethrow_with(where);
+    }
+  }
+  try {
+    for (auto& [handle, tensor] : state.sends) handle->wait();
+  } catch (...) {
+    unusable_ = "a send of the pipeline failed in an earlier step; rebuild the pipeline";
+    rethrow_with(hp::cat("pipeline rank ", rank(), ", waiting for its sends: "));
+  }
+  return has_last ? state.loss_sum : at::Tensor();
+}
+
+void Pipeline::run_action(StepState& state, const Action& action) {
+  const ScheduleSpec& spec = options_.schedule;
+  const int s = action.stage, k = action.microbatch;
+  const int last_stage = num_stages(spec) - 1;
+  MicroBatch& mb = state.micro[{s, k}];
+  auto hidden = [&] {
+    return at::empty(state.hidden_shape,
+                     at::TensorOptions(options_.hidden_dtype).device(options_.device));
+  };
+  auto previous_is_local = [&] { return s > 0 && stage_rank(spec, s - 1) == rank(); };
+  auto next_is_local = [&] { return s < last_stage && stage_rank(spec, s + 1) == rank(); };
+  // The gradient of the stage's output, before its backward.
+  auto take_grad_output = [&]() -> at::Tensor {
+    if (s == last_stage) return at::ones_like(mb.output);
+    if (next_is_local()) {
+      MicroBatch& next = state.micro.at({s + 1, k});
+      at::Tensor g = std::move(next.grad_input);
+      return g;
+    }
+    HP_CHECK_ARG(mb.recv_grad != nullptr, "no RECV_B was posted before this backward");
+    mb.recv_grad->wait();
+    mb.recv_grad.reset();
+    return mb.grad_output;
+  };
+  auto stage_params = [&](StageModuleImpl& stage) {
+    std::vector<at::Tensor> params;
+    for (const at::Tensor& p : stage.parameters())
+      if (p.requires_grad()) params.push_back(p);
+    return params;
+  };
+
+  switch (action.op) {
+    case Op::kRecvF:
+      mb.input = hidden();
+      mb.recv_input = transport_->recv(mb.input, stage_rank(spec, s - 1), kActivationTag);
+      return;
+    case Op::kRecvB:
+      mb.grad_output = hidden();
+      mb.recv_grad = transport_->recv(mb.grad_output, stage_rank(spec, s + 1), kGradientTag);
+      return;
+    case Op::kForward: {
+      StageModuleImpl& stage = local_stage(s);
+      at::Tensor input;
+      if (s == 0) {
+        input = state.inputs.at(k);
+      } else if (previous_is_local()) {
+        input = state.micro.at({s - 1, k}).output.detach().requires_grad_(true);
+      } else {
+        HP_CHECK_ARG(mb.recv_input != nullptr, "no RECV_F was posted before this forward");
+        mb.recv_input->wait();
+        mb.recv_input.reset();
+        input = mb.input.requires_grad_(true);
+      }
+      mb.input = input;
+      at::Tensor output = stage.forward(input);
+      if (s == last_stage) {
+        at::Tensor loss = loss_(output, state.targets.at(k)) / spec.microbatches;
+        state.loss_sum = state.loss_sum.defined() ? state.loss_sum + loss.detach() : loss.detach();
+        mb.output = loss;
+      } else {
+        mb.output = output;
+      }
+      return;
+    }
+    case Op::kSendF: {
+      at::Tensor payload = mb.output.detach().contiguous();
+      state.sends.emplace_back(transport_->send(payload, stage_rank(spec, s + 1), kActivationTag),
+                               payload);
+      return;
+    }
+    case Op::kBackward: {
+      at::Tensor grad = take_grad_output();
+      torch::autograd::backward({mb.output}, {grad});
+      if (s > 0) mb.grad_input = mb.input.grad();
+      mb.output = at::Tensor();
+      mb.grad_output = at::Tensor();
+      return;
+    }
+    case Op::kBackwardInput: {
+      at::Tensor grad = take_grad_output();
+      StageModuleImpl& stage = local_stage(s);
+      mb.split = std::make_unique<SplitBackward>(mb.output, s > 0 ? mb.input : at::Tensor(),
+                                                 stage_params(stage));
+      at::Tensor grad_input = mb.split->backward_input(grad);
+      if (s > 0) mb.grad_input = grad_input;
+      mb.output = at::Tensor();
+      mb.grad_output = at::Tensor();
+      return;
+    }
+    case Op::kBackwardWeight:
+      HP_CHECK_ARG(mb.split != nullptr, "W before the I of the same micro-batch");
+      mb.split->backward_weight();
+      mb.split.reset();
+      return;
+    case Op::kSendB: {
+      HP_CHECK_ARG(mb.grad_input.defined(), "SEND_B before the backward of the same micro-batch");
+      at::Tensor payload = mb.grad_input.contiguous();
+      mb.grad_input = at::Tensor();
+      state.sends.emplace_back(transport_->send(payload, stage_rank(spec, s - 1), kGradientTag),
+                               payload);
+      return;
+    }
+    case Op::kUnshard:
+    case Op::kReshard:
+    case Op::kReduceGrad:
+      throw ArgumentError(
+          hp::cat("the pipeline runs no fully_shard actions yet (", to_string(action), ")"));
+  }
+}
+
+}  // namespace hp::pp

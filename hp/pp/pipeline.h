@@ -1,0 +1,94 @@
+// The pipeline executor (docs/pipeline.md): runs this rank's row of a
+// schedule over its stages, once per training step.
+//
+//   hp::pp::ScheduleSpec spec{hp::pp::ScheduleKind::k1F1B, pp_size, 1, 8};
+//   hp::pp::Pipeline pipeline({spec, config.n_embd}, my_stages, transport, loss);
+//   for (...) {
+//     optimizer.zero_grad();
+//     at::Tensor loss = pipeline.step(ids, targets);   // defined on the last stage's rank
+//     optimizer.step();
+//   }
+//
+// A step splits the batch into the schedule's micro-batches along dim 0,
+// runs this rank's actions in order (forward, backward or its input and
+// weight halves, sends and receives of activations and of their gradients),
+// and leaves in every parameter's .grad the gradient of the mean of the
+// micro-batch losses, accumulated in micro-batch order: what one process
+// computes with loss_k / M backward for k = 0 .. M-1. The loss is computed
+// on the last stage only.
+//
+// Errors: bad input raises ArgumentError before anything is sent. A failure
+// during a step (a dead or hung neighbour raises CollectiveError from its
+// transfer, an exception in a stage's forward) propagates with the action
+// that failed, its place in the row and the peer named, and leaves the
+// pipeline unusable: its rows' positions no longer agree with the other
+// ranks', so a later step raises UnusableError (rebuild the job; hprun's
+// --max-restarts with --resume auto does that). Not thread-safe.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hp/pp/action.h"
+#include "hp/pp/schedule.h"
+#include "hp/pp/stage_module.h"
+#include "hp/pp/transport.h"
+
+namespace hp::pp {
+
+struct PipelineOptions {
+  ScheduleSpec schedule;
+  // Stage boundaries carry hidden states [B / M, T, hidden_size] of
+  // hidden_dtype on `device`.
+  int64_t hidden_size = 0;
+  at::ScalarType hidden_dtype = at::kFloat;
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
+};
+
+// loss(last stage's output for one micro-batch, its targets) -> a scalar,
+// the micro-batch's mean loss.
+using PipelineLoss = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& targets)>;
+
+class Pipeline {
+ public:
+  // `stages`: this rank's stages, rank_stages(options.schedule, transport's
+  // rank) in that order. Checks the schedule, the stages and the transport
+  // (ArgumentError) and builds every rank's rows.
+  Pipeline(PipelineOptions options, std::vector<StageModule> stages,
+           std::shared_ptr<Transport> transport, PipelineLoss loss);
+  ~Pipeline();
+
+  // One step. `inputs` [B, T] token ids and `targets` [B, T]: stage 0's rank
+  // reads the inputs, the last stage's rank the targets, every rank takes
+  // the micro-batch shape from `inputs` (pass the same batch on every rank
+  // of the pipeline; only the shapes must agree). B must be a multiple of
+  // the micro-batch count. Returns the mean micro-batch loss on the rank of
+  // the last stage, an undefined tensor elsewhere.
+  at::Tensor step(const at::Tensor& inputs, const at::Tensor& targets);
+
+  // Every rank's lowered rows; this rank runs rows()[rank()].
+  const Rows& rows() const { return rows_; }
+  int rank() const;
+  const std::vector<StageModule>& stages() const { return stages_; }
+  // The parameters of this rank's stages (for the optimizer).
+  std::vector<at::Tensor> parameters() const;
+
+ private:
+  struct StepState;
+  void run_action(StepState& state, const Action& action);
+  StageModuleImpl& local_stage(int stage);
+
+  PipelineOptions options_;
+  std::vector<StageModule> stages_;
+  std::shared_ptr<Transport> transport_;
+  PipelineLoss loss_;
+  Rows rows_;
+  std::string unusable_;  // why a failed step left the pipeline unusable
+};
+
+}  // namespace hp::pp
