@@ -98,8 +98,8 @@ Action parse_action(std::string_view text) {
   std::string_view rest = trim_blanks(text);
   Action action{0, Op::kForward, -1};
   if (!take_number(rest, action.stage)) {
-    throw ArgumentError(cat("parse_action: '", text, "' does not start with a stage number: ",
-                            kActionSyntax));
+    throw ArgumentError(
+        cat("parse_action: '", text, "' does not start with a stage number: ", kActionSyntax));
   }
   bool named = false;
   for (const OpName& entry : kOpNames) {
@@ -111,13 +111,14 @@ Action parse_action(std::string_view text) {
     }
   }
   if (!named) {
-    throw ArgumentError(cat("parse_action: '", text, "' names no known op after stage ", action.stage,
-                            ": ", kActionSyntax));
+    throw ArgumentError(cat("parse_action: '", text, "' names no known op after stage ",
+                            action.stage, ": ", kActionSyntax));
   }
   if (is_stage_wide(action.op)) {
     if (!rest.empty()) {
       throw ArgumentError(cat("parse_action: '", text, "': ", to_string(action.op),
-                              " acts on the whole stage and takes no micro-batch, got '", rest, "'"));
+                              " acts on the whole stage and takes no micro-batch, got '", rest,
+                              "'"));
     }
     return action;
   }

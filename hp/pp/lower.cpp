@@ -29,35 +29,33 @@ class Lowering {
         unsharded_(stages_, false),
         backwards_done_(stages_, 0) {}
 
-  // Whether `a`'s input is there on `rank` (schedule order within the rank
-  // is validate()'s: a backward's own forward, a W's I, came earlier).
+  // Whether `a`'s input is there on its rank; if not and `waits_for` is
+  // given, what it waits for. (Order within a rank is validate()'s: a
+  // backward's own forward, a W's I, came earlier in the same row.)
   bool ready(const Action& a, std::string* waits_for) const {
-    int rank = stage_rank(spec_, a.stage);
-    if (a.op == Op::kForward) {
-      if (a.stage == 0) return true;
-      int producer = a.stage - 1;
-      if (stage_rank(spec_, producer) == rank) {
-        return at(producer, a.microbatch).forward ||
-               explain(waits_for, cat("the same-rank forward ", to_string(Action{producer, Op::kForward, a.microbatch})));
-      }
-      return at(a.stage, a.microbatch).input_arrives ||
-             explain(waits_for, cat(to_string(Action{a.stage, Op::kRecvF, a.microbatch}), " (after ",
-                                    to_string(Action{producer, Op::kForward, a.microbatch}), " on rank ",
-                                    stage_rank(spec_, producer), ")"));
+    const bool forward = a.op == Op::kForward;
+    if (!forward && !is_input_backward(a.op)) return true;  // W
+    const int producer = forward ? a.stage - 1 : a.stage + 1;
+    if (producer < 0 || producer >= stages_)
+      return true;  // the first stage's input, the last stage's loss
+    const int mb = a.microbatch;
+    const bool same_rank = rank_of(producer) == rank_of(a.stage);
+    bool there = false;
+    if (same_rank) {
+      there = forward ? at(producer, mb).forward : at(producer, mb).input_backward;
+    } else {
+      there = forward ? at(a.stage, mb).input_arrives : at(a.stage, mb).grad_arrives;
     }
-    if (is_input_backward(a.op)) {
-      if (a.stage == stages_ - 1) return true;
-      int producer = a.stage + 1;
-      if (stage_rank(spec_, producer) == rank) {
-        return at(producer, a.microbatch).input_backward ||
-               explain(waits_for, cat("the same-rank backward of stage ", producer, ", micro-batch ", a.microbatch));
-      }
-      return at(a.stage, a.microbatch).grad_arrives ||
-             explain(waits_for, cat(to_string(Action{a.stage, Op::kRecvB, a.microbatch}), " (after the backward of ",
-                                    "stage ", producer, ", micro-batch ", a.microbatch, " on rank ",
-                                    stage_rank(spec_, producer), ")"));
+    if (!there && waits_for) {
+      std::string producing = forward
+                                  ? to_string(Action{producer, Op::kForward, mb})
+                                  : cat("the backward of stage ", producer, ", micro-batch ", mb);
+      *waits_for = same_rank
+                       ? cat("the same-rank ", producing)
+                       : cat(to_string(Action{a.stage, forward ? Op::kRecvF : Op::kRecvB, mb}),
+                             " (after ", producing, " on rank ", rank_of(producer), ")");
     }
-    return true;  // W: its I is earlier in the same row
+    return there;
   }
 
   void place(int rank, const Action& a) {
@@ -71,17 +69,17 @@ class Lowering {
     if (a.op == Op::kForward) {
       here.forward = true;
       int consumer = a.stage + 1;
-      if (consumer < stages_ && stage_rank(spec_, consumer) != rank) {
+      if (consumer < stages_ && rank_of(consumer) != rank) {
         row.push_back({a.stage, Op::kSendF, a.microbatch});
-        rows_[stage_rank(spec_, consumer)].push_back({consumer, Op::kRecvF, a.microbatch});
+        rows_[rank_of(consumer)].push_back({consumer, Op::kRecvF, a.microbatch});
         at(consumer, a.microbatch).input_arrives = true;
       }
     } else if (is_input_backward(a.op)) {
       here.input_backward = true;
       int consumer = a.stage - 1;
-      if (consumer >= 0 && stage_rank(spec_, consumer) != rank) {
+      if (consumer >= 0 && rank_of(consumer) != rank) {
         row.push_back({a.stage, Op::kSendB, a.microbatch});
-        rows_[stage_rank(spec_, consumer)].push_back({consumer, Op::kRecvB, a.microbatch});
+        rows_[rank_of(consumer)].push_back({consumer, Op::kRecvB, a.microbatch});
         at(consumer, a.microbatch).grad_arrives = true;
       }
     }
@@ -97,11 +95,10 @@ class Lowering {
   Rows take_rows() { return std::move(rows_); }
 
  private:
-  static bool explain(std::string* out, std::string text) {
-    if (out) *out = std::move(text);
-    return false;
+  int rank_of(int stage) const { return stage % spec_.ranks; }  // the loop placement (stage_rank)
+  Placed& at(int stage, int mb) {
+    return placed_[static_cast<size_t>(stage) * spec_.microbatches + mb];
   }
-  Placed& at(int stage, int mb) { return placed_[static_cast<size_t>(stage) * spec_.microbatches + mb]; }
   const Placed& at(int stage, int mb) const {
     return placed_[static_cast<size_t>(stage) * spec_.microbatches + mb];
   }
@@ -111,7 +108,7 @@ class Lowering {
   const int stages_;
   std::vector<Placed> placed_;
   Rows rows_;
-  std::vector<bool> unsharded_;     // per stage: UNSHARD placed
+  std::vector<bool> unsharded_;      // per stage: UNSHARD placed
   std::vector<int> backwards_done_;  // per stage: B and W placed
 };
 
@@ -141,11 +138,11 @@ Rows lower(const ScheduleSpec& spec, const Rows& compute, const LowerOptions& op
         const Action& a = compute[rank][next[rank]];
         std::string waits_for;
         lowering.ready(a, &waits_for);
-        stuck += cat(stuck.empty() ? "" : "; ", "rank ", rank, " at position ", next[rank], ": ", to_string(a),
-                     " waits for ", waits_for);
+        stuck += cat(stuck.empty() ? "" : "; ", "rank ", rank, " at position ", next[rank], ": ",
+                     to_string(a), " waits for ", waits_for);
       }
-      throw ArgumentError(cat("lower: malformed compute rows for ", to_string(spec.kind), " (", spec.ranks,
-                              " ranks): no rank can place its next action: ", stuck,
+      throw ArgumentError(cat("lower: malformed compute rows for ", to_string(spec.kind), " (",
+                              spec.ranks, " ranks): no rank can place its next action: ", stuck,
                               " (each waits for an action another rank places only later)"));
     }
   }

@@ -60,7 +60,8 @@ void check_spec(const ScheduleSpec& spec) {
   }
   const char* kind = to_string(spec.kind);
   if (spec.ranks < 1) {
-    throw ArgumentError(cat("ScheduleSpec.ranks = ", spec.ranks, ": expected at least 1 pipeline rank"));
+    throw ArgumentError(
+        cat("ScheduleSpec.ranks = ", spec.ranks, ": expected at least 1 pipeline rank"));
   }
   if (spec.microbatches < 1) {
     throw ArgumentError(cat("ScheduleSpec.microbatches = ", spec.microbatches,
@@ -69,22 +70,24 @@ void check_spec(const ScheduleSpec& spec) {
   if (spec.microbatches < spec.ranks) {
     throw ArgumentError(cat("ScheduleSpec.microbatches = ", spec.microbatches,
                             " is fewer than ScheduleSpec.ranks = ", spec.ranks,
-                            ": expected microbatches >= ranks (a ", kind, " pipeline of ", spec.ranks,
-                            " ranks needs at least ", spec.ranks, " micro-batches to keep every rank busy)"));
+                            ": expected microbatches >= ranks (a ", kind, " pipeline of ",
+                            spec.ranks, " ranks needs at least ", spec.ranks,
+                            " micro-batches to keep every rank busy)"));
   }
   if (is_looped(spec.kind)) {
     if (spec.stages_per_rank < 1) {
-      throw ArgumentError(cat("ScheduleSpec.stages_per_rank = ", spec.stages_per_rank, " for ", kind,
-                              ": expected at least 1 (usually 2)"));
+      throw ArgumentError(cat("ScheduleSpec.stages_per_rank = ", spec.stages_per_rank, " for ",
+                              kind, ": expected at least 1 (usually 2)"));
     }
     int rounds = std::max(1, spec.microbatches / spec.ranks);
     if (spec.microbatches % rounds != 0) {
-      throw ArgumentError(cat("ScheduleSpec.microbatches = ", spec.microbatches, " for ", kind,
-                              " with ranks = ", spec.ranks,
-                              ": expected a multiple of the number of rounds max(1, microbatches / ranks) = ",
-                              rounds, " (as PyTorch's looped schedules require), e.g. ",
-                              spec.microbatches - spec.microbatches % rounds, " or ",
-                              spec.microbatches - spec.microbatches % rounds + rounds));
+      throw ArgumentError(cat(
+          "ScheduleSpec.microbatches = ", spec.microbatches, " for ", kind,
+          " with ranks = ", spec.ranks,
+          ": expected a multiple of the number of rounds max(1, microbatches / ranks) = ", rounds,
+          " (as PyTorch's looped schedules require), e.g. ",
+          spec.microbatches - spec.microbatches % rounds, " or ",
+          spec.microbatches - spec.microbatches % rounds + rounds));
     }
   } else if (spec.stages_per_rank != 1) {
     throw ArgumentError(cat("ScheduleSpec.stages_per_rank = ", spec.stages_per_rank, " for ", kind,
@@ -93,9 +96,10 @@ void check_spec(const ScheduleSpec& spec) {
   }
   int64_t pairs = int64_t{spec.ranks} * spec.stages_per_rank * spec.microbatches;
   if (pairs > kMaxStageMicrobatches) {
-    throw ArgumentError(cat("ScheduleSpec: ranks * stages_per_rank * microbatches = ", spec.ranks, " * ",
-                            spec.stages_per_rank, " * ", spec.microbatches, " = ", pairs,
-                            ": expected at most ", kMaxStageMicrobatches, " (stage, micro-batch) pairs"));
+    throw ArgumentError(cat("ScheduleSpec: ranks * stages_per_rank * microbatches = ", spec.ranks,
+                            " * ", spec.stages_per_rank, " * ", spec.microbatches, " = ", pairs,
+                            ": expected at most ", kMaxStageMicrobatches,
+                            " (stage, micro-batch) pairs"));
   }
 }
 
@@ -125,7 +129,8 @@ std::vector<int> rank_stages(const ScheduleSpec& spec, int rank) {
     throw ArgumentError(cat("rank = ", rank, ": expected 0 <= rank < ", spec.ranks));
   }
   std::vector<int> stages;
-  for (int local = 0; local < spec.stages_per_rank; ++local) stages.push_back(local * spec.ranks + rank);
+  for (int local = 0; local < spec.stages_per_rank; ++local)
+    stages.push_back(local * spec.ranks + rank);
   return stages;
 }
 

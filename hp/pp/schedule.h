@@ -51,8 +51,8 @@ void check_spec(const ScheduleSpec& spec);
 // its stages before it moves to the next. GPipe and 1F1B: m.
 int microbatches_per_round(const ScheduleSpec& spec);
 
-int num_stages(const ScheduleSpec& spec);                // ranks * stages_per_rank
-int stage_rank(const ScheduleSpec& spec, int stage);     // stage mod ranks
+int num_stages(const ScheduleSpec& spec);                          // ranks * stages_per_rank
+int stage_rank(const ScheduleSpec& spec, int stage);               // stage mod ranks
 std::vector<int> rank_stages(const ScheduleSpec& spec, int rank);  // ascending
 
 // The compute actions of every rank in execution order: F and B, or F, I and

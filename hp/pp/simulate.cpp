@@ -38,10 +38,14 @@ struct RecvSlot {
 const char* ordinal_suffix(size_t n) {
   if (n % 100 >= 11 && n % 100 <= 13) return "th";
   switch (n % 10) {
-    case 1: return "st";
-    case 2: return "nd";
-    case 3: return "rd";
-    default: return "th";
+    case 1:
+      return "st";
+    case 2:
+      return "nd";
+    case 3:
+      return "rd";
+    default:
+      return "th";
   }
 }
 
@@ -95,19 +99,21 @@ class Replay {
       if (at == rows_[rank].size()) continue;
       std::string waits_for;
       step(rank, &waits_for);
-      add(cat("rank ", rank, " blocked at position ", at, ", ", to_string(rows_[rank][at]), ": waits for ",
-              waits_for));
+      add(cat("rank ", rank, " blocked at position ", at, ", ", to_string(rows_[rank][at]),
+              ": waits for ", waits_for));
     }
     for (int src = 0; src < spec_.ranks; ++src) {
       for (int dst = 0; dst < spec_.ranks; ++dst) {
         const Edge& e = edges_[edge_index(src, dst)];
         for (size_t k = e.recvs.size(); k < e.sends.size(); ++k) {
-          add(cat("rank ", src, "'s ", to_string(e.sends[k].action), " (position ", e.sends[k].position, ", its ",
-                  nth(k), " send to rank ", dst, ") is never received"));
+          add(cat("rank ", src, "'s ", to_string(e.sends[k].action), " (position ",
+                  e.sends[k].position, ", its ", nth(k), " send to rank ", dst,
+                  ") is never received"));
         }
         for (size_t k = e.sends.size(); k < e.recvs.size(); ++k) {
-          add(cat("rank ", dst, "'s ", to_string(e.recvs[k].action), " (position ", e.recvs[k].position, ", its ",
-                  nth(k), " receive from rank ", src, ") is never sent"));
+          add(cat("rank ", dst, "'s ", to_string(e.recvs[k].action), " (position ",
+                  e.recvs[k].position, ", its ", nth(k), " receive from rank ", src,
+                  ") is never sent"));
         }
       }
     }
@@ -129,10 +135,14 @@ class Replay {
   size_t cell(int stage, int mb) const { return static_cast<size_t>(stage) * m_ + mb; }
   size_t edge_index(int src, int dst) const { return static_cast<size_t>(src) * spec_.ranks + dst; }
 
-  static bool wait(std::string* why, std::string text) {
-    if (why) *why = std::move(text);
+  // Says why an action cannot run yet: `describe()` builds the text only
+  // for a report (run() asks blocked ranks again and again, without one).
+  template <typename Describe>
+  static bool wait(std::string* why, Describe describe) {
+    if (why) *why = describe();
     return false;
   }
+  int rank_of(int stage) const { return stage % spec_.ranks; }  // the loop placement (stage_rank)
 
   // When the data of a posted RECV is there, or kNotYet while its SEND is not posted.
   double arrival(const RecvSlot& slot) const {
@@ -151,8 +161,9 @@ class Replay {
       // A backward needs its own forward's activations, a W its I.
       double own = a.op == Op::kBackwardWeight ? input_done_[here] : forward_done_[here];
       if (own == kNotYet) {
-        Action before{a.stage, a.op == Op::kBackwardWeight ? Op::kBackwardInput : Op::kForward, a.microbatch};
-        wait(why, cat(to_string(before), ", which has not run on this rank"));
+        Action before{a.stage, a.op == Op::kBackwardWeight ? Op::kBackwardInput : Op::kForward,
+                      a.microbatch};
+        wait(why, [&] { return cat(to_string(before), ", which has not run on this rank"); });
         return kNotYet;
       }
       ready = own;
@@ -160,15 +171,18 @@ class Replay {
     }
     const bool forward = a.op == Op::kForward;
     const int producer = forward ? a.stage - 1 : a.stage + 1;
-    if (producer < 0 || producer >= stages_) return ready;  // the first stage's input, the last stage's loss
-    if (stage_rank(spec_, producer) == rank) {
+    if (producer < 0 || producer >= stages_)
+      return ready;  // the first stage's input, the last stage's loss
+    if (rank_of(producer) == rank) {
       double local = forward ? forward_done_[cell(producer, a.microbatch)]
                              : input_backward_done_[cell(producer, a.microbatch)];
       if (local == kNotYet) {
-        wait(why, cat("the same-rank ",
-                      forward ? to_string(Action{producer, Op::kForward, a.microbatch})
-                              : cat("backward of stage ", producer, ", micro-batch ", a.microbatch),
-                      ", which has not run"));
+        wait(why, [&] {
+          return cat("the same-rank ",
+                     forward ? to_string(Action{producer, Op::kForward, a.microbatch})
+                             : cat("backward of stage ", producer, ", micro-batch ", a.microbatch),
+                     ", which has not run");
+        });
         return kNotYet;
       }
       return std::max(ready, local);
@@ -176,13 +190,15 @@ class Replay {
     const RecvSlot& slot = forward ? recv_f_[here] : recv_b_[here];
     Action recv{a.stage, forward ? Op::kRecvF : Op::kRecvB, a.microbatch};
     if (slot.edge < 0) {
-      wait(why, cat(to_string(recv), ", not posted before it on this rank"));
+      wait(why, [&] { return cat(to_string(recv), ", not posted before it on this rank"); });
       return kNotYet;
     }
     double data = arrival(slot);
     if (data == kNotYet) {
-      wait(why, cat("the data of ", to_string(recv), ": rank ", stage_rank(spec_, producer), " has not sent its ",
-                    nth(slot.index), " transfer to rank ", rank));
+      wait(why, [&] {
+        return cat("the data of ", to_string(recv), ": rank ", rank_of(producer),
+                   " has not sent its ", nth(slot.index), " transfer to rank ", rank);
+      });
       return kNotYet;
     }
     return std::max(ready, data);
@@ -190,11 +206,16 @@ class Replay {
 
   double cost(Op op) const {
     switch (op) {
-      case Op::kForward: return costs_.forward;
-      case Op::kBackward: return costs_.backward_input + costs_.backward_weight;
-      case Op::kBackwardInput: return costs_.backward_input;
-      case Op::kBackwardWeight: return costs_.backward_weight;
-      default: return 0;
+      case Op::kForward:
+        return costs_.forward;
+      case Op::kBackward:
+        return costs_.backward_input + costs_.backward_weight;
+      case Op::kBackwardInput:
+        return costs_.backward_input;
+      case Op::kBackwardWeight:
+        return costs_.backward_weight;
+      default:
+        return 0;
     }
   }
 
@@ -207,11 +228,12 @@ class Replay {
                    ((s.op == Op::kSendF && r.op == Op::kRecvF && r.stage == s.stage + 1) ||
                     (s.op == Op::kSendB && r.op == Op::kRecvB && r.stage == s.stage - 1));
     if (!matches) {
-      throw ArgumentError(cat("simulate: the ", nth(k), " transfer from rank ", src, " to rank ", dst, " pairs ",
-                              to_string(s), " (rank ", src, ", position ", e.sends[k].position, ") with ",
-                              to_string(r), " (rank ", dst, ", position ", e.recvs[k].position,
-                              "): c10d pairs the k-th send of a rank pair with the k-th receive, so the "
-                              "rows would hand one transfer's data to another"));
+      throw ArgumentError(
+          cat("simulate: the ", nth(k), " transfer from rank ", src, " to rank ", dst, " pairs ",
+              to_string(s), " (rank ", src, ", position ", e.sends[k].position, ") with ",
+              to_string(r), " (rank ", dst, ", position ", e.recvs[k].position,
+              "): c10d pairs the k-th send of a rank pair with the k-th receive, so the "
+              "rows would hand one transfer's data to another"));
     }
   }
 
@@ -235,11 +257,15 @@ class Replay {
       const bool forward = a.op == Op::kSendF;
       const size_t here = cell(a.stage, a.microbatch);
       if ((forward ? forward_done_[here] : input_backward_done_[here]) == kNotYet) {
-        return wait(why, cat("its data: ", forward ? to_string(Action{a.stage, Op::kForward, a.microbatch})
-                                                   : cat("the backward of stage ", a.stage, ", micro-batch ", a.microbatch),
-                             " has not run on this rank"));
+        return wait(why, [&] {
+          return cat("its data: ",
+                     forward
+                         ? to_string(Action{a.stage, Op::kForward, a.microbatch})
+                         : cat("the backward of stage ", a.stage, ", micro-batch ", a.microbatch),
+                     " has not run on this rank");
+        });
       }
-      const int dst = stage_rank(spec_, forward ? a.stage + 1 : a.stage - 1);
+      const int dst = rank_of(forward ? a.stage + 1 : a.stage - 1);
       Edge& e = edges_[edge_index(rank, dst)];
       if (!send_posted_[rank]) {
         e.sends.push_back({a, clock, rank, at});
@@ -249,19 +275,21 @@ class Replay {
       if (semantics_ == P2PSemantics::kRendezvous) {
         size_t k = e.sends.size() - 1;
         if (e.recvs.size() <= k) {
-          return wait(why, cat("rank ", dst, " to post its ", nth(k), " receive from rank ", rank,
-                               " (a send completes only once its receive is posted)"));
+          return wait(why, [&] {
+            return cat("rank ", dst, " to post its ", nth(k), " receive from rank ", rank,
+                       " (a send completes only once its receive is posted)");
+          });
         }
         clock = std::max(clock, e.recvs[k].posted) + costs_.latency;
       }
       send_posted_[rank] = false;
     } else if (a.op == Op::kRecvF || a.op == Op::kRecvB) {
       const bool forward = a.op == Op::kRecvF;
-      const int src = stage_rank(spec_, forward ? a.stage - 1 : a.stage + 1);
+      const int src = rank_of(forward ? a.stage - 1 : a.stage + 1);
       Edge& e = edges_[edge_index(src, rank)];
       e.recvs.push_back({a, clock, rank, at});
-      (forward ? recv_f_ : recv_b_)[cell(a.stage, a.microbatch)] = {static_cast<int>(edge_index(src, rank)),
-                                                                    e.recvs.size() - 1};
+      (forward ? recv_f_ : recv_b_)[cell(a.stage, a.microbatch)] = {
+          static_cast<int>(edge_index(src, rank)), e.recvs.size() - 1};
       check_pair(src, rank, e.recvs.size() - 1);
     }
     ++position_[rank];
@@ -295,9 +323,9 @@ class Replay {
 void check_rows(const ScheduleSpec& spec, const Rows& rows, const Costs& costs) {
   for (double c : {costs.forward, costs.backward_input, costs.backward_weight, costs.latency}) {
     if (!(c >= 0) || !std::isfinite(c)) {
-      throw ArgumentError(cat("simulate: Costs{forward = ", costs.forward, ", backward_input = ", costs.backward_input,
-                              ", backward_weight = ", costs.backward_weight, ", latency = ", costs.latency,
-                              "}: expected finite costs >= 0"));
+      throw ArgumentError(cat("simulate: Costs{forward = ", costs.forward, ", backward_input = ",
+                              costs.backward_input, ", backward_weight = ", costs.backward_weight,
+                              ", latency = ", costs.latency, "}: expected finite costs >= 0"));
     }
   }
   const int stages = num_stages(spec);
@@ -309,10 +337,13 @@ void check_rows(const ScheduleSpec& spec, const Rows& rows, const Costs& costs) 
     for (size_t i = 0; i < rows[rank].size(); ++i) {
       const Action& a = rows[rank][i];
       auto refuse = [&](const std::string& what) {
-        throw ArgumentError(cat("simulate: rank ", rank, ", position ", i, ": ", to_string(a), ": ", what));
+        throw ArgumentError(
+            cat("simulate: rank ", rank, ", position ", i, ": ", to_string(a), ": ", what));
       };
-      if (a.stage < 0 || a.stage >= stages) refuse(cat("stage out of range: expected 0 <= stage < ", stages));
-      if (stage_rank(spec, a.stage) != rank) refuse(cat("stage ", a.stage, " is held by rank ", stage_rank(spec, a.stage)));
+      if (a.stage < 0 || a.stage >= stages)
+        refuse(cat("stage out of range: expected 0 <= stage < ", stages));
+      if (stage_rank(spec, a.stage) != rank)
+        refuse(cat("stage ", a.stage, " is held by rank ", stage_rank(spec, a.stage)));
       if (is_stage_wide(a.op)) continue;
       if (a.microbatch < 0 || a.microbatch >= spec.microbatches) {
         refuse(cat("micro-batch out of range: expected 0 <= micro-batch < ", spec.microbatches));
@@ -320,10 +351,12 @@ void check_rows(const ScheduleSpec& spec, const Rows& rows, const Costs& costs) 
       int peer_stage = -1;
       if (a.op == Op::kSendF || a.op == Op::kRecvB) peer_stage = a.stage + 1;
       if (a.op == Op::kSendB || a.op == Op::kRecvF) peer_stage = a.stage - 1;
-      if (peer_stage == -1 && !is_compute(a.op)) refuse("stage 0 has no previous stage to exchange with");
+      if (peer_stage == -1 && !is_compute(a.op))
+        refuse("stage 0 has no previous stage to exchange with");
       if (peer_stage >= stages) refuse("the last stage has no next stage to exchange with");
       if (peer_stage >= 0 && stage_rank(spec, peer_stage) == rank) {
-        refuse(cat("stage ", peer_stage, " is on the same rank: a same-rank handoff needs no transfer"));
+        refuse(cat("stage ", peer_stage,
+                   " is on the same rank: a same-rank handoff needs no transfer"));
       }
     }
   }
@@ -350,7 +383,8 @@ void count_activations(const std::vector<Action>& row, int& peak, int& forwards_
 
 }  // namespace
 
-SimResult simulate(const ScheduleSpec& spec, const Rows& lowered, const Costs& costs, P2PSemantics semantics) {
+SimResult simulate(const ScheduleSpec& spec, const Rows& lowered, const Costs& costs,
+                   P2PSemantics semantics) {
   check_spec(spec);
   check_rows(spec, lowered, costs);
   SimResult result;
@@ -365,13 +399,16 @@ SimResult simulate(const ScheduleSpec& spec, const Rows& lowered, const Costs& c
   replay.run();
   if (!replay.finished() || replay.unmatched_transfers()) {
     result.deadlock = true;
-    result.deadlock_report = cat("deadlock under ",
-                                 semantics == P2PSemantics::kEagerSend ? "eager sends" : "rendezvous sends",
-                                 ": ", replay.report());
+    result.deadlock_report =
+        cat("deadlock under ",
+            semantics == P2PSemantics::kEagerSend ? "eager sends" : "rendezvous sends", ": ",
+            replay.report());
     return result;
   }
-  for (int rank = 0; rank < spec.ranks; ++rank) result.makespan = std::max(result.makespan, replay.finish(rank));
-  for (int rank = 0; rank < spec.ranks; ++rank) result.idle.push_back(result.makespan - replay.busy(rank));
+  for (int rank = 0; rank < spec.ranks; ++rank)
+    result.makespan = std::max(result.makespan, replay.finish(rank));
+  for (int rank = 0; rank < spec.ranks; ++rank)
+    result.idle.push_back(result.makespan - replay.busy(rank));
   return result;
 }
 

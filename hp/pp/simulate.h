@@ -46,8 +46,8 @@ struct SimResult {
   // it waits for; makespan and idle are 0 and empty.
   bool deadlock = false;
   std::string deadlock_report;
-  double makespan = 0;             // when the last rank finishes
-  std::vector<double> idle;        // per rank: makespan - its compute time
+  double makespan = 0;       // when the last rank finishes
+  std::vector<double> idle;  // per rank: makespan - its compute time
   // Per rank, from the row's order alone (also filled on a deadlock):
   // the most (stage, micro-batch) activations live at once, each from its F
   // until its B, or until its W when the backward is split;
@@ -59,10 +59,10 @@ struct SimResult {
 // Replays `lowered` (one row per rank). Raises hp::ArgumentError for rows
 // that do not fit the spec (a row count other than ranks, a stage out of
 // range or on another rank, a micro-batch out of range, a SEND_F of the last
-// stage or a SEND_B of stage 0) and for transfers whose k-th SEND and k-th
-// RECV on a rank pair disagree (they would pass each other's data); a
-// negative or non-finite cost is refused as well. Rows that merely wait
-// forever are a deadlock, reported in the result.
+// stage or a SEND_B of stage 0, a transfer between two stages of one rank),
+// for transfers whose k-th SEND and k-th RECV on a rank pair disagree (they
+// would pass each other's data) and for negative or non-finite costs. Rows
+// that merely wait forever are a deadlock, reported in the result.
 SimResult simulate(const ScheduleSpec& spec, const Rows& lowered, const Costs& costs = {},
                    P2PSemantics semantics = P2PSemantics::kEagerSend);
 
