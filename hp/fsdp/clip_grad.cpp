@@ -43,7 +43,7 @@ at::Tensor combine(const std::vector<at::Tensor>& values, c10::Device device, bo
 }  // namespace
 
 at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
-                           double norm_type) {
+                           double norm_type, const dist::GroupPtr& across) {
   const bool inf_norm = std::isinf(norm_type);
   HP_CHECK_ARG(inf_norm || norm_type == 2.0, "clip_grad_norm_: norm_type must be 2.0 or inf, got ",
                norm_type);
@@ -99,13 +99,15 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
     }
     it->values.push_back(std::move(value));
   }
-  if (scaled.empty()) return at::zeros({}, at::kDouble);
+  // A rank of `across` without gradients still joins its reduction.
+  if (scaled.empty() && !across) return at::zeros({}, at::kDouble);
 
   // The norm is returned with the first gradient, as torch's
   // clip_grad_norm_ returns it; each reduction runs on its group's device
   // (a GPU for NCCL, whose tensors cannot be on the CPU; the host for Gloo,
   // also with CUDA gradients) and its result comes back here.
-  const c10::Device device = scaled[0].device();
+  const c10::Device device =
+      scaled.empty() ? c10::Device(c10::DeviceType::CPU) : scaled[0].device();
   std::vector<at::Tensor> parts;
   if (!local_values.empty()) parts.push_back(combine(local_values, device, inf_norm));
   for (const Split& split : splits) {
@@ -118,7 +120,14 @@ at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max
     }
     parts.push_back(t.reshape({}));
   }
-  at::Tensor total = combine(parts, device, inf_norm);
+  at::Tensor total =
+      parts.empty() ? at::zeros({}, at::TensorOptions(at::kDouble).device(device))
+                    : combine(parts, device, inf_norm);
+  if (across) {
+    at::Tensor t = moved_to(total.reshape({1}), across->device());
+    dist::all_reduce(*across, t, inf_norm ? dist::ReduceOp::kMax : dist::ReduceOp::kSum).wait();
+    total = moved_to(t, device).reshape({});
+  }
   at::Tensor norm = inf_norm ? total : total.sqrt();
   // min(1, max_norm / (norm + eps)): scaling by exactly 1 leaves a gradient
   // bit for bit as it was, so nothing needs deciding on the host.

@@ -5,12 +5,19 @@
 // group, those of DTensor gradients (tensor parallelism, alone or under
 // fully_shard) over every mesh dim their layout shards; replicated
 // gradients (identical on every rank) count once.
-// Collective: every rank calls it with the same parameters.
+// Under pipeline parallelism each rank holds only its stages' parameters:
+// the norms of the ranks of `across` (the pipeline dimension's group) add up
+// to the model's, so the total is summed over it (or its maximum taken for
+// the infinity norm) before the root. The sum's order differs from one
+// process's, so the norm may differ from it in the last bits.
+// Collective: every rank calls it with the same parameters (their shards).
 #pragma once
 
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+
+#include "hp/distributed/group.h"
 
 namespace hp {
 
@@ -25,6 +32,6 @@ namespace hp {
 // a model without gradients gets a CPU zero. norm_type is 2.0 (Euclidean)
 // or infinity.
 at::Tensor clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
-                           double norm_type = 2.0);
+                           double norm_type = 2.0, const dist::GroupPtr& across = nullptr);
 
 }  // namespace hp

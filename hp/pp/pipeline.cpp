@@ -9,6 +9,7 @@
 #include "hp/pp/lower.h"
 #include "hp/pp/split_backward.h"
 #include "hp/util/error.h"
+#include "hp/util/trace.h"
 
 namespace hp::pp {
 
@@ -126,6 +127,14 @@ at::Tensor Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
   const auto& row = rows_.at(rank());
   for (size_t i = 0; i < row.size(); ++i) {
     try {
+      // Compute and the posting of transfers in lanes of their own; the
+      // waits for a transfer inside a compute have theirs (run_action).
+      std::optional<trace::Span> span;
+      if (trace::enabled()) {
+        const bool compute = is_compute(row[i].op);
+        span.emplace(to_string(row[i]), compute ? "compute" : "comm",
+                     compute ? "pipeline compute" : "pipeline p2p");
+      }
       run_action(state, row[i]);
     } catch (...) {
       const std::string where =
@@ -138,6 +147,7 @@ at::Tensor Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
     }
   }
   try {
+    trace::Span wait("wait for the sends", std::string(), "wait", "pipeline wait");
     for (auto& [handle, tensor] : state.sends) handle->wait();
   } catch (...) {
     unusable_ = "a send of the pipeline failed in an earlier step; rebuild the pipeline";
@@ -166,6 +176,7 @@ void Pipeline::run_action(StepState& state, const Action& action) {
       return g;
     }
     HP_CHECK_ARG(mb.recv_grad != nullptr, "no RECV_B was posted before this backward");
+    trace::Span wait("wait for ", to_string(Action{s, Op::kRecvB, k}), "wait", "pipeline wait");
     mb.recv_grad->wait();
     mb.recv_grad.reset();
     return mb.grad_output;
@@ -195,6 +206,8 @@ void Pipeline::run_action(StepState& state, const Action& action) {
         input = state.micro.at({s - 1, k}).output.detach().requires_grad_(true);
       } else {
         HP_CHECK_ARG(mb.recv_input != nullptr, "no RECV_F was posted before this forward");
+        trace::Span wait("wait for ", to_string(Action{s, Op::kRecvF, k}), "wait",
+                         "pipeline wait");
         mb.recv_input->wait();
         mb.recv_input.reset();
         input = mb.input.requires_grad_(true);

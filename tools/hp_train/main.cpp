@@ -46,6 +46,7 @@
 #include "tools/hp_train/model.h"
 #include "tools/hp_train/output_file.h"
 #include "tools/hp_train/parallelize.h"
+#include "tools/hp_train/pipeline_run.h"
 #include "tools/hp_train/progress.h"
 #include "tools/hp_train/startup.h"
 #include "tools/hp_train/report.h"
@@ -159,6 +160,7 @@ int run(TrainOptions options) {
   // This rank's GPU becomes the current device before anything is
   // allocated on one.
   const TrainDevice device = select_device(options, world);
+  if (options.pp > 1) return run_pipeline(options, parallelism, world, corpus, device);
   // From here on every libtorch allocation is counted: weights, their
   // shards, gradients, AdamW state, activations, communication buffers.
   // Each training step resets the peak (Trainer::step).

@@ -59,6 +59,17 @@ TrainModel TrainModel::build(const TrainOptions& o, int64_t vocab_size, c10::Dev
   return TrainModel(nn::Llama(llama_config(o, vocab_size), device));
 }
 
+pp::ModelLayout TrainModel::layout() const {
+  if (const auto* gpt = std::get_if<nn::GPT>(&model_)) return pp::gpt_layout((*gpt)->config());
+  return pp::llama_layout(std::get<nn::Llama>(model_)->config());
+}
+
+pp::StageModule TrainModel::stage(const pp::StagePlan& plan, int stage) const {
+  // A handle: the stage shares the model's modules, as copies of it do.
+  if (const auto* gpt = std::get_if<nn::GPT>(&model_)) return pp::gpt_stage(*gpt->ptr(), plan, stage);
+  return pp::llama_stage(*std::get<nn::Llama>(model_).ptr(), plan, stage);
+}
+
 nn::InitPlan TrainModel::init_plan() const {
   return visit(model_, [](auto m) { return m->init_plan(); });
 }

@@ -20,6 +20,8 @@
 #include "hp/nn/init_plan.h"
 #include "hp/nn/llama.h"
 #include "hp/nn/module.h"
+#include "hp/pp/stage_module.h"
+#include "hp/pp/stage_plan.h"
 #include "hp/tp/sharding_plan.h"
 #include "tools/hp_train/train_options.h"
 
@@ -67,6 +69,11 @@ class TrainModel {
                       int64_t top_k, at::Generator generator) const;
   // The model's tensor-parallel plan (hp/tp/gpt_plan.h, hp/tp/llama_plan.h).
   ShardingPlan tensor_parallel_plan(const DeviceMesh& mesh, const std::string& tp_dim) const;
+  // Its modules in forward order, for a pipeline's stage plan
+  // (hp/pp/stage_plan.h), and stage `stage` of `plan` over this model's
+  // modules (shared, hp/pp/stage_module.h).
+  pp::ModelLayout layout() const;
+  pp::StageModule stage(const pp::StagePlan& plan, int stage) const;
   // A plain model of the same config holding the global values of this
   // one's parameters (DTensors gathered: collective under tensor
   // parallelism).

@@ -10,7 +10,7 @@ namespace hp::train {
 
 std::string header_text(const TrainOptions& o, const Parallelism& parallelism,
                         const Corpus& corpus, int64_t parameter_count,
-                        const std::string& device_line) {
+                        const std::string& device_line, const std::string& mode_line) {
   const int64_t per_rank = o.batch / parallelism.dp_size();
   std::string text = fmt::format(
       "hp-train: {} {}, d {}, {}, ctx {}, vocab {}: {} parameters ({}), {}\n",
@@ -22,7 +22,7 @@ std::string header_text(const TrainOptions& o, const Parallelism& parallelism,
       human_count(static_cast<double>(parameter_count)), parameter_count,
       o.init_from.empty() ? fmt::format("seed {}", o.seed)
                           : fmt::format("weights from {}", o.init_from));
-  text += fmt::format("  mode:   {}\n", parallelism.describe());
+  text += fmt::format("  mode:   {}\n", mode_line.empty() ? parallelism.describe() : mode_line);
   text += fmt::format("  device: {}\n", device_line);
   if (parallelism.uses_fully_shard()) {
     text += fmt::format(

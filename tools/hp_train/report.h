@@ -15,10 +15,11 @@ namespace hp::train {
 
 // Several lines: model shape and parameter count, mode and mesh, the device
 // (`device_line`, e.g. "cuda: NVIDIA H100 80GB HBM3 per rank"), corpus,
-// batch split and optimizer settings.
+// batch split and optimizer settings. `mode_line` replaces the mode line
+// the layout describes (a pipeline's).
 std::string header_text(const TrainOptions& options, const Parallelism& parallelism,
                         const Corpus& corpus, int64_t parameter_count,
-                        const std::string& device_line = "cpu");
+                        const std::string& device_line = "cpu", const std::string& mode_line = "");
 
 // One line per rank: its peak libtorch CPU memory during training, next to
 // the unsharded model's fp32 weights for scale.

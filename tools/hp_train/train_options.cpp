@@ -11,6 +11,7 @@
 #include <numeric>
 #include <variant>
 
+#include "hp/pp/schedule.h"
 #include "hp/util/error.h"
 #include "hp/util/format.h"
 #include "hp/util/torch_compat.h"
@@ -312,6 +313,31 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
          "backward (less memory, about one more forward of compute); any --mode "
          "(default none)",
          "none|blocks", one_of({"none", "blocks"}));
+  option("--pp", o.pp,
+         "pipeline parallelism over P ranks: each runs its stages of the model, activations "
+         "and their gradients travel between neighbours (default 1: none); the world is the P "
+         "pipeline ranks (--mode none)",
+         "P", integer_in(1, 4096, "an integer in [1, 4096]"));
+  option("--pp-schedule", o.pp_schedule,
+         "the pipeline schedule (default 1f1b): gpipe (all forwards, then all backwards), 1f1b "
+         "(one forward, one backward: fewer micro-batches' activations live), interleaved "
+         "(1f1b over several stages per rank: a smaller bubble), zero-bubble (interleaved, each "
+         "backward split into its input and weight halves)",
+         "gpipe|1f1b|interleaved|zero-bubble", one_of({"gpipe", "1f1b", "interleaved", "zero-bubble"}));
+  option("--microbatches", o.microbatches,
+         "micro-batches per step under --pp (default: twice the number of stages); --batch must "
+         "be a multiple",
+         "M", integer_in(1, 1 << 20, "an integer in [1, 1048576]"));
+  option("--pp-stages-per-rank", o.pp_stages_per_rank,
+         "stages per pipeline rank (default 1 for gpipe and 1f1b, 2 for interleaved and "
+         "zero-bubble)",
+         "V", integer_in(1, 64, "an integer in [1, 64]"));
+  app.add_option("--pp-split", o.pp_split,
+                 "the blocks that begin stages 1, 2, ... (e.g. h.3,h.5; default: balanced, the "
+                 "embeddings and the head counted as one block each)")
+      ->type_name("BLOCK,...")
+      ->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   option("--trace", o.trace,
          "Chrome trace JSON per rank: FILE with .rank<r> before the extension; every rank's "
          "timestamps count from the same instant",
@@ -401,6 +427,26 @@ std::vector<int64_t> resolve_mesh(plan::ParallelMode mode, const TrainOptions& o
 
 Parallelism resolve_parallelism(const TrainOptions& options, const World& world) {
   using plan::ParallelMode;
+  if (options.pp > 1) {
+    // The pipeline's ranks are the world; what runs inside a stage is --mode
+    // none (one rank per stage). Data and tensor parallelism inside a stage
+    // would make the world D x P x T: not built yet.
+    HP_CHECK_ARG(world.launched, "--pp ", options.pp,
+                 " needs one process per pipeline rank started by a launcher (hprun -n ",
+                 options.pp, " hp-train --pp ", options.pp, " ...)");
+    HP_CHECK_ARG(!options.mode_given || options.mode == ParallelMode::kNone, "--mode ",
+                 plan::mode_name(options.mode), " with --pp ", options.pp,
+                 ": data and tensor parallelism inside a pipeline stage are not supported yet; "
+                 "leave --mode out (or --mode none): each of the ", options.pp,
+                 " ranks runs its stages whole");
+    HP_CHECK_ARG(options.mesh.empty(), "--mesh ", options.mesh, " with --pp ", options.pp,
+                 ": the world is the pipeline's ranks; leave --mesh out");
+    HP_CHECK_ARG(world.size == options.pp, "--pp ", options.pp, " runs on exactly ", options.pp,
+                 " ranks (one per pipeline rank), but WORLD_SIZE is ", world.size);
+    Parallelism p;
+    p.param_dtype = options.param_dtype;
+    return p;
+  }
   const ParallelMode mode = options.mode_given
                                 ? options.mode
                                 : (world.launched ? ParallelMode::kFSDP : ParallelMode::kNone);
@@ -461,6 +507,39 @@ void validate_options(const TrainOptions& o, const Parallelism& parallelism) {
                  *group, " must divide the shard group size ", shard_size, " of ", mode,
                  " on mesh ", to_string(parallelism.mesh_shape));
   }
+  if (o.pp > 1) {
+    const PipelineSchedule schedule = pipeline_schedule(o);
+    HP_CHECK_ARG(schedule.stages() <= o.layers, "--pp ", o.pp, " x --pp-stages-per-rank ",
+                 schedule.stages_per_rank, " = ", schedule.stages(), " stages exceed --layers ",
+                 o.layers, ": every stage needs at least one block");
+    try {
+      pp::check_spec({pp::parse_schedule_kind(schedule.kind), static_cast<int>(schedule.ranks),
+                      static_cast<int>(schedule.stages_per_rank),
+                      static_cast<int>(schedule.microbatches)});
+    } catch (const ArgumentError& e) {
+      throw_argument_error(fmt::format("--pp-schedule {} --pp {} --pp-stages-per-rank {} "
+                                       "--microbatches {}: {}",
+                                       schedule.kind, schedule.ranks, schedule.stages_per_rank,
+                                       schedule.microbatches, e.what()));
+    }
+    HP_CHECK_ARG(o.batch % schedule.microbatches == 0, "--batch ", o.batch,
+                 " must be a multiple of the ", schedule.microbatches,
+                 " micro-batches of a pipeline step (--microbatches)");
+    // Not built for pipelines yet: each is refused rather than ignored.
+    const std::vector<std::pair<const char*, bool>> unsupported = {
+        {"--save-dir", !o.save_dir.empty()},  {"--resume", !o.resume.empty()},
+        {"--export", !o.export_path.empty()}, {"--init-from", !o.init_from.empty()},
+        {"--dry-run", o.dry_run}};
+    for (const auto& [flag, given] : unsupported) {
+      HP_CHECK_ARG(!given, flag, " is not supported with --pp yet (pipeline checkpoints and "
+                   "plans are not built); leave it out, or train without --pp");
+    }
+  } else {
+    HP_CHECK_ARG(o.microbatches == 0 && o.pp_stages_per_rank == 0 && o.pp_split.empty() &&
+                     o.pp_schedule == "1f1b",
+                 "--pp-schedule, --microbatches, --pp-stages-per-rank and --pp-split configure "
+                 "a pipeline and need --pp P with P > 1");
+  }
   if (o.data_file.empty()) {
     HP_CHECK_ARG(o.vocab == 0 || o.vocab == 256, "--vocab ", o.vocab,
                  " does not fit the default corpus (fortunes as bytes: vocab 256); give "
@@ -469,6 +548,19 @@ void validate_options(const TrainOptions& o, const Parallelism& parallelism) {
     HP_CHECK_ARG(o.vocab != 0, "--data-file ", o.data_file,
                  " needs --vocab V (every token id must be below V)");
   }
+}
+
+PipelineSchedule pipeline_schedule(const TrainOptions& o) {
+  PipelineSchedule schedule;
+  schedule.kind = o.pp_schedule;
+  schedule.ranks = o.pp;
+  const bool looped = o.pp_schedule == "interleaved" || o.pp_schedule == "zero-bubble";
+  schedule.stages_per_rank = o.pp_stages_per_rank > 0 ? o.pp_stages_per_rank : (looped ? 2 : 1);
+  HP_CHECK_ARG(looped || schedule.stages_per_rank == 1, "--pp-stages-per-rank ",
+               schedule.stages_per_rank, " needs a looped schedule (--pp-schedule interleaved "
+               "or zero-bubble); ", o.pp_schedule, " runs one stage per rank");
+  schedule.microbatches = o.microbatches > 0 ? o.microbatches : 2 * schedule.stages();
+  return schedule;
 }
 
 std::string resolve_device_type(const TrainOptions& o) {

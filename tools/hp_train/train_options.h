@@ -90,6 +90,19 @@ struct TrainOptions {
   // dim of one rank to carry them (mixed precision, fusion).
   std::vector<std::string> fully_shard_flags;
 
+  // Pipeline parallelism (hp/pp, docs/pipeline.md): --pp P ranks each run
+  // their stages of the model; the schedule, its micro-batches per step (0:
+  // twice the number of stages), its stages per rank (0: 1 for gpipe and
+  // 1f1b, 2 for interleaved and zero-bubble) and the blocks that begin
+  // stages 1, 2, ... (empty: balanced). Under --pp the world is the P
+  // pipeline ranks: data and tensor parallelism inside a stage are not
+  // built yet, and refused.
+  int64_t pp = 1;
+  std::string pp_schedule = "1f1b";
+  int64_t microbatches = 0;
+  int64_t pp_stages_per_rank = 0;
+  std::vector<std::string> pp_split;
+
   // Activation checkpointing (hp/nn/activation_checkpoint.h): "blocks"
   // recomputes every block's forward in backward; any mode.
   std::string activation_checkpointing = "none";  // --activation-checkpointing none|blocks
@@ -154,6 +167,16 @@ void validate_options(const TrainOptions& options, const Parallelism& parallelis
 // a GPU, else "cpu". "cuda" without a visible GPU raises ArgumentError
 // naming what is missing.
 std::string resolve_device_type(const TrainOptions& options);
+
+// The pipeline schedule --pp, --pp-schedule, --microbatches and
+// --pp-stages-per-rank give (after their defaults), checked (ArgumentError
+// naming the flags). Only for options.pp > 1.
+struct PipelineSchedule {
+  std::string kind;  // --pp-schedule
+  int64_t ranks = 1, stages_per_rank = 1, microbatches = 1;
+  int64_t stages() const { return ranks * stages_per_rank; }
+};
+PipelineSchedule pipeline_schedule(const TrainOptions& options);
 
 // Whether the model is built on the meta device and only the local shards
 // are materialised (--init, default as above).

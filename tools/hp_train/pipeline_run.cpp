@@ -1,0 +1,224 @@
+#include "tools/hp_train/pipeline_run.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "hp/distributed/collectives.h"
+#include "hp/distributed/p2p.h"
+#include "hp/distributed/world.h"
+#include "hp/fsdp/clip_grad.h"
+#include "hp/fsdp/materialize.h"
+#include "hp/nn/activation_checkpoint.h"
+#include "hp/nn/loss.h"
+#include "hp/optim/fused_adamw.h"
+#include "hp/pp/pipeline.h"
+#include "hp/util/cuda_timer.h"
+#include "hp/util/memory_stats.h"
+#include "hp/util/trace.h"
+#include "tools/hp_train/batches.h"
+#include "tools/hp_train/model.h"
+#include "tools/hp_train/progress.h"
+#include "tools/hp_train/report.h"
+#include "tools/hp_train/startup.h"
+
+namespace hp::train {
+
+namespace {
+
+// Transfers of the sample's weight gathering: a tag of their own, apart
+// from the pipeline's activations and gradients.
+constexpr int kWeightTag = 2;
+
+void say(bool root, const std::string& text) {
+  if (root) std::cout << text << std::endl;
+}
+
+// "out/trace.json" -> "out/trace.rank1.json", as main.cpp names them.
+std::string trace_path(const std::string& path, int rank) {
+  const auto slash = path.find_last_of('/');
+  const auto dot = path.find_last_of('.');
+  const bool has_extension = dot != std::string::npos && (slash == std::string::npos || dot > slash);
+  return fmt::format("{}.rank{}{}", has_extension ? path.substr(0, dot) : path, rank,
+                     has_extension ? path.substr(dot) : ".json");
+}
+
+// The whole model on rank 0, its tensors copied from the ranks holding
+// them (in the whole model's parameter order; each rank sends what it
+// holds, rank 0 receives the rest): for sampling. Collective over `group`.
+TrainModel gather_on_rank0(const TrainOptions& options, int64_t vocab, const pp::StagePlan& plan,
+                           const pp::ScheduleSpec& spec,
+                           const std::vector<pp::StageModule>& stages, dist::Group& group) {
+  const int rank = group.rank();
+  TrainModel whole = TrainModel::build(options, vocab, rank == 0 ? c10::Device(c10::kCPU)
+                                                                 : c10::Device(c10::kMeta));
+  std::map<std::string, at::Tensor> mine;
+  for (const auto& stage : stages)
+    for (const auto& item : stage->named_parameters()) mine[item.key()] = item.value();
+  std::vector<dist::Work> pending;
+  std::vector<at::Tensor> keep;
+  torch::NoGradGuard no_grad;
+  for (const auto& item : whole.module().named_parameters()) {
+    const int owner = pp::stage_rank(spec, plan.stage_of(item.key()));
+    if (rank == 0 && owner == 0) {
+      item.value().copy_(mine.at(item.key()));
+    } else if (rank == 0) {
+      pending.push_back(dist::recv(group, item.value(), owner, kWeightTag));
+    } else if (owner == rank) {
+      keep.push_back(mine.at(item.key()).detach().to(at::kCPU).contiguous());
+      pending.push_back(dist::send(group, keep.back(), 0, kWeightTag));
+    }
+  }
+  for (auto& work : pending) work.wait();
+  return whole;
+}
+
+}  // namespace
+
+int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, const World& world,
+                 const Corpus& corpus, const TrainDevice& device) {
+  const bool root = world.rank == 0;
+  const PipelineSchedule schedule = pipeline_schedule(options);
+  const pp::ScheduleSpec spec{pp::parse_schedule_kind(schedule.kind),
+                              static_cast<int>(schedule.ranks),
+                              static_cast<int>(schedule.stages_per_rank),
+                              static_cast<int>(schedule.microbatches)};
+  enable_memory_tracking();
+
+  // This rank's stages, cut from the whole model built on meta; each is
+  // then initialised alone with the whole model's draws (the other stages'
+  // made and dropped), so every rank holds the one-process model's values.
+  torch::manual_seed(options.seed);
+  TrainModel whole = TrainModel::build(options, corpus.vocab_size, c10::Device(c10::kMeta));
+  const pp::StagePlan plan = pp::plan_stages(whole.layout(), num_stages(spec), options.pp_split);
+  const nn::InitPlan whole_init = whole.init_plan();
+  int64_t parameters = 0;
+  for (const auto& p : whole.module().parameters()) parameters += p.numel();
+  std::vector<pp::StageModule> stages;
+  std::vector<nn::InitPlan> inits;
+  for (int s : pp::rank_stages(spec, world.rank)) {
+    stages.push_back(whole.stage(plan, s));
+    inits.push_back(pp::stage_init_plan(whole.module(), whole_init, *stages.back()));
+  }
+  whole = TrainModel(nn::GPT(nullptr));
+  for (size_t i = 0; i < stages.size(); ++i) {
+    torch::manual_seed(options.seed);  // each stage draws the whole model's sequence
+    init_sharded(*stages[i], inits[i], device.device);
+    if (options.activation_checkpointing == "blocks")
+      for (const auto& block : stages[i]->blocks()) nn::set_activation_checkpointing(*block);
+  }
+
+  const std::string trace_file =
+      options.trace.empty() ? std::string() : trace_path(options.trace, world.rank);
+  dist::init_process_group();
+  dist::GroupPtr group = dist::world_group();
+  if (!options.trace.empty()) {
+    at::Tensor origin = torch::tensor({trace::unix_now_us()}, torch::kLong);
+    dist::broadcast(*group, origin, 0).wait();
+    trace::set_origin(origin.item<int64_t>());
+    trace::enable(world.rank, fmt::format("rank {}", world.rank));
+    if (device.is_cuda()) anchor_cuda_trace(device.device);
+  }
+  pp::Pipeline pipeline({spec, options.d, at::kFloat, device.device}, stages,
+                        std::make_shared<pp::GroupTransport>(group),
+                        [](const at::Tensor& logits, const at::Tensor& targets) {
+                          return nn::cross_entropy(logits, targets);
+                        });
+  optim::FusedAdamW optimizer(pipeline.parameters(), torch::optim::AdamWOptions(options.lr)
+                                                         .betas({0.9, 0.95})
+                                                         .eps(1e-8)
+                                                         .weight_decay(options.weight_decay));
+
+  std::string mode_line = fmt::format(
+      "pipeline over {} ranks, {} with {} micro-batches of {} samples, {} stage{} per rank: {}",
+      schedule.ranks, schedule.kind, schedule.microbatches, options.batch / schedule.microbatches,
+      schedule.stages_per_rank, schedule.stages_per_rank > 1 ? "s" : "", pp::describe(plan));
+  say(root, header_text(options, parallelism, corpus, parameters,
+                        device.is_cuda() ? fmt::format("cuda ({})", device.card) : "cpu",
+                        mode_line));
+  say(root, fmt::format("  bubble: {:.1f}% of each rank's time idle in theory",
+                        100 * pp::theoretical_bubble(spec)));
+
+  ProgressMeter meter(options.steps, options.batch * options.seq);
+  const int last_rank = pp::stage_rank(spec, num_stages(spec) - 1);
+  std::vector<int64_t> rank_peaks(world.size, 0);
+  double first_loss = 0, last_loss = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t s = 0; s < options.steps; ++s) {
+    trace::Span step_span(fmt::format("step {}", s), "step", "step");
+    const auto step_start = std::chrono::steady_clock::now();
+    reset_peak_memory();
+    for (auto& stage : stages) stage->zero_grad(/*set_to_none=*/true);
+    // Every pipeline rank reads the global batch (the first stage its ids,
+    // the last its targets, the others its shape).
+    Batch batch = batch_for_step(corpus.tokens, s, options.batch, options.seq, 0, 1);
+    if (!device.device.is_cpu()) {
+      batch.inputs = batch.inputs.to(device.device);
+      batch.targets = batch.targets.to(device.device);
+    }
+    at::Tensor loss = pipeline.step(batch.inputs, batch.targets);
+    if (options.grad_clip > 0) clip_grad_norm_(pipeline.parameters(), options.grad_clip, 2.0, group);
+    optimizer.step();
+    // One gather: the loss (held by the last stage's rank) and every rank's
+    // memory peak.
+    at::Tensor mine = torch::tensor(
+        {loss.defined() ? loss.item<double>() : 0.0, static_cast<double>(memory_stats().peak_bytes)},
+        torch::kDouble);
+    at::Tensor all = torch::empty({world.size * 2}, torch::kDouble);
+    dist::all_gather_into(*group, all, mine).wait();
+    all = all.view({-1, 2});
+    const double step_loss = all[last_rank][0].item<double>();
+    for (int r = 0; r < world.size; ++r)
+      rank_peaks[r] = std::max(rank_peaks[r], static_cast<int64_t>(all[r][1].item<double>()));
+    if (s == 0) first_loss = step_loss;
+    last_loss = step_loss;
+    meter.record(std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
+    if (s == 0 || (s + 1) % options.log_every == 0 || s + 1 == options.steps)
+      say(root, meter.line(step_loss));
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!options.trace.empty()) {
+    trace::disable();
+    trace::write(trace_file);
+    std::cout << fmt::format("trace of rank {} written to {}", world.rank, trace_file) << std::endl;
+  }
+  say(root, memory_table(rank_peaks, parameters));
+
+  double sample_seconds = 0;
+  if (options.sample_tokens > 0) {
+    say(root, fmt::format("sampling {} from the trained model (its stages gathered on rank 0)...",
+                          plural(options.sample_tokens, "token")));
+    const auto sample_start = std::chrono::steady_clock::now();
+    TrainModel sampler = gather_on_rank0(options, corpus.vocab_size, plan, spec, stages, *group);
+    if (root) {
+      sampler.module().eval();
+      at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
+      at::Tensor prompt = corpus.tokens.narrow(0, 0, 1).view({1, 1});
+      at::Tensor sample = sampler.generate(prompt, options.sample_tokens, options.temperature,
+                                           options.top_k, generator);
+      sample_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - sample_start).count();
+      say(root, fmt::format("sample ({} after the corpus's first token, temperature {:g}, top-k "
+                            "{}; {:.1f} s):\n{}",
+                            plural(options.sample_tokens, "token"), options.temperature,
+                            options.top_k, sample_seconds,
+                            render_tokens(sample[0], corpus.vocab_size)));
+    }
+  }
+  say(root, summary_line(first_loss, last_loss, options.steps, seconds,
+                         static_cast<double>(options.batch * options.seq * options.steps) /
+                             std::max(seconds, 1e-9),
+                         sample_seconds));
+  dist::barrier(*group).wait();
+  dist::destroy_process_group();
+  return 0;
+}
+
+}  // namespace hp::train
