@@ -7,6 +7,7 @@
 // Gloo alone. Every value is derived from ranks, so each rank knows what
 // it must receive.
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -32,7 +33,8 @@ using test::tensors_equal;
 
 // What rank `from` sends in transfer `k` (distinct per rank and transfer).
 at::Tensor p2p_payload(int from, int k, at::ScalarType dtype, at::IntArrayRef shape = {3, 5}) {
-  at::Tensor t = at::arange(c10::multiply_integers(shape), at::kLong).view(shape) + 100 * from + 7 * k;
+  at::Tensor t =
+      at::arange(c10::multiply_integers(shape), at::kLong).view(shape) + 100 * from + 7 * k;
   if (dtype == at::kBool) return (t % 3) == 0;
   return t.to(dtype);
 }
@@ -95,7 +97,9 @@ TEST(P2P, SendsToOnePeerArriveInOrder) {
     std::vector<Work> works;
     for (int k = 0; k < kCount; ++k) works.push_back(send(g, p2p_payload(0, k, at::kInt), 1));
     std::vector<P2PRequest> batch;
-    for (int k = kCount; k < 2 * kCount; ++k) batch.push_back({P2POp::kSend, p2p_payload(0, k, at::kInt), 1});
+    for (int k = kCount; k < 2 * kCount; ++k) {
+      batch.push_back({P2POp::kSend, p2p_payload(0, k, at::kInt), 1});
+    }
     for (Work& w : batch_p2p(g, batch)) works.push_back(w);
     for (Work& w : works) w.wait();
   } else if (g.rank() == 1) {
