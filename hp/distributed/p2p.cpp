@@ -6,11 +6,13 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <algorithm>
 #include <array>
 #include <exception>
 #include <functional>
 #include <future>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -87,11 +89,10 @@ void wait_for(c10d::Work& work, std::chrono::milliseconds timeout, const char* w
 
 // --- the checks' header: what the sender sends and the receiver expects ---
 
-// Tags of the header (sender to receiver) and the answer (back), below
-// zero and apart from each other and from every payload tag (c10d's Gloo
-// takes a tag's 32 bits as the transport's slot).
-int header_tag(int tag) { return -1 - tag; }
-int answer_tag(int tag) { return -1 - (kMaxP2PTag + 1) - tag; }
+// Tags of the header (sender to receiver) and the answer (back), above
+// every payload tag and apart from each other (c10d refuses negative tags).
+int header_tag(int tag) { return (kMaxP2PTag + 1) + tag; }
+int answer_tag(int tag) { return 2 * (kMaxP2PTag + 1) + tag; }
 
 constexpr int kHeaderDims = 8;  // dims kept; more are compared through numel
 constexpr int64_t kHeaderMagic = 0x68703270;  // "hp2p"
@@ -133,7 +134,8 @@ struct P2PHeader {
   bool operator==(const P2PHeader& other) const { return fields == other.fields; }
   // "[2, 3] Float (24 bytes, p2p sequence number 4)"
   std::string text() const {
-    std::vector<int64_t> dims(fields.begin() + 5, fields.begin() + 5 + std::min<int64_t>(fields[3], kHeaderDims));
+    const int64_t kept = std::min<int64_t>(fields[3], kHeaderDims);
+    std::vector<int64_t> dims(fields.begin() + 5, fields.begin() + 5 + kept);
     std::string shape = to_string(dims);
     if (fields[3] > kHeaderDims) shape.insert(shape.size() - 1, ", ...");
     return cat(shape, " ", dtype(), " (", bytes(), " bytes, p2p sequence number ", fields[1], ")");
@@ -229,7 +231,9 @@ Work gloo_p2p(Group& group, const P2PRequest& r, uint64_t sequence) {
   const bool send = r.op == P2POp::kSend;
   const bool staged = r.tensor.is_cuda();
   at::Tensor host = r.tensor;
-  if (staged) host = send ? r.tensor.cpu() : at::empty(r.tensor.sizes(), r.tensor.options().device(at::kCPU));
+  if (staged) {
+    host = send ? r.tensor.cpu() : at::empty(r.tensor.sizes(), r.tensor.options().device(at::kCPU));
+  }
   std::function<void()> finish;
   if (staged && !send) finish = [tensor = r.tensor, host] { tensor.copy_(host); };
   detail::P2PInfo info{to_string(r.op), [d = describe_transfer(r)] { return d.text(); }, r.peer,

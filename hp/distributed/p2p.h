@@ -68,8 +68,8 @@ enum class P2POp { kSend, kRecv };
 const char* to_string(P2POp op);  // "send", "recv"
 
 // The largest tag: the checks' headers and answers travel under tags of
-// their own, derived from the payload's, below zero.
-inline constexpr int kMaxP2PTag = (1 << 30) - 1;
+// their own above it, derived from the payload's (c10d takes only tags >= 0).
+inline constexpr int kMaxP2PTag = (1 << 29) - 1;
 
 struct P2PRequest {
   P2POp op;

@@ -43,7 +43,9 @@ class P2PState {
   }
 
  private:
-  static size_t index(int peer, bool send) { return 2 * static_cast<size_t>(peer) + (send ? 0 : 1); }
+  static size_t index(int peer, bool send) {
+    return 2 * static_cast<size_t>(peer) + (send ? 0 : 1);
+  }
 
   mutable std::mutex mutex_;
   std::vector<uint64_t> counts_;
