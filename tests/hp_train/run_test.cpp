@@ -251,6 +251,67 @@ TEST(HpTrain, ModesAgreeAndSeedsRepeat) {
   EXPECT_NE(losses(0, concat(kTiny, {"--seed", "7"}), dir, "seed7").at(0), single.at(0));
 }
 
+// --pp: every pipeline rank holds its stages of the one-process model.
+// Step 0's loss is the mean of the micro-batch losses: with --microbatches 2
+// on kTiny's batch of 4 the micro-batches are the slices first_loss takes
+// for 2 ranks, each through the same kernels at the same shapes, and their
+// means, each halved (exact), are added in fp32: first_loss_bound for 2,
+// plus that one rounding, at most 2^-24 of the loss. Without clipping every
+// schedule does the same arithmetic per parameter in the same micro-batch
+// order (the stages only decide where it runs), so all four schedules, on
+// one or two stages per rank, give the same losses bit for bit at every step.
+TEST(HpTrain, PipelineSchedulesTrainTheOneProcessModel) {
+  TempDir dir;
+  const Args pipeline = concat(kTiny, concat(kNoClip, {"--pp", "2", "--microbatches", "2"}));
+  const std::vector<double> one_f_one_b = losses(2, pipeline, dir, "1f1b");
+  ASSERT_EQ(one_f_one_b.size(), 5u);
+  nn::GPT model = tiny_model(kDefaultSeed);
+  const double expected = first_loss(model, 2);
+  EXPECT_TRUE(test::within_bound(one_f_one_b[0], expected,
+                                 first_loss_bound(expected, 2) + std::ldexp(expected, -24)))
+      << "step 0";
+  EXPECT_LT(one_f_one_b[4], one_f_one_b[0] - 0.5) << "trains";
+  EXPECT_EQ(losses(2, concat(pipeline, {"--pp-schedule", "gpipe"}), dir, "gpipe"), one_f_one_b);
+
+  // Four blocks: two stages per rank for the looped schedules.
+  const Args deeper = concat(pipeline, {"--layers", "4", "--trace", dir.file("pp.json")});
+  const std::vector<double> plain = losses(2, deeper, dir, "1f1b_4");
+  ASSERT_EQ(plain.size(), 5u);
+  for (const char* schedule : {"interleaved", "zero-bubble"}) {
+    EXPECT_EQ(losses(2, concat(deeper, {"--pp-schedule", schedule}), dir, schedule), plain)
+        << schedule;
+  }
+  // Each rank's trace shows its stages' forwards, backwards and transfers.
+  std::ifstream trace(dir.file("pp.rank1.json"));
+  const std::string text((std::istreambuf_iterator<char>(trace)), std::istreambuf_iterator<char>());
+  for (const char* span : {"\"3I1\"", "\"3W1\"", "\"1F0\"", "\"1SEND_F0\"", "\"3RECV_F1\"",
+                           "pipeline compute", "pipeline p2p", "pipeline wait"}) {
+    EXPECT_THAT(text, HasSubstr(span));
+  }
+}
+
+// What the pipeline refuses, on every rank, before any collective.
+TEST(HpTrain, PipelineFlagsAreCheckedBeforeAnyCollective) {
+  const Args pipeline = concat(kTiny, {"--pp", "2"});
+  const std::vector<std::tuple<int, Args, std::string>> cases = {
+      {3, pipeline, "--pp 2 runs on exactly 2 ranks (one per pipeline rank), but WORLD_SIZE is 3"},
+      {2, concat(pipeline, {"--microbatches", "1"}), "--microbatches 1"},
+      {2, concat(pipeline, {"--pp-schedule", "interleaved", "--microbatches", "4"}),
+       "4 stages exceed --layers 2"},
+      {2, concat(pipeline, {"--batch", "6", "--microbatches", "4"}),
+       "--batch 6 must be a multiple of the 4 micro-batches"},
+      {2, concat(pipeline, {"--pp-split", "h.7"}), "split point 'h.7' names no block"},
+      {2, concat(pipeline, {"--mode", "fsdp"}), "--mode fsdp with --pp 2"},
+      {2, concat(pipeline, {"--save-dir", "/tmp/none"}), "--save-dir is not supported with --pp"},
+      {1, concat(kTiny, {"--microbatches", "4"}), "need --pp P with P > 1"},
+  };
+  for (const auto& [ranks, args, message] : cases) {
+    const ProcessResult r = hp_train(ranks, args);
+    EXPECT_EQ(r.exit_code, 2) << describe(r);
+    EXPECT_THAT(r.err + r.out, HasSubstr(message));
+  }
+}
+
 TEST(HpTrain, PerformanceFlagsTrainTheSameModel) {
   TempDir dir;
   const Args parity = concat(kTiny, kNoClip);

@@ -27,6 +27,8 @@
 #include "tools/hp_train/progress.h"
 #include "tools/hp_train/report.h"
 #include "tools/hp_train/startup.h"
+#include "tools/hp_train/step_log.h"
+#include "tools/hp_train/trainer.h"
 
 namespace hp::train {
 
@@ -107,13 +109,20 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
     inits.push_back(pp::stage_init_plan(whole.module(), whole_init, *stages.back()));
   }
   whole = TrainModel(nn::GPT(nullptr));
+  // The init steps start where the eager model's start: after its
+  // constructors' draws (which the meta model made too). Each stage starts
+  // from there, as each draws the whole model's sequence.
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  const at::Tensor init_state = generator.get_state();
   for (size_t i = 0; i < stages.size(); ++i) {
-    torch::manual_seed(options.seed);  // each stage draws the whole model's sequence
+    generator.set_state(init_state);
     init_sharded(*stages[i], inits[i], device.device);
     if (options.activation_checkpointing == "blocks")
       for (const auto& block : stages[i]->blocks()) nn::set_activation_checkpointing(*block);
   }
 
+  std::unique_ptr<StepLog> step_log;
+  if (root && !options.log_json.empty()) step_log = std::make_unique<StepLog>(options.log_json, 0);
   const std::string trace_file =
       options.trace.empty() ? std::string() : trace_path(options.trace, world.rank);
   dist::init_process_group();
@@ -173,12 +182,24 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
     at::Tensor all = torch::empty({world.size * 2}, torch::kDouble);
     dist::all_gather_into(*group, all, mine).wait();
     all = all.view({-1, 2});
-    const double step_loss = all[last_rank][0].item<double>();
-    for (int r = 0; r < world.size; ++r)
-      rank_peaks[r] = std::max(rank_peaks[r], static_cast<int64_t>(all[r][1].item<double>()));
+    StepRecord record;
+    record.step = s;
+    record.loss = all[last_rank][0].item<double>();
+    for (int r = 0; r < world.size; ++r) {
+      record.rank_peak_bytes.push_back(static_cast<int64_t>(all[r][1].item<double>()));
+      rank_peaks[r] = std::max(rank_peaks[r], record.rank_peak_bytes.back());
+    }
+    record.peak_bytes =
+        *std::max_element(record.rank_peak_bytes.begin(), record.rank_peak_bytes.end());
+    record.step_time_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+    record.tokens_per_s =
+        static_cast<double>(options.batch * options.seq) / std::max(record.step_time_s, 1e-9);
+    const double step_loss = record.loss;
     if (s == 0) first_loss = step_loss;
     last_loss = step_loss;
-    meter.record(std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count());
+    meter.record(record.step_time_s);
+    if (step_log) step_log->write(record);
     if (s == 0 || (s + 1) % options.log_every == 0 || s + 1 == options.steps)
       say(root, meter.line(step_loss));
   }
@@ -189,6 +210,7 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
     trace::write(trace_file);
     std::cout << fmt::format("trace of rank {} written to {}", world.rank, trace_file) << std::endl;
   }
+  if (step_log) say(root, fmt::format("step log written to {}", options.log_json));
   say(root, memory_table(rank_peaks, parameters));
 
   double sample_seconds = 0;
