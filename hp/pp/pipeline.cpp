@@ -6,6 +6,7 @@
 #include <optional>
 #include <tuple>
 
+#include "hp/distributed/collectives.h"
 #include "hp/pp/lower.h"
 #include "hp/pp/split_backward.h"
 #include "hp/util/error.h"
@@ -66,6 +67,9 @@ Pipeline::Pipeline(PipelineOptions options, std::vector<StageModule> stages,
   HP_CHECK_ARG(transport_->size() == spec.ranks, "Pipeline: the transport connects ",
                transport_->size(), " ranks but the schedule has ", spec.ranks, " pipeline ranks");
   HP_CHECK_ARG(static_cast<bool>(loss_), "Pipeline: loss must be set");
+  HP_CHECK_ARG(!options_.data_parallel || options_.data_parallel->is_member(),
+               "Pipeline: this process is not a member of data_parallel's ",
+               options_.data_parallel ? options_.data_parallel->describe() : std::string());
   HP_CHECK_ARG(options_.hidden_size > 0, "Pipeline: hidden_size ", options_.hidden_size,
                " must be positive");
   const std::vector<int> expected = rank_stages(spec, transport_->rank());
@@ -153,7 +157,38 @@ at::Tensor Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
     unusable_ = "a send of the pipeline failed in an earlier step; rebuild the pipeline";
     rethrow_with(hp::cat("pipeline rank ", rank(), ", waiting for its sends: "));
   }
+  if (options_.data_parallel && options_.data_parallel->size() > 1) {
+    try {
+      average_gradients_over_replicas();
+    } catch (...) {
+      unusable_ = "averaging the gradients over the replicas failed in an earlier step; the "
+                  "replicas' parameters may differ: rebuild the job";
+      rethrow_with(hp::cat("pipeline rank ", rank(), ", averaging gradients over ",
+                           options_.data_parallel->describe(), ": "));
+    }
+  }
   return has_last ? state.loss_sum : at::Tensor();
+}
+
+void Pipeline::average_gradients_over_replicas() {
+  trace::Span span("average gradients", std::string(), "comm", "pipeline p2p");
+  torch::NoGradGuard no_grad;
+  // One flat buffer per dtype, in parameter order (the same on every
+  // replica: the same stages), reduced by one all-reduce each.
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
+  for (const at::Tensor& p : parameters())
+    if (p.grad().defined()) by_dtype[p.grad().scalar_type()].push_back(p.grad());
+  for (auto& [dtype, grads] : by_dtype) {
+    std::vector<at::Tensor> flat_views;
+    for (const at::Tensor& g : grads) flat_views.push_back(g.reshape({-1}));
+    at::Tensor flat = at::cat(flat_views);
+    dist::all_reduce(*options_.data_parallel, flat, dist::ReduceOp::kAvg).wait();
+    int64_t offset = 0;
+    for (at::Tensor& g : grads) {
+      g.copy_(flat.narrow(0, offset, g.numel()).view(g.sizes()));
+      offset += g.numel();
+    }
+  }
 }
 
 void Pipeline::run_action(StepState& state, const Action& action) {

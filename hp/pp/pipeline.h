@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "hp/distributed/group.h"
 #include "hp/pp/action.h"
 #include "hp/pp/schedule.h"
 #include "hp/pp/stage_module.h"
@@ -48,6 +49,11 @@ struct PipelineOptions {
   int64_t hidden_size = 0;
   at::ScalarType hidden_dtype = at::kFloat;
   c10::Device device = c10::Device(c10::DeviceType::CPU);
+  // Replicas of this pipeline that train on other samples (data
+  // parallelism across pipelines, each replica's stages whole): after the
+  // step's last backward the stages' gradients are averaged over this
+  // group, one all-reduce per dtype. Null or a group of one: none.
+  dist::GroupPtr data_parallel;
 };
 
 // loss(last stage's output for one micro-batch, its targets) -> a scalar,
@@ -81,6 +87,7 @@ class Pipeline {
  private:
   struct StepState;
   void run_action(StepState& state, const Action& action);
+  void average_gradients_over_replicas();
   StageModuleImpl& local_stage(int stage);
 
   PipelineOptions options_;

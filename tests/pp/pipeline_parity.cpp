@@ -48,7 +48,7 @@ at::Tensor logits_of(const Case& c, nn::Module& whole, const at::Tensor& ids) {
                  : static_cast<nn::GPTImpl&>(whole).forward(ids);
 }
 
-int64_t rows_of(const Case& c) { return 2 * c.microbatches; }
+int64_t rows_of(const Case& c) { return 2 * c.microbatches * c.data_parallel; }
 
 at::Tensor batch(const Case& c, int step, uint64_t salt) {
   return hp::test::random_tokens({rows_of(c), 8}, vocab_of(c), 100 * step + salt);
@@ -63,7 +63,8 @@ ScheduleSpec spec_of(const Case& c) {
 }  // namespace
 
 std::string name_of(const Case& c) {
-  return hp::cat(to_string(c.kind), " p", c.ranks, " v", c.stages_per_rank, " m", c.microbatches,
+  return hp::cat(to_string(c.kind), c.data_parallel > 1 ? hp::cat(" dp", c.data_parallel) : "",
+                 " p", c.ranks, " v", c.stages_per_rank, " m", c.microbatches,
                  c.split_points.empty() ? "" : " uneven", c.checkpointing ? " checkpointed" : "",
                  c.llama ? " llama" : "");
 }
@@ -73,16 +74,33 @@ Run reference_run(const Case& c) {
   torch::optim::AdamW optimizer(whole->parameters(), adamw());
   Run run;
   for (int step = 0; step < kSteps; ++step) {
-    optimizer.zero_grad();
-    const auto ids = batch(c, step, 1).chunk(c.microbatches);
-    const auto targets = batch(c, step, 2).chunk(c.microbatches);
-    at::Tensor total;
-    for (int k = 0; k < c.microbatches; ++k) {
-      at::Tensor loss = nn::cross_entropy(logits_of(c, *whole, ids[k]), targets[k]) / c.microbatches;
-      loss.backward();
-      total = total.defined() ? total + loss.detach() : loss.detach();
+    const auto ids = batch(c, step, 1).chunk(c.data_parallel);
+    const auto targets = batch(c, step, 2).chunk(c.data_parallel);
+    std::vector<std::vector<at::Tensor>> replica_grads;
+    for (int r = 0; r < c.data_parallel; ++r) {
+      optimizer.zero_grad();
+      const auto mb_ids = ids[r].chunk(c.microbatches);
+      const auto mb_targets = targets[r].chunk(c.microbatches);
+      at::Tensor replica_total;
+      for (int k = 0; k < c.microbatches; ++k) {
+        at::Tensor loss =
+            nn::cross_entropy(logits_of(c, *whole, mb_ids[k]), mb_targets[k]) / c.microbatches;
+        loss.backward();
+        replica_total = replica_total.defined() ? replica_total + loss.detach() : loss.detach();
+      }
+      if (r == 0) run.losses.push_back(replica_total);
+      if (run.replica_losses.size() <= static_cast<size_t>(r)) run.replica_losses.emplace_back();
+      run.replica_losses[r].push_back(replica_total);
+      std::vector<at::Tensor> grads;
+      for (const auto& p : whole->parameters()) grads.push_back(p.grad().clone());
+      replica_grads.push_back(std::move(grads));
     }
-    run.losses.push_back(total);
+    auto params = whole->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      at::Tensor sum = replica_grads[0][i];
+      for (int r = 1; r < c.data_parallel; ++r) sum = sum + replica_grads[r][i];
+      params[i].mutable_grad() = c.data_parallel > 1 ? sum / c.data_parallel : sum;
+    }
     if (step == kSteps - 1)
       for (const auto& item : whole->named_parameters())
         run.grads[item.key()] = item.value().grad().clone();
@@ -110,8 +128,10 @@ std::vector<StageModule> build_stages(const Case& c, int rank) {
 }
 
 Run pipeline_run(const Case& c, std::vector<StageModule> stages,
-                 std::shared_ptr<Transport> transport) {
-  Pipeline pipeline({spec_of(c), width_of(c)}, stages, std::move(transport),
+                 std::shared_ptr<Transport> transport, int replica, dist::GroupPtr replicas) {
+  PipelineOptions options{spec_of(c), width_of(c)};
+  options.data_parallel = std::move(replicas);
+  Pipeline pipeline(options, stages, std::move(transport),
                     [](const at::Tensor& logits, const at::Tensor& targets) {
                       return nn::cross_entropy(logits, targets);
                     });
@@ -119,7 +139,8 @@ Run pipeline_run(const Case& c, std::vector<StageModule> stages,
   Run run;
   for (int step = 0; step < kSteps; ++step) {
     optimizer.zero_grad();
-    run.losses.push_back(pipeline.step(batch(c, step, 1), batch(c, step, 2)));
+    run.losses.push_back(pipeline.step(batch(c, step, 1).chunk(c.data_parallel)[replica],
+                                       batch(c, step, 2).chunk(c.data_parallel)[replica]));
     if (step == kSteps - 1)
       for (const auto& s : stages)
         for (const auto& item : s->named_parameters())
@@ -131,14 +152,16 @@ Run pipeline_run(const Case& c, std::vector<StageModule> stages,
   return run;
 }
 
-size_t expect_rank_matches(const Case& c, int rank, const Run& got, const Run& reference) {
-  SCOPED_TRACE(hp::cat(name_of(c), ", pipeline rank ", rank));
+size_t expect_rank_matches(const Case& c, int rank, const Run& got, const Run& reference,
+                           int replica) {
+  SCOPED_TRACE(hp::cat(name_of(c), ", pipeline rank ", rank, ", replica ", replica));
   const ScheduleSpec spec = spec_of(c);
   const bool has_last = stage_rank(spec, num_stages(spec) - 1) == rank;
   for (size_t step = 0; step < reference.losses.size(); ++step) {
     EXPECT_EQ(got.losses.at(step).defined(), has_last) << "step " << step;
     if (has_last)
-      EXPECT_TRUE(hp::test::tensors_equal(got.losses[step], reference.losses[step]))
+      EXPECT_TRUE(
+          hp::test::tensors_equal(got.losses[step], reference.replica_losses.at(replica).at(step)))
           << "step " << step;
   }
   EXPECT_FALSE(got.params.empty());

@@ -30,17 +30,24 @@ struct Case {
   std::vector<std::string> split_points;  // empty: balanced
   bool checkpointing = false;
   bool llama = false;
+  int data_parallel = 1;  // replicas of the pipeline, each on its slice of the batch
 };
 
 std::string name_of(const Case& c);
 
 struct Run {
   std::vector<at::Tensor> losses;              // per step (undefined off the last stage)
+  // The reference's: per replica, per step.
+  std::vector<std::vector<at::Tensor>> replica_losses;
   std::map<std::string, at::Tensor> grads;     // after the last step's backward
   std::map<std::string, at::Tensor> params;    // after the last step
 };
 
-// The whole model in this process.
+// The whole model in this process. With data_parallel D: each replica's
+// gradient (its slice's micro-batches accumulated in order) computed alone,
+// then their mean, summed in replica order and divided by D (what an
+// all-reduce average does, bit for bit for D = 2: a sum of two terms in
+// either order, halved exactly).
 Run reference_run(const Case& c);
 
 // Pipeline rank `rank`'s stages of the case's model, built from the same
@@ -48,12 +55,16 @@ Run reference_run(const Case& c);
 // the weights come from the one default generator).
 std::vector<StageModule> build_stages(const Case& c, int rank);
 
-// Trains `stages` as pipeline rank transport->rank() for the case's steps.
+// Trains `stages` as pipeline rank transport->rank() of replica `replica`
+// (its slice of each batch; gradients averaged over `replicas`, the
+// data-parallel group, when the case has several) for the case's steps.
 Run pipeline_run(const Case& c, std::vector<StageModule> stages,
-                 std::shared_ptr<Transport> transport);
+                 std::shared_ptr<Transport> transport, int replica = 0,
+                 dist::GroupPtr replicas = nullptr);
 
 // Expects `rank`'s run to equal the reference's for what the rank holds;
 // returns how many parameters it compared.
-size_t expect_rank_matches(const Case& c, int rank, const Run& got, const Run& reference);
+size_t expect_rank_matches(const Case& c, int rank, const Run& got, const Run& reference,
+                           int replica = 0);
 
 }  // namespace hp::pp::parity

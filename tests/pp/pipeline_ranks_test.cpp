@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "hp/distributed/world.h"
+#include "hp/mesh/device_mesh.h"
 #include "hp/pp/transport.h"
 #include "tests/pp/pipeline_parity.h"
 #include "tests/support/tensor_checks.h"
@@ -48,6 +49,26 @@ TEST(PipelineRanks, Interleaved) {
 TEST(PipelineRanks, ZeroBubble) {
   expect_parity_on_world({ScheduleKind::kZeroBubble, 0, 2, 2 * p()});
   expect_parity_on_world({ScheduleKind::kZeroBubble, 0, 2, p(), {}, /*checkpointing=*/true});
+}
+
+// Two replicas of a 2-stage pipeline on 4 ranks (mesh (dp, pp) = (2, 2)):
+// each trains on its half of the batch, the stages' gradients averaged over
+// the replicas.
+TEST(PipelineRanks, DataParallelReplicas) {
+  if (hp::test::world_size() != 4) GTEST_SKIP() << "needs 4 ranks, has " << p();
+  for (ScheduleKind kind : {ScheduleKind::k1F1B, ScheduleKind::kZeroBubble}) {
+    Case c{kind, 2, kind == ScheduleKind::k1F1B ? 1 : 2, 4};
+    c.data_parallel = 2;
+    auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "pp"});
+    const int replica = static_cast<int>(mesh->coordinate(0));
+    const int pipeline_rank = static_cast<int>(mesh->coordinate(1));
+    const parity::Run reference = parity::reference_run(c);
+    const parity::Run run =
+        parity::pipeline_run(c, parity::build_stages(c, pipeline_rank),
+                             std::make_shared<GroupTransport>(mesh->group_ptr(1)), replica,
+                             mesh->group_ptr(0));
+    parity::expect_rank_matches(c, pipeline_rank, run, reference, replica);
+  }
 }
 
 TEST(PipelineRanks, Llama) {
