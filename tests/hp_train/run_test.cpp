@@ -290,6 +290,27 @@ TEST(HpTrain, PipelineSchedulesTrainTheOneProcessModel) {
   }
 }
 
+// Two replicas of a 2-rank pipeline (--mode ddp, 4 ranks): each replica
+// trains on its half of the batch, and their gradients are averaged after
+// each step. Step 0 is the mean of four 1-sample micro-batch losses, the
+// slices first_loss takes for 4 ranks (each replica's two micro-batch means
+// halved, exact, and added in fp32: one rounding, at most 2^-24 of its
+// loss, then the replicas' averaged in double).
+TEST(HpTrain, PipelineReplicasTrainTheOneProcessModel) {
+  TempDir dir;
+  const Args replicas =
+      concat(kTiny, concat(kNoClip, {"--pp", "2", "--mode", "ddp", "--microbatches", "2"}));
+  const std::vector<double> curve = losses(4, replicas, dir, "pp_ddp");
+  ASSERT_EQ(curve.size(), 5u);
+  nn::GPT model = tiny_model(kDefaultSeed);
+  const double expected = first_loss(model, 4);
+  EXPECT_TRUE(test::within_bound(curve[0], expected,
+                                 first_loss_bound(expected, 4) + std::ldexp(expected, -24)))
+      << "step 0";
+  EXPECT_LT(curve[4], curve[0] - 0.5) << "trains";
+  EXPECT_EQ(losses(4, concat(replicas, {"--mesh", "2x2"}), dir, "pp_ddp_mesh"), curve);
+}
+
 // What the pipeline refuses, on every rank, before any collective.
 TEST(HpTrain, PipelineFlagsAreCheckedBeforeAnyCollective) {
   const Args pipeline = concat(kTiny, {"--pp", "2"});
@@ -303,6 +324,11 @@ TEST(HpTrain, PipelineFlagsAreCheckedBeforeAnyCollective) {
       {2, concat(pipeline, {"--pp-split", "h.7"}), "split point 'h.7' names no block"},
       {2, concat(pipeline, {"--mode", "fsdp"}), "--mode fsdp with --pp 2"},
       {2, concat(pipeline, {"--save-dir", "/tmp/none"}), "--save-dir is not supported with --pp"},
+      {3, concat(pipeline, {"--mode", "ddp"}), "--pp 2 --mode ddp runs on a multiple of 2 ranks"},
+      {4, concat(pipeline, {"--mode", "ddp", "--mesh", "4x1"}), "the mesh is D x P = 2x2"},
+      {4, concat(pipeline, {"--mode", "ddp", "--microbatches", "4"}),
+       "--batch 4 must be a multiple of the 4 micro-batches of a pipeline step (--microbatches) "
+       "times the 2 replicas"},
       {1, concat(kTiny, {"--microbatches", "4"}), "need --pp P with P > 1"},
   };
   for (const auto& [ranks, args, message] : cases) {

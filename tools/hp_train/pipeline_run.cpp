@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <optional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -15,6 +16,7 @@
 #include "hp/distributed/world.h"
 #include "hp/fsdp/clip_grad.h"
 #include "hp/fsdp/materialize.h"
+#include "hp/mesh/device_mesh.h"
 #include "hp/nn/activation_checkpoint.h"
 #include "hp/nn/loss.h"
 #include "hp/optim/fused_adamw.h"
@@ -87,6 +89,11 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
                  const Corpus& corpus, const TrainDevice& device) {
   const bool root = world.rank == 0;
   const PipelineSchedule schedule = pipeline_schedule(options);
+  // The mesh (replicas, pipeline ranks), row-major: the P ranks of one
+  // replica are adjacent.
+  const int64_t replicas = parallelism.dp_size();
+  const int replica = static_cast<int>(world.rank / schedule.ranks);
+  const int pipeline_rank = static_cast<int>(world.rank % schedule.ranks);
   const pp::ScheduleSpec spec{pp::parse_schedule_kind(schedule.kind),
                               static_cast<int>(schedule.ranks),
                               static_cast<int>(schedule.stages_per_rank),
@@ -104,7 +111,7 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
   for (const auto& p : whole.module().parameters()) parameters += p.numel();
   std::vector<pp::StageModule> stages;
   std::vector<nn::InitPlan> inits;
-  for (int s : pp::rank_stages(spec, world.rank)) {
+  for (int s : pp::rank_stages(spec, pipeline_rank)) {
     stages.push_back(whole.stage(plan, s));
     inits.push_back(pp::stage_init_plan(whole.module(), whole_init, *stages.back()));
   }
@@ -127,6 +134,8 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
       options.trace.empty() ? std::string() : trace_path(options.trace, world.rank);
   dist::init_process_group();
   dist::GroupPtr group = dist::world_group();
+  const DeviceMeshPtr mesh = init_device_mesh(device.type, {replicas, schedule.ranks}, {"dp", "pp"});
+  dist::GroupPtr pipeline_group = mesh->group_ptr(1);
   if (!options.trace.empty()) {
     at::Tensor origin = torch::tensor({trace::unix_now_us()}, torch::kLong);
     dist::broadcast(*group, origin, 0).wait();
@@ -134,8 +143,10 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
     trace::enable(world.rank, fmt::format("rank {}", world.rank));
     if (device.is_cuda()) anchor_cuda_trace(device.device);
   }
-  pp::Pipeline pipeline({spec, options.d, at::kFloat, device.device}, stages,
-                        std::make_shared<pp::GroupTransport>(group),
+  pp::PipelineOptions pipeline_options{spec, options.d, at::kFloat, device.device};
+  if (replicas > 1) pipeline_options.data_parallel = mesh->group_ptr(0);
+  pp::Pipeline pipeline(pipeline_options, stages,
+                        std::make_shared<pp::GroupTransport>(pipeline_group),
                         [](const at::Tensor& logits, const at::Tensor& targets) {
                           return nn::cross_entropy(logits, targets);
                         });
@@ -145,8 +156,12 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
                                                          .weight_decay(options.weight_decay));
 
   std::string mode_line = fmt::format(
-      "pipeline over {} ranks, {} with {} micro-batches of {} samples, {} stage{} per rank: {}",
-      schedule.ranks, schedule.kind, schedule.microbatches, options.batch / schedule.microbatches,
+      "pipeline over {} ranks{}, {} with {} micro-batches of {} samples, {} stage{} per rank: {}",
+      schedule.ranks,
+      replicas > 1 ? fmt::format(" x {} replicas (ddp: gradients averaged after each step)",
+                                 replicas)
+                   : "",
+      schedule.kind, schedule.microbatches, options.batch / replicas / schedule.microbatches,
       schedule.stages_per_rank, schedule.stages_per_rank > 1 ? "s" : "", pp::describe(plan));
   say(root, header_text(options, parallelism, corpus, parameters,
                         device.is_cuda() ? fmt::format("cuda ({})", device.card) : "cpu",
@@ -166,13 +181,16 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
     for (auto& stage : stages) stage->zero_grad(/*set_to_none=*/true);
     // Every pipeline rank reads the global batch (the first stage its ids,
     // the last its targets, the others its shape).
-    Batch batch = batch_for_step(corpus.tokens, s, options.batch, options.seq, 0, 1);
+    Batch batch = batch_for_step(corpus.tokens, s, options.batch, options.seq, replica, replicas);
     if (!device.device.is_cpu()) {
       batch.inputs = batch.inputs.to(device.device);
       batch.targets = batch.targets.to(device.device);
     }
     at::Tensor loss = pipeline.step(batch.inputs, batch.targets);
-    if (options.grad_clip > 0) clip_grad_norm_(pipeline.parameters(), options.grad_clip, 2.0, group);
+    // The replicas' gradients are equal after the average: the norm is one
+    // replica's, its stages' squared norms summed over its pipeline.
+    if (options.grad_clip > 0)
+      clip_grad_norm_(pipeline.parameters(), options.grad_clip, 2.0, pipeline_group);
     optimizer.step();
     // One gather: the loss (held by the last stage's rank) and every rank's
     // memory peak.
@@ -184,7 +202,10 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
     all = all.view({-1, 2});
     StepRecord record;
     record.step = s;
-    record.loss = all[last_rank][0].item<double>();
+    // The replicas' losses (each its last stage's), averaged in replica order.
+    for (int64_t r = 0; r < replicas; ++r)
+      record.loss += all[r * schedule.ranks + last_rank][0].item<double>();
+    record.loss /= static_cast<double>(replicas);
     for (int r = 0; r < world.size; ++r) {
       record.rank_peak_bytes.push_back(static_cast<int64_t>(all[r][1].item<double>()));
       rank_peaks[r] = std::max(rank_peaks[r], record.rank_peak_bytes.back());
@@ -218,12 +239,15 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
     say(root, fmt::format("sampling {} from the trained model (its stages gathered on rank 0)...",
                           plural(options.sample_tokens, "token")));
     const auto sample_start = std::chrono::steady_clock::now();
-    TrainModel sampler = gather_on_rank0(options, corpus.vocab_size, plan, spec, stages, *group);
+    // Replica 0's stages, gathered on its pipeline rank 0 (global rank 0).
+    std::optional<TrainModel> sampler;
+    if (replica == 0)
+      sampler = gather_on_rank0(options, corpus.vocab_size, plan, spec, stages, *pipeline_group);
     if (root) {
-      sampler.module().eval();
+      sampler->module().eval();
       at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
       at::Tensor prompt = corpus.tokens.narrow(0, 0, 1).view({1, 1});
-      at::Tensor sample = sampler.generate(prompt, options.sample_tokens, options.temperature,
+      at::Tensor sample = sampler->generate(prompt, options.sample_tokens, options.temperature,
                                            options.top_k, generator);
       sample_seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - sample_start).count();

@@ -24,7 +24,7 @@ std::string header_text(const TrainOptions& o, const Parallelism& parallelism,
                           : fmt::format("weights from {}", o.init_from));
   text += fmt::format("  mode:   {}\n", mode_line.empty() ? parallelism.describe() : mode_line);
   text += fmt::format("  device: {}\n", device_line);
-  if (parallelism.uses_fully_shard()) {
+  if (parallelism.uses_fully_shard() && mode_line.empty()) {
     text += fmt::format(
         "  fsdp:   comm fusion {}, prefetch {}, reshard after forward {}, param dtype {}, "
         "reduce dtype {}\n",

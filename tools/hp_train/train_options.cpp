@@ -316,7 +316,7 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   option("--pp", o.pp,
          "pipeline parallelism over P ranks: each runs its stages of the model, activations "
          "and their gradients travel between neighbours (default 1: none); the world is the P "
-         "pipeline ranks (--mode none)",
+         "pipeline ranks, or D x P with --mode ddp (D replicas of the pipeline)",
          "P", integer_in(1, 4096, "an integer in [1, 4096]"));
   option("--pp-schedule", o.pp_schedule,
          "the pipeline schedule (default 1f1b): gpipe (all forwards, then all backwards), 1f1b "
@@ -434,15 +434,31 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
     HP_CHECK_ARG(world.launched, "--pp ", options.pp,
                  " needs one process per pipeline rank started by a launcher (hprun -n ",
                  options.pp, " hp-train --pp ", options.pp, " ...)");
-    HP_CHECK_ARG(!options.mode_given || options.mode == ParallelMode::kNone, "--mode ",
+    const bool replicas = options.mode_given && options.mode == ParallelMode::kDDP;
+    HP_CHECK_ARG(!options.mode_given || options.mode == ParallelMode::kNone || replicas, "--mode ",
                  plan::mode_name(options.mode), " with --pp ", options.pp,
-                 ": data and tensor parallelism inside a pipeline stage are not supported yet; "
-                 "leave --mode out (or --mode none): each of the ", options.pp,
-                 " ranks runs its stages whole");
-    HP_CHECK_ARG(options.mesh.empty(), "--mesh ", options.mesh, " with --pp ", options.pp,
-                 ": the world is the pipeline's ranks; leave --mesh out");
-    HP_CHECK_ARG(world.size == options.pp, "--pp ", options.pp, " runs on exactly ", options.pp,
-                 " ranks (one per pipeline rank), but WORLD_SIZE is ", world.size);
+                 ": sharding or tensor parallelism inside a pipeline stage is not supported yet; "
+                 "use --mode ddp (replicas of the pipeline, each on its slice of the batch) or "
+                 "leave --mode out (each of the ", options.pp, " ranks runs its stages whole)");
+    HP_CHECK_ARG(world.size % options.pp == 0 && (replicas || world.size == options.pp), "--pp ",
+                 options.pp, replicas ? " --mode ddp runs on a multiple of " : " runs on exactly ",
+                 options.pp, " ranks (", replicas ? "replicas of " : "one per ",
+                 "pipeline rank), but WORLD_SIZE is ", world.size);
+    const int64_t replica_count = world.size / options.pp;
+    if (!options.mesh.empty()) {
+      const std::vector<int64_t> shape = mesh_shape_of(options.mesh);
+      HP_CHECK_ARG(replicas && shape == (std::vector<int64_t>{replica_count, options.pp}),
+                   "--mesh ", options.mesh, " with --pp ", options.pp, ": the mesh is D x P = ",
+                   replica_count, "x", options.pp, " (replicas x pipeline ranks) under --mode ddp, "
+                   "or leave --mesh out");
+    }
+    if (replicas) {
+      // The layout's data-parallel size is the replicas'; each rank's
+      // stages stay whole (no fully_shard units are made under --pp).
+      Parallelism p(ParallelMode::kDDP, {replica_count, 1});
+      p.param_dtype = options.param_dtype;
+      return p;
+    }
     Parallelism p;
     p.param_dtype = options.param_dtype;
     return p;
@@ -522,9 +538,12 @@ void validate_options(const TrainOptions& o, const Parallelism& parallelism) {
                                        schedule.kind, schedule.ranks, schedule.stages_per_rank,
                                        schedule.microbatches, e.what()));
     }
-    HP_CHECK_ARG(o.batch % schedule.microbatches == 0, "--batch ", o.batch,
+    HP_CHECK_ARG(o.batch % (dp_size * schedule.microbatches) == 0, "--batch ", o.batch,
                  " must be a multiple of the ", schedule.microbatches,
-                 " micro-batches of a pipeline step (--microbatches)");
+                 " micro-batches of a pipeline step (--microbatches)",
+                 dp_size > 1 ? fmt::format(" times the {} replicas", dp_size) : std::string());
+    HP_CHECK_ARG(o.fully_shard_flags.empty(), o.fully_shard_flags.front(),
+                 " configures fully_shard, which does not run under --pp; leave it out");
     // Not built for pipelines yet: each is refused rather than ignored.
     const std::vector<std::pair<const char*, bool>> unsupported = {
         {"--save-dir", !o.save_dir.empty()},  {"--resume", !o.resume.empty()},

@@ -95,7 +95,8 @@ struct TrainOptions {
   // twice the number of stages), its stages per rank (0: 1 for gpipe and
   // 1f1b, 2 for interleaved and zero-bubble) and the blocks that begin
   // stages 1, 2, ... (empty: balanced). Under --pp the world is the P
-  // pipeline ranks: data and tensor parallelism inside a stage are not
+  // pipeline ranks (--mode none), or D x P for D replicas of the pipeline
+  // (--mode ddp); sharding and tensor parallelism inside a stage are not
   // built yet, and refused.
   int64_t pp = 1;
   std::string pp_schedule = "1f1b";
