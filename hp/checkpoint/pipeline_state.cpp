@@ -16,8 +16,9 @@
 namespace hp::checkpoint {
 namespace {
 
-// This rank's stages' parameters by whole-model name, checked: whole
-// tensors (not sharded), one dtype, every name one of `whole_model`'s.
+// This rank's stages' parameters by whole-model name, checked through the
+// stages' state dicts: whole tensors (not sharded), one dtype, every name
+// (buffers too) one of `whole_model`'s.
 struct HeldParameters {
   std::map<std::string, at::Tensor> by_name;
   at::ScalarType dtype = at::kFloat;
@@ -52,7 +53,11 @@ HeldParameters held_parameters(const std::vector<pp::StageModule>& stages,
                    stage->stage(), " is ", tensor.scalar_type(), " but other parameters are ",
                    *dtype, "; the other stages' keys are declared with one dtype");
       dtype = tensor.scalar_type();
-      HP_CHECK_ARG(held.by_name.emplace(name, tensor).second, what, ": '", name,
+    }
+    // The parameters themselves, not the state dict's values: AdamW keys its
+    // state by the parameter's tensor.
+    for (const auto& item : stage->named_parameters(/*recurse=*/true)) {
+      HP_CHECK_ARG(held.by_name.emplace(item.key(), item.value()).second, what, ": '", item.key(),
                    "' is held by two of this rank's stages");
     }
   }
