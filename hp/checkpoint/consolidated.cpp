@@ -28,6 +28,12 @@ uint64_t export_consolidated(const State& state, const std::string& path,
   run_agreed([&] {
     HP_CHECK_ARG(!entries.empty(), "export_consolidated(", path, "): no key of the state starts with '",
                  prefix, "'");
+    for (const StateEntry* entry : entries) {
+      HP_CHECK_ARG(entry->holders.empty(), "export_consolidated(", path, "): key '", entry->key,
+                   "' is held by ranks ", to_string(entry->holders),
+                   " only (a pipeline stage's); load the checkpoint into the whole model in one "
+                   "process and export that");
+    }
     if (writer) file = std::make_unique<SafetensorsWriter>(path, specs);
   });
   // A write that fails on rank 0 must not stop it from joining the other

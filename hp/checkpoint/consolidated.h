@@ -16,7 +16,9 @@ namespace hp::checkpoint {
 // "model.") gives GPT-2's names), in the state's order. Collective: the
 // tensors are gathered one at a time and rank 0 writes each as it comes, so
 // no rank holds more than one whole tensor. Atomic as write_safetensors is.
-// Returns the file's size.
+// Returns the file's size. A key held by some ranks only (State::add_held_by)
+// is refused (hp::ArgumentError on every rank): rank 0 gathers nothing from
+// a pipeline stage's holders.
 uint64_t export_consolidated(const State& state, const std::string& path,
                              const std::string& prefix = "");
 

@@ -166,7 +166,8 @@ LoadResult load_from_metadata(State& state, const Metadata& metadata, const std:
       HP_CHECK_ARG(mine.sizes == entry.local.sizes().vec(), source, ": key '", entry.key,
                    "' has a local piece of shape ", to_string(entry.local.sizes().vec()),
                    " but its layout gives this rank ", to_string(mine.sizes));
-      if (mine.numel() == 0) continue;
+      // A key this rank only declares is read by its holders.
+      if (!entry.held_here || mine.numel() == 0) continue;
       for (const ChunkRecord& chunk : metadata.find(entry.key.substr(prefix.size()))->chunks) {
         Box box{chunk.offsets, chunk.sizes};
         if (auto part = intersect(mine, box)) {

@@ -11,6 +11,13 @@
 // its own pieces (a dim-0 shard is one contiguous range; LoadResult's
 // bytes_read counts them); from a project checkpoint (checkpoint.h, saved
 // on any mesh or world size) the saved chunks its pieces overlap.
+//
+// A pipeline stage (hp/pp/stage_module.h) loads by its whole-model names.
+// In one process this call takes it: a checkpoint directory's other
+// stages' keys are ignored, a consolidated file's need strict = false.
+// On the ranks of a pipeline, whose stages differ, use load_into_stages
+// (pipeline_state.h), which declares the other stages' keys so that the
+// ranks' states agree.
 #pragma once
 
 #include <optional>

@@ -35,6 +35,8 @@ std::optional<Box> intersect(const Box& a, const Box& b) {
 }
 
 Box local_box(const StateEntry& entry) {
+  if (!entry.held_here) return {std::vector<int64_t>(entry.shape.size(), 0),
+                                std::vector<int64_t>(entry.shape.size(), 0)};
   if (!entry.layout.defined()) return {std::vector<int64_t>(entry.shape.size(), 0), entry.shape};
   return box_at(entry, entry.layout.mesh()->coordinate());
 }
@@ -43,7 +45,9 @@ std::vector<PlannedChunk> plan_chunks(const StateEntry& entry) {
   std::vector<PlannedChunk> chunks;
   if (!entry.layout.defined()) {
     Box whole{std::vector<int64_t>(entry.shape.size(), 0), entry.shape};
-    if (whole.numel() > 0) chunks.push_back({whole, 0});
+    // Every rank of the job, or of the holders, holds it whole: the lowest writes it.
+    const int writer = entry.holders.empty() ? 0 : entry.holders.front();
+    if (whole.numel() > 0) chunks.push_back({whole, writer});
     return chunks;
   }
   const DeviceMesh& mesh = *entry.layout.mesh();

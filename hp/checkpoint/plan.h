@@ -25,7 +25,8 @@ struct Box {
 std::optional<Box> intersect(const Box& a, const Box& b);
 
 // The box of `entry` this rank holds (the whole tensor for an entry without
-// a layout).
+// a layout; zero sizes for a key this rank only declares, which holds
+// nothing even when 0-d: look at StateEntry::held_here).
 Box local_box(const StateEntry& entry);
 
 struct PlannedChunk {
@@ -36,7 +37,7 @@ struct PlannedChunk {
 // Every distinct non-empty box the ranks hold, each with the lowest global
 // rank holding it, which writes it: a box held by several ranks (Replicate
 // dims, or an entry without a layout, which every rank holds: rank 0 writes
-// it) is written once. In mesh order.
+// it; or its holders: the lowest of them) is written once. In mesh order.
 std::vector<PlannedChunk> plan_chunks(const StateEntry& entry);
 
 // `part` of `box`'s data, where `data` holds exactly `box` (row-major): a

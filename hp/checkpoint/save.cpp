@@ -169,7 +169,9 @@ SavePlan plan_save(const State& state, const std::string& root, int64_t step,
                             entry.local.scalar_type(),
                             entry.shape,
                             entry.local.sizes().vec(),
-                            entry.layout.defined() ? entry.layout.str() : "whole on every rank",
+                            entry.layout.defined()   ? entry.layout.str()
+                            : entry.holders.empty() ? std::string("whole on every rank")
+                                                    : cat("whole on ranks ", to_string(entry.holders)),
                             plan_chunks(entry)};
     for (const PlannedChunk& c : planned.chunks) {
       ++plan.owned_count.at(static_cast<size_t>(c.writer));

@@ -5,8 +5,11 @@
 
 #include "hp/checkpoint/crc32c.h"
 #include "hp/checkpoint/safetensors.h"
+#include "hp/distributed/world.h"
 #include "hp/tensor/dtensor_tensor.h"
 #include "hp/util/error.h"
+
+#include <algorithm>
 
 namespace hp::checkpoint {
 
@@ -52,11 +55,59 @@ void State::add(const std::string& key, const at::Tensor& local, const Layout& l
   add_entry({key, local, shape, layout});
 }
 
+void State::add_held_by(const std::string& key, const at::Tensor& whole,
+                        std::vector<int> holders) {
+  HP_CHECK_ARG(whole.defined(), "checkpoint state: tensor '", key, "' is undefined");
+  HP_CHECK_ARG(!is_dtensor(whole), "checkpoint state: tensor '", key,
+               "' is a DTensor; a key held by some ranks only is held whole by each of them");
+  StateEntry entry{key, whole, whole.sizes().vec(), Layout()};
+  entry.holders = checked_holders(key, std::move(holders), /*holds_it=*/true);
+  add_entry(std::move(entry));
+}
+
+void State::declare_held_by(const std::string& key, const std::vector<int64_t>& shape,
+                            at::ScalarType dtype, std::vector<int> holders) {
+  for (int64_t size : shape) {
+    HP_CHECK_ARG(size >= 0, "checkpoint state: key '", key, "' is declared with shape ",
+                 to_string(shape), "; sizes must be >= 0");
+  }
+  // Nothing of it lives here: a zero-sized placeholder that carries the
+  // dtype and the number of dims (a 0-d one for a 0-d tensor).
+  const std::vector<int64_t> empty(shape.size(), 0);
+  StateEntry entry{key, at::empty(empty, at::TensorOptions().dtype(dtype)), shape, Layout()};
+  entry.holders = checked_holders(key, std::move(holders), /*holds_it=*/false);
+  entry.held_here = false;
+  add_entry(std::move(entry));
+}
+
+std::vector<int> State::checked_holders(const std::string& key, std::vector<int> holders,
+                                        bool holds_it) const {
+  std::sort(holders.begin(), holders.end());
+  holders.erase(std::unique(holders.begin(), holders.end()), holders.end());
+  const int rank = dist::is_initialized() ? dist::get_rank() : 0;
+  const int size = dist::is_initialized() ? dist::get_world_size() : 1;
+  HP_CHECK_ARG(!holders.empty(), "checkpoint state: key '", key,
+               "' names no holder; name the global ranks that hold it");
+  HP_CHECK_ARG(holders.front() >= 0 && holders.back() < size, "checkpoint state: key '", key,
+               "' is held by ranks ", to_string(holders), ", which are not all ranks of this job of ",
+               size);
+  const bool here = std::binary_search(holders.begin(), holders.end(), rank);
+  HP_CHECK_ARG(here == holds_it, "checkpoint state: key '", key, "' is held by ranks ",
+               to_string(holders), ", ", here ? "this rank among them" : "not this rank",
+               holds_it ? "; a rank that does not hold a key declares it (declare_held_by)"
+                        : "; a rank that holds a key adds its tensor (add_held_by)",
+               " (rank ", rank, ")");
+  return holders;
+}
+
 uint32_t State::signature() const {
   std::string text;
   for (const StateEntry& e : entries_) {
     text += cat(e.key, '\n', to_string(e.shape), '\n', e.local.scalar_type(), '\n',
                 e.layout.defined() ? e.layout.str() : std::string("whole"), '\n');
+    // Only for keys held by some ranks: an ordinary state's signature is
+    // what it was before holders existed.
+    if (!e.holders.empty()) text += cat("held by ", to_string(e.holders), '\n');
   }
   return crc32c(0, text.data(), text.size());
 }

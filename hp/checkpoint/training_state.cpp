@@ -1,5 +1,7 @@
 #include "hp/checkpoint/training_state.h"
 
+#include "hp/checkpoint/adamw_state.h"
+
 #include <torch/torch.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -24,30 +26,39 @@ void add_model(State& state, const nn::Module& model, const std::string& prefix)
   }
 }
 
-void add_adamw(State& state, torch::optim::AdamW& optimizer, const nn::Module& model,
-               const std::string& prefix) {
-  std::map<std::string, StateValue> layouts;
-  for (auto& [name, value] : get_model_state_dict(model)) layouts.emplace(name, value);
-  auto& states = optimizer.state();
+bool adamw_uses_amsgrad(const torch::optim::AdamW& optimizer) {
   bool amsgrad = false;
   for (const auto& group : optimizer.param_groups()) {
     amsgrad = amsgrad || static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad();
   }
+  return amsgrad;
+}
+
+torch::optim::AdamWParamState& adamw_param_state(torch::optim::AdamW& optimizer,
+                                                 const at::Tensor& param, bool amsgrad) {
+  auto& states = optimizer.state();
+  const auto key = compat::optimizer_state_key(param);
+  auto it = states.find(key);
+  if (it == states.end()) {
+    // What AdamW::step creates for a parameter it meets the first time.
+    auto fresh = std::make_unique<torch::optim::AdamWParamState>();
+    fresh->step(0);
+    fresh->exp_avg(torch::zeros_like(param, at::MemoryFormat::Preserve));
+    fresh->exp_avg_sq(torch::zeros_like(param, at::MemoryFormat::Preserve));
+    if (amsgrad) fresh->max_exp_avg_sq(torch::zeros_like(param, at::MemoryFormat::Preserve));
+    it = states.emplace(key, std::move(fresh)).first;
+  }
+  return static_cast<torch::optim::AdamWParamState&>(*it->second);
+}
+
+void add_adamw(State& state, torch::optim::AdamW& optimizer, const nn::Module& model,
+               const std::string& prefix) {
+  std::map<std::string, StateValue> layouts;
+  for (auto& [name, value] : get_model_state_dict(model)) layouts.emplace(name, value);
+  const bool amsgrad = adamw_uses_amsgrad(optimizer);
   std::vector<std::pair<torch::optim::AdamWParamState*, at::Tensor>> steps;
   for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-    const at::Tensor& param = item.value();
-    const auto key = compat::optimizer_state_key(param);
-    auto it = states.find(key);
-    if (it == states.end()) {
-      // What AdamW::step creates for a parameter it meets the first time.
-      auto fresh = std::make_unique<torch::optim::AdamWParamState>();
-      fresh->step(0);
-      fresh->exp_avg(torch::zeros_like(param, at::MemoryFormat::Preserve));
-      fresh->exp_avg_sq(torch::zeros_like(param, at::MemoryFormat::Preserve));
-      if (amsgrad) fresh->max_exp_avg_sq(torch::zeros_like(param, at::MemoryFormat::Preserve));
-      it = states.emplace(key, std::move(fresh)).first;
-    }
-    auto& s = static_cast<torch::optim::AdamWParamState&>(*it->second);
+    auto& s = adamw_param_state(optimizer, item.value(), amsgrad);
     const std::string base = prefix + item.key();
     const StateValue& value = layouts.at(item.key());
     auto add_like_param = [&](const std::string& suffix, const at::Tensor& t) {
