@@ -1,5 +1,5 @@
 // AdamW's per-parameter state as the checkpoint helpers see it
-// (training_state.h's add_adamw and pipeline_state.h's add_pipeline_adamw
+// (training_state.h's add_adamw and hp/pp/pipeline_checkpoint.h's add_pipeline_adamw
 // share it; nothing else does).
 #pragma once
 

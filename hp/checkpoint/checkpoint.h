@@ -41,7 +41,7 @@
 // Both calls are collective over every rank of the job (in one process they
 // run alone), in the same order on every rank, with states holding the same
 // keys (a key some ranks hold and the others only declare counts as held:
-// state.h, pipeline_state.h). Every failure is agreed: all ranks raise the
+// state.h, hp/pp/pipeline_checkpoint.h). Every failure is agreed: all ranks raise the
 // same error (agreement.h).
 #pragma once
 

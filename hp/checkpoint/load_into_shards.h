@@ -16,7 +16,7 @@
 // In one process this call takes it: a checkpoint directory's other
 // stages' keys are ignored, a consolidated file's need strict = false.
 // On the ranks of a pipeline, whose stages differ, use load_into_stages
-// (pipeline_state.h), which declares the other stages' keys so that the
+// (hp/pp/pipeline_checkpoint.h), which declares the other stages' keys so that the
 // ranks' states agree.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Pipeline checkpoints (hp/checkpoint/pipeline_state.h) over real processes:
+// Pipeline checkpoints (hp/pp/pipeline_checkpoint.h) over real processes:
 // a GPT trained as a pipeline over Gloo (pipeline rank = global rank), its
 // checkpoint against the whole model trained in this process on the same
 // micro-batches, bit for bit (the pipeline computes what one process does:
@@ -29,7 +29,7 @@
 #include "hp/checkpoint/file_io.h"
 #include "hp/checkpoint/load_into_shards.h"
 #include "hp/checkpoint/metadata.h"
-#include "hp/checkpoint/pipeline_state.h"
+#include "hp/pp/pipeline_checkpoint.h"
 #include "hp/checkpoint/training_state.h"
 #include "hp/distributed/world.h"
 #include "hp/nn/gpt.h"
@@ -43,6 +43,12 @@
 
 namespace hp::checkpoint {
 namespace {
+
+using pp::add_pipeline_adamw;
+using pp::add_pipeline_model;
+using pp::load_into_stages;
+using pp::stage_holders;
+using pp::StageHolders;
 
 using testing::HasSubstr;
 

@@ -159,10 +159,11 @@ size_t expect_rank_matches(const Case& c, int rank, const Run& got, const Run& r
   const bool has_last = stage_rank(spec, num_stages(spec) - 1) == rank;
   for (size_t step = 0; step < reference.losses.size(); ++step) {
     EXPECT_EQ(got.losses.at(step).defined(), has_last) << "step " << step;
-    if (has_last)
+    if (has_last) {
       EXPECT_TRUE(
           hp::test::tensors_equal(got.losses[step], reference.replica_losses.at(replica).at(step)))
           << "step " << step;
+    }
   }
   EXPECT_FALSE(got.params.empty());
   for (const auto& [name, p] : got.params) {

@@ -1,4 +1,4 @@
-#include "hp/checkpoint/pipeline_state.h"
+#include "hp/pp/pipeline_checkpoint.h"
 
 #include <torch/torch.h>
 
@@ -13,7 +13,10 @@
 #include "hp/tensor/dtensor_tensor.h"
 #include "hp/util/error.h"
 
-namespace hp::checkpoint {
+namespace hp::pp {
+
+// The checkpoint layer's State, its helpers and load().
+using namespace hp::checkpoint;
 namespace {
 
 // This rank's stages' parameters by whole-model name, checked through the
@@ -150,4 +153,4 @@ LoadResult load_into_stages(const std::vector<pp::StageModule>& stages, const St
   return import_consolidated(state, path, "", options.strict);
 }
 
-}  // namespace hp::checkpoint
+}  // namespace hp::pp

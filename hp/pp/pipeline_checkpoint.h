@@ -1,15 +1,15 @@
 // What a pipeline-parallel job puts in a checkpoint (docs/design.md,
 // "Pipeline checkpoints"): each rank's stages' parameters and AdamW state
 // under the whole model's names, with every other stage's keys declared as
-// held by that stage's ranks (State::declare_held_by). The checkpoint is then
+// held by that stage's ranks (checkpoint::State::declare_held_by). The checkpoint is then
 // the one a whole model saves, key for key, so it loads at any pipeline
 // degree, into a whole model in one process, or into stages again.
 //
-//   auto holders = hp::checkpoint::stage_holders(plan, spec, *transport);
+//   auto holders = hp::pp::stage_holders(plan, spec, *transport);
 //   const auto shapes = config.parameter_shapes();              // the whole model's
 //   hp::checkpoint::State state;
-//   hp::checkpoint::add_pipeline_model(state, pipeline.stages(), holders, shapes);
-//   hp::checkpoint::add_pipeline_adamw(state, optimizer, pipeline.stages(), holders, shapes);
+//   hp::pp::add_pipeline_model(state, pipeline.stages(), holders, shapes);
+//   hp::pp::add_pipeline_adamw(state, optimizer, pipeline.stages(), holders, shapes);
 //   hp::checkpoint::add_int(state, "train.step", step);
 //   hp::checkpoint::save(state, dir, step);                     // or load(state, dir)
 //
@@ -39,11 +39,11 @@ namespace torch::optim {
 class AdamW;
 }
 
-namespace hp::checkpoint {
+namespace hp::pp {
 
 // Which global ranks hold each stage of a pipeline, whole.
 struct StageHolders {
-  pp::StagePlan plan;
+  StagePlan plan;
   std::vector<std::vector<int>> ranks;  // ranks[s]: the global ranks holding stage s
 
   // The holders of the parameter `name` (the stage plan.stage_of names);
@@ -51,18 +51,18 @@ struct StageHolders {
   const std::vector<int>& of(const std::string& name) const;
 };
 
-// Stage s is held by the global rank of pipeline rank pp::stage_rank(spec,
+// Stage s is held by the global rank of pipeline rank stage_rank(spec,
 // s) (transport.global_rank: a GroupTransport over the world group maps
 // pipeline rank r to global rank r). ArgumentError when the plan's stage
 // count is not the schedule's.
-StageHolders stage_holders(const pp::StagePlan& plan, const pp::ScheduleSpec& spec,
-                           const pp::Transport& transport);
+StageHolders stage_holders(const StagePlan& plan, const ScheduleSpec& spec,
+                           const Transport& transport);
 
 // Every parameter of `whole_model`, in its order, as `prefix` + its name:
 // those of `stages` (this rank's stages) as their tensors, the others
 // declared as held by their stage's ranks. load() writes the stages'
 // parameters themselves.
-void add_pipeline_model(State& state, const std::vector<pp::StageModule>& stages,
+void add_pipeline_model(checkpoint::State& state, const std::vector<StageModule>& stages,
                         const StageHolders& holders,
                         const std::vector<nn::ParameterShape>& whole_model,
                         const std::string& prefix = "model.");
@@ -73,8 +73,8 @@ void add_pipeline_model(State& state, const std::vector<pp::StageModule>& stages
 // state of `stages`' parameters (the optimizer must have been built from
 // them; a parameter without state yet is given AdamW's initial state, as
 // add_adamw does), the other stages' declared.
-void add_pipeline_adamw(State& state, torch::optim::AdamW& optimizer,
-                        const std::vector<pp::StageModule>& stages, const StageHolders& holders,
+void add_pipeline_adamw(checkpoint::State& state, torch::optim::AdamW& optimizer,
+                        const std::vector<StageModule>& stages, const StageHolders& holders,
                         const std::vector<nn::ParameterShape>& whole_model,
                         const std::string& prefix = "optim.");
 
@@ -84,8 +84,10 @@ void add_pipeline_adamw(State& state, torch::optim::AdamW& optimizer,
 // checkpoint_prefix, other keys ignored) or a consolidated safetensors file
 // of the whole model (its tensors are all declared, so `strict` holds).
 // Collective over every rank of the job, with load()'s checks and errors.
-LoadResult load_into_stages(const std::vector<pp::StageModule>& stages, const StageHolders& holders,
-                            const std::vector<nn::ParameterShape>& whole_model,
-                            const std::string& path, const LoadIntoShardsOptions& options = {});
+checkpoint::LoadResult load_into_stages(const std::vector<StageModule>& stages,
+                                        const StageHolders& holders,
+                                        const std::vector<nn::ParameterShape>& whole_model,
+                                        const std::string& path,
+                                        const checkpoint::LoadIntoShardsOptions& options = {});
 
-}  // namespace hp::checkpoint
+}  // namespace hp::pp
