@@ -24,7 +24,7 @@ build=$HP_BUILD_DIR
 flags="-fsanitize=address,undefined -fno-omit-frame-pointer -D_GLIBCXX_ASSERTIONS"
 HP_BUILD_TARGETS="hprun hp-train test_dist_unit test_dist failure_scenarios
   test_checkpoint test_checkpoint_sharded test_checkpoint_jobs test_checkpoint_async
-  hp_launcher_tests test_hp_train test_hp_train_data test_hp_train_runs" \
+  test_checkpoint_pipeline test_pp_ranks pipeline_failure hp_launcher_tests test_hp_train test_hp_train_data test_hp_train_runs" \
 HP_BUILD_JOBS=${HP_BUILD_JOBS:-$(nproc)} \
   bash scripts/build.sh "-DCMAKE_CXX_FLAGS=$flags" "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -g1 -DNDEBUG"
 
@@ -40,13 +40,13 @@ export ASAN_OPTIONS="halt_on_error=1"
 export LSAN_OPTIONS="suppressions=$(pwd)/scripts/sanitizers/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 
-# The four layers' tests; see docs/design.md ("Sanitizers") for why these.
+# The five layers' tests; see docs/design.md ("Sanitizers") for why these.
 # Verbose, into a log: a test that expects a process to fail (a rank that
 # dies, a bad flag) passes on its status or message, and ctest keeps no
 # output of a passing test, but a sanitizer report in it must fail the run.
 log=$build/sanitizers.log
 status=0
-tests='^(dist\.|checkpoint\.|launcher\.|hp_train\.(unit$|data$|(HpTrainCheckpoints|HpTrainInit|Chaos)\.))'
+tests='^(dist\.|checkpoint\.|pp\.(pipeline|failure)\.|launcher\.|hp_train\.(unit$|data$|(HpTrainCheckpoints|HpTrainInit|Chaos)\.))'
 ctest --test-dir "$build" -V -j2 -R "$tests" "$@" \
       > "$log" 2>&1 || status=$?
 grep -E '^ *[0-9]+/[0-9]+ Test +#|tests passed|^Total Test time' "$log" || true
