@@ -129,21 +129,28 @@ std::string describe_exception(const Work::State& s, std::exception_ptr e) {
   }
 }
 
-// A collective's state, with its sequence number claimed and (under
-// HP_CHECK_COLLECTIVES) the call compared across the group.
-std::shared_ptr<Work::State> begin(Group& group, detail::LaunchInfo& info,
-                                   std::function<void()> finish) {
+// The fields every op's state takes from its group and launch info.
+template <typename Info>
+std::shared_ptr<Work::State> new_state(Group& group, Info& info, std::function<void()> finish) {
   auto state = std::make_shared<Work::State>();
   state->op = info.op;
   state->group = group.shared_description();
   state->group_rank = group.rank();
   state->timeout = group.timeout();
   state->sizes = std::move(info.sizes);
-  state->sequence = group.next_sequence_number();
   state->finish = std::move(finish);
   state->device = info.device;
   StreamOps& ops = stream_ops_for(info.device);
   if (ops.orders_by_streams()) state->ops = &ops;
+  return state;
+}
+
+// A collective's state, with its sequence number claimed and (under
+// HP_CHECK_COLLECTIVES) the call compared across the group.
+std::shared_ptr<Work::State> begin(Group& group, detail::LaunchInfo& info,
+                                   std::function<void()> finish) {
+  auto state = new_state(group, info, std::move(finish));
+  state->sequence = group.next_sequence_number();
   info.fingerprint.sequence = state->sequence;
   try {
     if (collective_checks_enabled()) verify_same_call(group, info.fingerprint);
@@ -161,20 +168,11 @@ std::shared_ptr<Work::State> begin(Group& group, detail::LaunchInfo& info,
 // cross-rank comparison (ranks issue different numbers of them).
 std::shared_ptr<Work::State> begin_p2p(Group& group, detail::P2PInfo& info,
                                        std::function<void()> finish) {
-  auto state = std::make_shared<Work::State>();
-  state->op = info.op;
-  state->group = group.shared_description();
-  state->group_rank = group.rank();
-  state->timeout = group.timeout();
-  state->sizes = std::move(info.sizes);
+  auto state = new_state(group, info, std::move(finish));
   state->sequence = info.sequence;
   state->p2p = true;
   state->peer = info.peer;
   state->peer_global = info.peer >= 0 ? group.global_rank(info.peer) : -1;
-  state->finish = std::move(finish);
-  state->device = info.device;
-  StreamOps& ops = stream_ops_for(info.device);
-  if (ops.orders_by_streams()) state->ops = &ops;
   state->issued_us = trace::now_us();
   constexpr auto relaxed = std::memory_order_relaxed;
   g_stats.calls[static_cast<size_t>(OpType::kSend)].fetch_add(info.sends, relaxed);

@@ -211,7 +211,9 @@ void Pipeline::run_action(StepState& state, const Action& action) {
       return g;
     }
     HP_CHECK_ARG(mb.recv_grad != nullptr, "no RECV_B was posted before this backward");
-    trace::Span wait("wait for ", to_string(Action{s, Op::kRecvB, k}), "wait", "pipeline wait");
+    std::optional<trace::Span> wait;  // named only when recorded: once per micro-batch
+    if (trace::enabled())
+      wait.emplace("wait for " + to_string(Action{s, Op::kRecvB, k}), "wait", "pipeline wait");
     mb.recv_grad->wait();
     mb.recv_grad.reset();
     return mb.grad_output;
@@ -241,8 +243,9 @@ void Pipeline::run_action(StepState& state, const Action& action) {
         input = state.micro.at({s - 1, k}).output.detach().requires_grad_(true);
       } else {
         HP_CHECK_ARG(mb.recv_input != nullptr, "no RECV_F was posted before this forward");
-        trace::Span wait("wait for ", to_string(Action{s, Op::kRecvF, k}), "wait",
-                         "pipeline wait");
+        std::optional<trace::Span> wait;
+        if (trace::enabled())
+          wait.emplace("wait for " + to_string(Action{s, Op::kRecvF, k}), "wait", "pipeline wait");
         mb.recv_input->wait();
         mb.recv_input.reset();
         input = mb.input.requires_grad_(true);

@@ -84,8 +84,12 @@ TEST(P2P, BatchWithBothDirectionsToBothNeighbours) {
   std::vector<Work> works = batch_p2p(g, requests);
   ASSERT_EQ(works.size(), requests.size());
   for (Work& w : works) w.wait();
-  if (r > 0) EXPECT_TRUE(tensors_equal(activation_in, p2p_payload(r - 1, 1, at::kFloat, {2, 4})));
-  if (r + 1 < n) EXPECT_TRUE(tensors_equal(grad_in, p2p_payload(r + 1, 2, at::kBFloat16, {4})));
+  if (r > 0) {
+    EXPECT_TRUE(tensors_equal(activation_in, p2p_payload(r - 1, 1, at::kFloat, {2, 4})));
+  }
+  if (r + 1 < n) {
+    EXPECT_TRUE(tensors_equal(grad_in, p2p_payload(r + 1, 2, at::kBFloat16, {4})));
+  }
 }
 
 // Several sends to one peer arrive in the order they were issued, however

@@ -77,16 +77,6 @@ int64_t parameter_count(const TrainModel& model) {
   return count;
 }
 
-// "out/trace.json" -> "out/trace.rank1.json": one file per rank.
-std::string trace_path(const std::string& path, int rank) {
-  const auto slash = path.find_last_of('/');
-  const auto dot = path.find_last_of('.');
-  const bool has_extension = dot != std::string::npos && (slash == std::string::npos || dot > slash);
-  const std::string stem = has_extension ? path.substr(0, dot) : path;
-  const std::string extension = has_extension ? path.substr(dot) : ".json";
-  return fmt::format("{}.rank{}{}", stem, rank, extension);
-}
-
 void say(bool root, const std::string& text) {
   if (root) std::cout << text << std::endl;
 }

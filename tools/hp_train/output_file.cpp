@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <system_error>
 
+#include <fmt/format.h>
+
 #include "hp/util/error.h"
 
 namespace hp::train {
@@ -21,6 +23,15 @@ std::ofstream open_output_file(const std::string& flag, const std::string& path)
   HP_CHECK_ARG(out.is_open(), flag, " '", path, "' cannot be opened for writing: ",
                errno != 0 ? std::strerror(errno) : "unknown reason");
   return out;
+}
+
+std::string trace_path(const std::string& path, int rank) {
+  const auto slash = path.find_last_of('/');
+  const auto dot = path.find_last_of('.');
+  const bool has_extension = dot != std::string::npos && (slash == std::string::npos || dot > slash);
+  const std::string stem = has_extension ? path.substr(0, dot) : path;
+  const std::string extension = has_extension ? path.substr(dot) : ".json";
+  return fmt::format("{}.rank{}{}", stem, rank, extension);
 }
 
 }  // namespace hp::train

@@ -12,4 +12,7 @@ namespace hp::train {
 // rank at the start of a run rather than after its last step.
 std::ofstream open_output_file(const std::string& flag, const std::string& path);
 
+// --trace's file for `rank`: "out/trace.json" -> "out/trace.rank1.json".
+std::string trace_path(const std::string& path, int rank);
+
 }  // namespace hp::train

@@ -26,6 +26,7 @@
 #include "hp/util/trace.h"
 #include "tools/hp_train/batches.h"
 #include "tools/hp_train/model.h"
+#include "tools/hp_train/output_file.h"
 #include "tools/hp_train/progress.h"
 #include "tools/hp_train/report.h"
 #include "tools/hp_train/startup.h"
@@ -42,15 +43,6 @@ constexpr int kWeightTag = 2;
 
 void say(bool root, const std::string& text) {
   if (root) std::cout << text << std::endl;
-}
-
-// "out/trace.json" -> "out/trace.rank1.json", as main.cpp names them.
-std::string trace_path(const std::string& path, int rank) {
-  const auto slash = path.find_last_of('/');
-  const auto dot = path.find_last_of('.');
-  const bool has_extension = dot != std::string::npos && (slash == std::string::npos || dot > slash);
-  return fmt::format("{}.rank{}{}", has_extension ? path.substr(0, dot) : path, rank,
-                     has_extension ? path.substr(dot) : ".json");
 }
 
 // The whole model on rank 0, its tensors copied from the ranks holding
