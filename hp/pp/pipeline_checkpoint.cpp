@@ -17,6 +17,8 @@ namespace hp::pp {
 
 // The checkpoint layer's State, its helpers and load().
 using namespace hp::checkpoint;
+// The vector overloads beside hp::pp's own.
+using hp::to_string;
 namespace {
 
 // This rank's stages' parameters by whole-model name, checked through the
