@@ -112,10 +112,11 @@ TEST(Pipeline, StepStatsSplitEachRanksStepIntoComputeAndWaits) {
   auto transports = LoopbackTransport::make(2);
   auto loss = [](const at::Tensor& l, const at::Tensor& t) { return nn::cross_entropy(l, t); };
   const at::Tensor ids = test::random_tokens({4, 8}, config.vocab_size, 1);
+  std::vector<StageModule> stages = {gpt_stage(*whole, plan, 0), gpt_stage(*whole, plan, 1)};
   std::vector<StepStats> untimed(2), timed(2);
   on_threads(2, [&](int rank) {
-    Pipeline pipeline({{ScheduleKind::k1F1B, 2, 1, 4}, config.n_embd},
-                      {gpt_stage(*whole, plan, rank)}, transports[rank], loss);
+    Pipeline pipeline({{ScheduleKind::k1F1B, 2, 1, 4}, config.n_embd}, {stages[rank]},
+                      transports[rank], loss);
     pipeline.step(ids, ids);
     untimed[rank] = pipeline.last_step_stats();
     pipeline.record_step_stats(true);
