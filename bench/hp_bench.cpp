@@ -8,8 +8,8 @@
 //
 // The driver (this program without --worker) launches each row as its own
 // job, one after another: `hprun -n R hp-bench --worker ROW ...` for our rows,
-// `hprun -n R PYTHON bench/torch_ddp_baseline.py ...` (torch_single_baseline.py
-// and torch_fsdp2_baseline.py beside it) for PyTorch, PYTHON being the build's
+// `hprun -n R PYTHON bench/torch_ddp_baseline.py ...` (torch_single_baseline.py,
+// torch_fsdp2_baseline.py and torch_pipeline_baseline.py beside it) for PyTorch, PYTHON being the build's
 // (the project environment's, whose torch is the libtorch built against),
 // then `hprun -n 1 hp-bench --worker hook_overhead`. Each prints one result
 // line; the driver pools them, prints the table and writes the JSON and the
@@ -161,8 +161,8 @@ int main(int argc, char** argv) {
                  HP_PYTHON ")");
   app.add_option("--torch-script", o.torch_script,
                  "a torch_ddp_baseline.py: every PyTorch row's script (torch_single_, "
-                 "torch_ddp_, torch_fsdp2_baseline.py, torch_baseline_common.py) is taken "
-                 "from its directory");
+                 "torch_ddp_, torch_fsdp2_, torch_pipeline_baseline.py, "
+                 "torch_baseline_common.py) is taken from its directory");
   app.add_option("--plot-script", o.plot_script, "the plotting script");
   app.add_option("--row-timeout", o.row_timeout_s, "seconds one row's job may take (180)");
   app.add_flag("--verbose", o.verbose, "echo the rows' output");
