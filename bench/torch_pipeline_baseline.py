@@ -32,6 +32,10 @@ in everything but the executor:
   through /proc/self/clear_refs once the other stages are dropped, so the
   whole model's build does not count) minus VmRSS before the model was
   built; ru_maxrss where the reset is refused.
+
+A PyTorch without torch.distributed.pipelining or one of these schedules
+(Debian's 1.13) makes rank 0 print a result that says the row was skipped
+and why; every rank exits with status 0.
 """
 import gc
 import json
@@ -155,10 +159,29 @@ class ComputeClock:
         return s
 
 
+def import_pipelining():
+    """torch.distributed.pipelining if it has every schedule of SCHEDULES, else None."""
+    try:
+        from torch.distributed import pipelining
+        from torch.distributed.pipelining import schedules
+    except ImportError:
+        return None
+    if not all(hasattr(schedules, name) for name in SCHEDULES.values()):
+        return None
+    return pipelining
+
+
 def main():
     args = common.parse_args(__doc__.splitlines()[0], add_arguments)
     assert args.device == "cpu", "the pipeline rows run on the CPU (Gloo)"
-    from torch.distributed import pipelining
+    pipelining = import_pipelining()
+    if pipelining is None:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(common.MARKER + json.dumps({
+                "row": args.row, "torch_version": torch.__version__,
+                "skipped": f"PyTorch {torch.__version__} lacks torch.distributed.pipelining's "
+                           + ", ".join(sorted(SCHEDULES.values()))}), flush=True)
+        sys.exit(0)
 
     torch.set_num_threads(1)
     ref = common.load_reference()
