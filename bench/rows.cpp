@@ -41,8 +41,8 @@ std::string pipeline_note(const BenchConfig& c) {
          " blocks (--pp-layers; the other rows have --layers), all ranks sharing one batch of " +
          std::to_string(c.batch) + " samples in " + std::to_string(c.pp_microbatches) +
          " micro-batches: 4 processes, more than a 2-core machine has, so compare it with its "
-         "torch_ twin rather than with the 2-rank rows. No data parallelism inside a stage yet "
-         "(no dp x pp row).";
+         "torch_ twin rather than with the 2-rank rows. pp 4 alone: no data parallelism (replicas "
+         "of the pipeline are not benchmarked).";
 }
 
 constexpr auto kWorker = RowLauncher::kWorker;
