@@ -53,7 +53,9 @@ std::vector<std::string> BenchConfig::worker_args() const {
           "--ckpt-layers",  std::to_string(ckpt_layers),
           "--ckpt-d",       std::to_string(ckpt_d),
           "--ckpt-dir",     ckpt_dir,
-          "--ckpt-repeats", std::to_string(ckpt_repeats)};
+          "--ckpt-repeats", std::to_string(ckpt_repeats),
+          "--pp-layers",    std::to_string(pp_layers),
+          "--pp-microbatches", std::to_string(pp_microbatches)};
   args.insert(args.end(), {"--device", device, "--param-dtype", param_dtype});
   if (!reduce_dtype.empty()) args.insert(args.end(), {"--reduce-dtype", reduce_dtype});
   if (!profile_ops_dir.empty()) {

@@ -38,6 +38,12 @@ struct BenchConfig {
   double eps = 1e-8;
   double weight_decay = 0.1;
   uint64_t seed = 1337;
+  // The pipeline rows (pp4, ... and their torch_ twins): a GPT of pp_layers
+  // blocks (8: interleaved schedules over 4 ranks need 8 stages of at least
+  // one block each), the shared batch of `batch` samples cut into
+  // pp_microbatches micro-batches (batch a multiple of it).
+  int64_t pp_layers = 8;
+  int64_t pp_microbatches = 8;
   // Timing. steps / warmup are per worker process (one round of one row).
   int64_t steps = 10;
   int64_t warmup = 3;

@@ -89,6 +89,10 @@ json config_json(const BenchConfig& c, int rounds) {
       {"ranks", c.ranks},
       {"hsdp_ranks", c.hsdp_ranks},
       {"hsdp_mesh", hsdp_mesh(c.hsdp_ranks)},
+      {"pipeline", {{"layers", c.pp_layers}, {"microbatches", c.pp_microbatches},
+                    {"batch", c.batch},
+                    {"rows", "pp4* and torch_pp4*: 4 pipeline ranks sharing one batch, no data "
+                             "parallelism"}}},
       {"threads_per_rank", 1},
       {"thread_env", "OMP_NUM_THREADS=OPENBLAS_NUM_THREADS=MKL_NUM_THREADS=1 for every child; "
                      "at::set_num_threads(1) / torch.set_num_threads(1)"},

@@ -13,6 +13,13 @@ namespace hp::bench {
 // prints kResultMarker + JSON. Returns the exit status.
 int run_gpt_worker(const std::string& row, const BenchConfig& config);
 
+// One of our pipeline rows (pp4, pp4_gpipe, pp4_interleaved,
+// pp4_zero_bubble; bench/pipeline_worker.cpp): a GPT of config.pp_layers
+// blocks trained by hp::pp::Pipeline over the world; rank 0 prints
+// kResultMarker + JSON with the per-rank, per-step compute and step times of
+// the measured bubble. Returns the exit status.
+int run_pipeline_worker(const std::string& row, const BenchConfig& config);
+
 // The hook overhead: a stack of config.hook_units tiny hookable blocks,
 // plain vs fully_shard on a world of one, forward + backward.
 int run_hook_worker(const BenchConfig& config);

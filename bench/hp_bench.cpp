@@ -8,8 +8,8 @@
 //
 // The driver (this program without --worker) launches each row as its own
 // job, one after another: `hprun -n R hp-bench --worker ROW ...` for our rows,
-// `hprun -n R PYTHON bench/torch_ddp_baseline.py ...` (torch_single_baseline.py
-// and torch_fsdp2_baseline.py beside it) for PyTorch, PYTHON being the build's
+// `hprun -n R PYTHON bench/torch_ddp_baseline.py ...` (torch_single_baseline.py,
+// torch_fsdp2_baseline.py and torch_pipeline_baseline.py beside it) for PyTorch, PYTHON being the build's
 // (the project environment's, whose torch is the libtorch built against),
 // then `hprun -n 1 hp-bench --worker hook_overhead`. Each prints one result
 // line; the driver pools them, prints the table and writes the JSON and the
@@ -54,8 +54,20 @@ void validate(const DriverOptions& o) {
                " must be 2 (degenerate [1, 2] mesh) or 4 ([2, 2] mesh)");
   HP_CHECK_ARG(c.hook_units >= 1 && c.hook_width >= 1 && c.hook_batch >= 1 && c.hook_steps >= 1,
                "--hook-units/--hook-width/--hook-batch/--hook-steps must be at least 1");
+  HP_CHECK_ARG(c.pp_microbatches >= 1 && c.pp_layers >= 1, "--pp-microbatches ",
+               c.pp_microbatches, " and --pp-layers ", c.pp_layers, " must be at least 1");
   for (const auto& r : o.rows) {
     const hp::bench::Row& row = hp::bench::find_row_spec(r);  // throws for an unknown row
+    if (const hp::bench::PipelineRow* pp = hp::bench::pipeline_row(row)) {
+      HP_CHECK_ARG(c.device == "cpu", "--rows ", r, " runs on the CPU only (Gloo)");
+      HP_CHECK_ARG(c.batch % c.pp_microbatches == 0, "--rows ", r, ": --batch ", c.batch,
+                   " (the pipeline's shared batch) must be a multiple of --pp-microbatches ",
+                   c.pp_microbatches);
+      const int64_t stages = row.ranks(c) * pp->stages_per_rank;
+      HP_CHECK_ARG(c.pp_layers >= stages, "--rows ", r, " cuts the GPT into ", stages,
+                   " stages of at least one block each: --pp-layers ", c.pp_layers,
+                   " must be at least ", stages);
+    }
     HP_CHECK_ARG(c.device == "cpu" || row.launcher != hp::bench::RowLauncher::kCheckpoint,
                  "--rows ", r, " measures saving from host memory; it does not run with --device ",
                  c.device);
@@ -108,7 +120,14 @@ int main(int argc, char** argv) {
   app.add_option("--heads", c.heads, "attention heads (4)");
   app.add_option("--layers", c.layers, "transformer blocks (4)");
   app.add_option("--ctx", c.ctx, "context (128)");
-  app.add_option("--batch", c.batch, "samples per rank and step (8)");
+  app.add_option("--batch", c.batch,
+                 "samples per rank and step (8); the tensor- and pipeline-parallel rows' ranks "
+                 "share one such batch");
+  app.add_option("--pp-layers", c.pp_layers,
+                 "transformer blocks of the pipeline rows' GPT (8: 8 stages for the interleaved "
+                 "schedules over 4 ranks)");
+  app.add_option("--pp-microbatches", c.pp_microbatches,
+                 "micro-batches per step of the pipeline rows; --batch must be a multiple (8)");
   app.add_option("--lr", c.lr, "AdamW learning rate (1e-3)");
   app.add_option("--beta1", c.beta1, "AdamW beta1 (0.9)");
   app.add_option("--beta2", c.beta2, "AdamW beta2 (0.95)");
@@ -142,8 +161,8 @@ int main(int argc, char** argv) {
                  HP_PYTHON ")");
   app.add_option("--torch-script", o.torch_script,
                  "a torch_ddp_baseline.py: every PyTorch row's script (torch_single_, "
-                 "torch_ddp_, torch_fsdp2_baseline.py, torch_baseline_common.py) is taken "
-                 "from its directory");
+                 "torch_ddp_, torch_fsdp2_, torch_pipeline_baseline.py, "
+                 "torch_baseline_common.py) is taken from its directory");
   app.add_option("--plot-script", o.plot_script, "the plotting script");
   app.add_option("--row-timeout", o.row_timeout_s, "seconds one row's job may take (180)");
   app.add_flag("--verbose", o.verbose, "echo the rows' output");
@@ -195,6 +214,8 @@ int main(int argc, char** argv) {
     if (!worker.empty()) {
       HP_CHECK_ARG(!c.tokens_path.empty(), "--worker needs --tokens FILE");
       HP_CHECK_ARG(c.steps >= 1, "--worker-steps ", c.steps, " must be at least 1");
+      if (hp::bench::pipeline_row(hp::bench::find_row_spec(worker)))
+        return hp::bench::run_pipeline_worker(worker, c);
       return hp::bench::run_gpt_worker(worker, c);
     }
     return hp::bench::run_driver(o);

@@ -7,8 +7,9 @@ Panels: median step time (with the 10th-90th percentile range), tokens/s,
 peak memory per rank (torch_ddp's bar is its RSS delta, hatched: a different
 method, see the JSON's peak_bytes_method; the black ticks are every row's RSS
 delta, measured alike; the red circles the memory plan's prediction for our
-rows) and collectives per step stacked by kind. Failed rows
-are labelled "failed".
+rows) and collectives per step stacked by kind. The pipeline rows (pp4*, torch_pp4*)
+carry their measured bubble inside the step-time bar. Failed rows are labelled
+"failed".
 """
 import json
 import sys
@@ -25,6 +26,9 @@ ROW_COLORS = {
     "fsdp_fused_prefetch": "#c44e52", "hsdp_fused_prefetch": "#8172b3", "tp": "#55a868",
     "fsdp_tp": "#937860",
     "torch_single": "#222222", "torch_ddp": "#000000", "torch_fsdp2": "#444444",
+    "pp4": "#64b5cd", "pp4_gpipe": "#4a90a4", "pp4_interleaved": "#2f6f80",
+    "pp4_zero_bubble": "#1b4f5c", "torch_pp4": "#555555", "torch_pp4_gpipe": "#666666",
+    "torch_pp4_interleaved": "#777777", "torch_pp4_zero_bubble": "#888888",
 }
 
 
@@ -66,6 +70,10 @@ def main(path, out):
             r, "step_time_s_median")
         if None not in (lo, hi, med):
             ax.errorbar(x, med, yerr=[[med - lo], [hi - med]], color="black", capsize=3, lw=1)
+        bubble = (r.get("pipeline") or {}).get("measured_bubble")
+        if med is not None and isinstance(bubble, (int, float)):
+            ax.text(x, med / 2, "bubble {:.0%}".format(bubble), ha="center", va="center",
+                    rotation=90, fontsize=7, color="white")
     ax.set_ylabel("s")
 
     ax = axes[0][1]
@@ -124,12 +132,17 @@ def main(path, out):
     where = ("on GPUs, fully_shard rows {} / {} reduce".format(mp.get("param_dtype"),
                                                                mp.get("reduce_dtype"))
              if gpu else "fp32, 1 thread/rank")
+    pp = cfg.get("pipeline")
+    pp_note = ""
+    if pp and any("pipeline" in r for r in rows):
+        pp_note = "\npipeline rows: {} layers, 4 ranks, {} micro-batches of one shared batch".format(
+            pp["layers"], pp["microbatches"])
     fig.suptitle(
         "hp-bench: GPT vocab {} seq {} d {} heads {} layers {}, batch {}/rank, AdamW, {}; "
-        "{} x {} timed steps".format(
+        "{} x {} timed steps{}".format(
             m["vocab"], m["seq"], m["d"], m["heads"], m["layers"], cfg["batch_per_rank"], where,
-            cfg["rounds"], cfg["timed_steps_per_process"]), fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.96))
+            cfg["rounds"], cfg["timed_steps_per_process"], pp_note), fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.93 if pp_note else 0.96))
     fig.savefig(out, dpi=110)
 
 

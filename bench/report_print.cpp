@@ -71,10 +71,38 @@ void print_rows(const json& rows) {
   }
 }
 
+// The pipeline rows: each schedule's step time, measured bubble and peak
+// beside PyTorch's twin, with the schedule's theoretical and simulated bubble.
+void print_pipeline(const json& rows) {
+  auto percent = [](const json& v) {
+    return v.is_null() ? std::string("-") : fmt::format("{:.1f}%", 100 * v.get<double>());
+  };
+  bool header = false;
+  for (const auto& r : rows) {
+    if (!r.contains("pipeline") || r["step_time_s_median"].is_null()) continue;
+    if (!header) {
+      fmt::print("\npipeline rows (bubble: share of each rank's pipeline step outside compute "
+                 "actions, mean over ranks and steps):\n{:<24} {:<12} {:>3} {:>3} {:>10} {:>10} "
+                 "{:>10} {:>10} {:>10}\n",
+                 "row", "schedule", "v", "m", "step_s", "measured", "theory", "simulated",
+                 "peak_MiB");
+      header = true;
+    }
+    const json& p = r["pipeline"];
+    fmt::print("{:<24} {:<12} {:>3} {:>3} {:>10.4f} {:>10} {:>10} {:>10} {:>10.1f}\n",
+               r["name"].get<std::string>(), p["schedule"].get<std::string>(),
+               p["stages_per_rank"].get<int>(), p["microbatches"].get<int>(),
+               r["step_time_s_median"].get<double>(), percent(p["measured_bubble"]),
+               percent(p.value("theoretical_bubble", json(nullptr))),
+               percent(p.value("simulated_bubble", json(nullptr))),
+               r["peak_bytes_per_rank"].get<double>() / (1 << 20));
+  }
+}
+
 void print_targets(const json& targets) {
   fmt::print("\ntargets:\n");
   for (const auto& [name, t] : targets.items()) {
-    fmt::print("  {}  {:<36} {:<26} limit {}{}\n", target_verdict(t), name, target_value(t),
+    fmt::print("  {}  {:<44} {:<26} limit {}{}\n", target_verdict(t), name, target_value(t),
                t["limit"].dump(),
                t.value("conclusive", true) ? "" : "  (not every round agrees)");
   }
@@ -107,6 +135,7 @@ void print_overheads(const json& h, const json& d) {
 
 void print_report(const json& report) {
   print_rows(report["rows"]);
+  print_pipeline(report["rows"]);
   print_targets(report["targets"]);
   print_overheads(report["hook_overhead"], report["dispatch_overhead"]);
   std::fflush(stdout);

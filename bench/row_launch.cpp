@@ -68,6 +68,11 @@ std::vector<std::string> row_command(const Launcher& l, const Row& row, const Be
   std::vector<std::string> argv = under_hprun(l, row.ranks(c), timeout_s);
   append(argv, {l.python, (std::filesystem::path(l.baseline_dir) / row.script).string()});
   append(argv, c.worker_args());
+  // One script runs every PyTorch pipeline row: which one, and its schedule.
+  if (const PipelineRow* pp = pipeline_row(row)) {
+    append(argv, {"--row", row.name, "--pp-schedule", pp->schedule, "--pp-stages-per-rank",
+                  std::to_string(pp->stages_per_rank)});
+  }
   return argv;
 }
 

@@ -28,7 +28,9 @@ struct Launcher {
 std::vector<std::string> worker_command(const Launcher& l, const std::string& worker, int ranks,
                                         int timeout_s, const BenchConfig& c);
 
-// The command that runs `row` once: our worker, or PYTHON SCRIPT for a PyTorch row.
+// The command that runs `row` once: our worker, or PYTHON SCRIPT for a PyTorch
+// row (a pipeline row's also told its name and schedule: --row, --pp-schedule,
+// --pp-stages-per-rank).
 std::vector<std::string> row_command(const Launcher& l, const Row& row, const BenchConfig& c);
 
 struct RunOutcome {

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "bench/median.h"
+#include "bench/pipeline_bubble.h"
 
 namespace hp::bench {
 
@@ -283,6 +284,7 @@ json summarize_row(const Row& spec, const std::vector<json>& runs, const BenchCo
   }
   add_host_time(row, runs);
   add_gpu_figures(row, spec, runs);
+  if (pipeline_row(spec)) row["pipeline"] = summarize_pipeline(runs);
   if (spec.note) row["note"] = spec.note(c);
   row["round_medians_s"] = json::array();
   for (const auto& r : runs) {

@@ -1,5 +1,8 @@
 #include "bench/rows.h"
 
+#include <string>
+#include <utility>
+
 #include "hp/util/error.h"
 #include "hp/util/format.h"
 
@@ -11,6 +14,7 @@ int one(const BenchConfig&) { return 1; }
 int data_parallel(const BenchConfig& c) { return c.ranks; }
 int hsdp(const BenchConfig& c) { return c.hsdp_ranks; }
 int dp_tp_2x2(const BenchConfig&) { return 4; }  // a (dp, tp) mesh of 2 x 2
+int pipeline_ranks(const BenchConfig&) { return 4; }  // pp 4, no data parallelism
 
 std::string hsdp_note(const BenchConfig& c) {
   if (c.hsdp_ranks == 2) {
@@ -30,6 +34,15 @@ std::string fsdp_tp_note(const BenchConfig&) {
   return "tensor parallel in pairs of ranks, fully_shard over the 2 pairs ((dp, tp) = (2, 2)): 4 "
          "processes, more than a 2-core machine has, so compare its tokens_per_s (both pairs' "
          "samples) rather than its step time with the 2-rank rows";
+}
+
+std::string pipeline_note(const BenchConfig& c) {
+  return "pipeline over 4 ranks, a GPT of " + std::to_string(c.pp_layers) +
+         " blocks (--pp-layers; the other rows have --layers), all ranks sharing one batch of " +
+         std::to_string(c.batch) + " samples in " + std::to_string(c.pp_microbatches) +
+         " micro-batches: 4 processes, more than a 2-core machine has, so compare it with its "
+         "torch_ twin rather than with the 2-rank rows. pp 4 alone: no data parallelism (replicas "
+         "of the pipeline are not benchmarked).";
 }
 
 constexpr auto kWorker = RowLauncher::kWorker;
@@ -61,6 +74,23 @@ const std::vector<Row> kRows = {
      nullptr, 1},
     {"ddp_unfused", false, kWorker, nullptr, data_parallel, kPerRank, true, nullptr, 1},
     {"fsdp_prefetch", false, kWorker, nullptr, data_parallel, kPerRank, true, nullptr, 1},
+    // Pipeline parallelism (docs/benchmarks.md): ours and PyTorch's
+    // torch.distributed.pipelining on the same stages and micro-batches.
+    {"pp4", false, kWorker, nullptr, pipeline_ranks, RowBatch::kShared, true, pipeline_note, 1},
+    {"pp4_gpipe", false, kWorker, nullptr, pipeline_ranks, RowBatch::kShared, true,
+     pipeline_note, 1},
+    {"pp4_interleaved", false, kWorker, nullptr, pipeline_ranks, RowBatch::kShared, true,
+     pipeline_note, 1},
+    {"pp4_zero_bubble", false, kWorker, nullptr, pipeline_ranks, RowBatch::kShared, true,
+     pipeline_note, 1},
+    {"torch_pp4", false, kPython, "torch_pipeline_baseline.py", pipeline_ranks,
+     RowBatch::kShared, true, pipeline_note, 1},
+    {"torch_pp4_gpipe", false, kPython, "torch_pipeline_baseline.py", pipeline_ranks,
+     RowBatch::kShared, true, pipeline_note, 1},
+    {"torch_pp4_interleaved", false, kPython, "torch_pipeline_baseline.py", pipeline_ranks,
+     RowBatch::kShared, true, pipeline_note, 1},
+    {"torch_pp4_zero_bubble", false, kPython, "torch_pipeline_baseline.py", pipeline_ranks,
+     RowBatch::kShared, true, pipeline_note, 1},
     // Saves and loads ckpt_repeats times, each with its plain write and read:
     // longer than a step-time row.
     {"checkpoint", false, RowLauncher::kCheckpoint, nullptr, data_parallel, kPerRank, true,
@@ -87,6 +117,20 @@ int64_t Row::samples_per_step(const BenchConfig& c) const {
 }
 
 const std::vector<Row>& all_rows() { return kRows; }
+
+const PipelineRow* pipeline_row(const Row& row) {
+  // By the name without "torch_": a twin runs its row's schedule.
+  static const std::vector<std::pair<std::string, PipelineRow>> kSchedules = {
+      {"pp4", {"1f1b", 1}},
+      {"pp4_gpipe", {"gpipe", 1}},
+      {"pp4_interleaved", {"interleaved", 2}},
+      {"pp4_zero_bubble", {"zero-bubble", 2}}};
+  std::string name = row.name;
+  if (name.rfind("torch_", 0) == 0) name = name.substr(6);
+  for (const auto& [pp_name, schedule] : kSchedules)
+    if (name == pp_name) return &schedule;
+  return nullptr;
+}
 
 const std::vector<std::string>& row_names() {
   static const std::vector<std::string> names = names_where(true);

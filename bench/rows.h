@@ -23,7 +23,7 @@ enum class RowLauncher {
 // Which samples one step of a row trains on, from its ranks.
 enum class RowBatch {
   kPerRank,  // data parallel: a batch per rank
-  kShared,   // tensor parallel: all ranks share one batch
+  kShared,   // tensor and pipeline parallel: all ranks share one batch
   kPerPair,  // (dp, tp) = (ranks / 2, 2): a batch per pair of ranks
 };
 
@@ -43,6 +43,16 @@ struct Row {
   // Samples one step trains on (tokens_per_s counts them).
   int64_t samples_per_step(const BenchConfig& c) const;
 };
+
+// The schedule a pipeline row runs (ours and its torch_ twin alike), over
+// ranks(c) pipeline ranks holding stages_per_rank stages each.
+struct PipelineRow {
+  const char* schedule;  // hp::pp::parse_schedule_kind's name: gpipe, 1f1b, interleaved, zero-bubble
+  int stages_per_rank;
+};
+
+// The schedule of `row` if it is a pipeline row, else nullptr.
+const PipelineRow* pipeline_row(const Row& row);
 
 // Every row, in the order of the table: the standard rows, then the extras.
 const std::vector<Row>& all_rows();

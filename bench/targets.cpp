@@ -35,6 +35,19 @@ const std::vector<RatioTarget> kRatioTargets = {
      "<= 0.75 (meant for a compute-bound model: --d 512)"},
     {"tp_memory_over_single", "tp", "single", kPeak, 0.6,
      "peak libtorch memory per rank of tp / single's <= 0.6"},
+    // Pipeline parallelism: our executor against torch.distributed.pipelining
+    // on the same stages, micro-batches and schedule.
+    {"pp4_over_torch_pp4", "pp4", "torch_pp4", kStepTime, 1.0,
+     "median step time of pp4 (1F1B over 4 ranks) / PyTorch's Schedule1F1B <= 1.0"},
+    {"pp4_gpipe_over_torch_pp4_gpipe", "pp4_gpipe", "torch_pp4_gpipe", kStepTime, 1.0,
+     "median step time of pp4_gpipe / PyTorch's ScheduleGPipe <= 1.0"},
+    {"pp4_interleaved_over_torch_pp4_interleaved", "pp4_interleaved", "torch_pp4_interleaved",
+     kStepTime, 1.0,
+     "median step time of pp4_interleaved (v = 2) / PyTorch's ScheduleInterleaved1F1B <= 1.0"},
+    {"pp4_zero_bubble_over_torch_pp4_zero_bubble", "pp4_zero_bubble", "torch_pp4_zero_bubble",
+     kStepTime, 1.0,
+     "median step time of pp4_zero_bubble (v = 2) / PyTorch's ScheduleInterleavedZeroBubble "
+     "<= 1.0"},
 };
 
 // The row called `name` if it has a median step time (it ran).

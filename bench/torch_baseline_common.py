@@ -114,7 +114,9 @@ def batch_for_step(tokens, step, global_batch, seq, rank, world):
     return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
 
 
-def parse_args(description):
+def parse_args(description, add_arguments=None):
+    """hp-bench's worker flags (unknown ones ignored); add_arguments(parser), when
+    given, adds a row's own."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--tokens", required=True)
     p.add_argument("--vocab", type=int, default=512)
@@ -136,6 +138,8 @@ def parse_args(description):
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--param-dtype", default="fp32", choices=("fp32", "bf16"))
     p.add_argument("--reduce-dtype", default="", choices=("", "fp32", "bf16"))
+    if add_arguments is not None:
+        add_arguments(p)
     args, _unknown = p.parse_known_args()
     return args
 

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -18,6 +19,12 @@ namespace hp::pp {
 using hp::to_string;
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
 
 // Rethrows the exception in flight with `where` in front, keeping its kind.
 [[noreturn]] void rethrow_with(const std::string& where) {
@@ -123,6 +130,12 @@ at::Tensor Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
                  "Pipeline::step: targets must have the inputs' shape ", inputs.sizes(),
                  " but got ", targets.defined() ? targets.sizes() : at::IntArrayRef{});
   }
+  const bool timed = record_stats_;
+  Clock::time_point step_start;
+  if (timed) {
+    stats_ = StepStats{};
+    step_start = Clock::now();
+  }
   StepState state;
   state.hidden_shape = {B / M, T, options_.hidden_size};
   if (has_first) state.inputs = inputs.chunk(M, 0);
@@ -133,13 +146,21 @@ at::Tensor Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
     try {
       // Compute and the posting of transfers in lanes of their own; the
       // waits for a transfer inside a compute have theirs (run_action).
+      const bool compute = is_compute(row[i].op);
       std::optional<trace::Span> span;
       if (trace::enabled()) {
-        const bool compute = is_compute(row[i].op);
         span.emplace(to_string(row[i]), compute ? "compute" : "comm",
                      compute ? "pipeline compute" : "pipeline p2p");
       }
-      run_action(state, row[i]);
+      if (timed && compute) {
+        // The waits for a received input inside it count as wait_s (run_action).
+        const Clock::time_point start = Clock::now();
+        const double waited = stats_.wait_s;
+        run_action(state, row[i]);
+        stats_.compute_s += seconds_since(start) - (stats_.wait_s - waited);
+      } else {
+        run_action(state, row[i]);
+      }
     } catch (...) {
       const std::string where =
           hp::cat("pipeline rank ", rank(), " (global rank ", transport_->global_rank(rank()),
@@ -152,7 +173,9 @@ at::Tensor Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
   }
   try {
     trace::Span wait("wait for the sends", std::string(), "wait", "pipeline wait");
+    const Clock::time_point start = timed ? Clock::now() : Clock::time_point();
     for (auto& [handle, tensor] : state.sends) handle->wait();
+    if (timed) stats_.wait_s += seconds_since(start);
   } catch (...) {
     unusable_ = "a send of the pipeline failed in an earlier step; rebuild the pipeline";
     rethrow_with(hp::cat("pipeline rank ", rank(), ", waiting for its sends: "));
@@ -167,6 +190,7 @@ at::Tensor Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
                            options_.data_parallel->describe(), ": "));
     }
   }
+  if (timed) stats_.step_s = seconds_since(step_start);
   return has_last ? state.loss_sum : at::Tensor();
 }
 
@@ -202,6 +226,13 @@ void Pipeline::run_action(StepState& state, const Action& action) {
   };
   auto previous_is_local = [&] { return s > 0 && stage_rank(spec, s - 1) == rank(); };
   auto next_is_local = [&] { return s < last_stage && stage_rank(spec, s + 1) == rank(); };
+  // A transfer's wait, timed into stats_.wait_s when the step is timed.
+  auto wait_for = [&](TransferHandle& handle) {
+    if (!record_stats_) return handle.wait();
+    const Clock::time_point start = Clock::now();
+    handle.wait();
+    stats_.wait_s += seconds_since(start);
+  };
   // The gradient of the stage's output, before its backward.
   auto take_grad_output = [&]() -> at::Tensor {
     if (s == last_stage) return at::ones_like(mb.output);
@@ -214,7 +245,7 @@ void Pipeline::run_action(StepState& state, const Action& action) {
     std::optional<trace::Span> wait;  // named only when recorded: once per micro-batch
     if (trace::enabled())
       wait.emplace("wait for " + to_string(Action{s, Op::kRecvB, k}), "wait", "pipeline wait");
-    mb.recv_grad->wait();
+    wait_for(*mb.recv_grad);
     mb.recv_grad.reset();
     return mb.grad_output;
   };
@@ -246,7 +277,7 @@ void Pipeline::run_action(StepState& state, const Action& action) {
         std::optional<trace::Span> wait;
         if (trace::enabled())
           wait.emplace("wait for " + to_string(Action{s, Op::kRecvF, k}), "wait", "pipeline wait");
-        mb.recv_input->wait();
+        wait_for(*mb.recv_input);
         mb.recv_input.reset();
         input = mb.input.requires_grad_(true);
       }

@@ -60,6 +60,15 @@ struct PipelineOptions {
 // the micro-batch's mean loss.
 using PipelineLoss = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& targets)>;
 
+// Where one rank's wall time went in one step (Pipeline::record_step_stats):
+// the measured bubble is 1 - compute_s / step_s. step_s - compute_s - wait_s
+// is the executor's own time (posting transfers, bookkeeping).
+struct StepStats {
+  double step_s = 0;     // step(), call to return (with data_parallel, the gradients' average too)
+  double compute_s = 0;  // the compute actions (F with the loss, B, I, W), their waits excluded
+  double wait_s = 0;     // blocked on transfers: received inputs and gradients, the final sends
+};
+
 class Pipeline {
  public:
   // `stages`: this rank's stages, rank_stages(options.schedule, transport's
@@ -84,6 +93,12 @@ class Pipeline {
   // The parameters of this rank's stages (for the optimizer).
   std::vector<at::Tensor> parameters() const;
 
+  // Whether step() times its actions (off by default: two clock reads per
+  // action and per wait when on, nothing when off). last_step_stats() is
+  // the last step's figures while on, zeros before a timed step.
+  void record_step_stats(bool on) { record_stats_ = on; }
+  const StepStats& last_step_stats() const { return stats_; }
+
  private:
   struct StepState;
   void run_action(StepState& state, const Action& action);
@@ -96,6 +111,8 @@ class Pipeline {
   PipelineLoss loss_;
   Rows rows_;
   std::string unusable_;  // why a failed step left the pipeline unusable
+  bool record_stats_ = false;
+  StepStats stats_;
 };
 
 }  // namespace hp::pp

@@ -26,7 +26,10 @@ TEST(BenchRows, DefaultRowsEndWithThePyTorchPeersOfSingle) {
               ElementsAre("single", "ddp", "fsdp", "fsdp_ac", "fsdp_fused",
                           "fsdp_fused_prefetch", "hsdp_fused_prefetch", "tp", "fsdp_tp",
                           "torch_single", "torch_ddp", "torch_fsdp2"));
-  EXPECT_THAT(extra_row_names(), ElementsAre("ddp_unfused", "fsdp_prefetch", "checkpoint"));
+  EXPECT_THAT(extra_row_names(),
+              ElementsAre("ddp_unfused", "fsdp_prefetch", "pp4", "pp4_gpipe", "pp4_interleaved",
+                          "pp4_zero_bubble", "torch_pp4", "torch_pp4_gpipe",
+                          "torch_pp4_interleaved", "torch_pp4_zero_bubble", "checkpoint"));
 }
 
 TEST(BenchRows, TorchSingleIsAOneProcessPythonRow) {

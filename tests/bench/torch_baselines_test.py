@@ -2,7 +2,10 @@
 """hp-bench's PyTorch rows through their shared harness (bench/torch_baseline_common.py):
 each baseline prints one result line with the keys the driver reads,
 torch_single's first loss is the reference GPT's loss on the single row's
-first batch, and --profile-ops writes the per-step op profile of our rows'
+first batch, the pipeline baseline's first loss on 4 ranks (1F1B and
+interleaved zero bubble) is the reference GPT's on the shared batch within
+the rounding of its micro-batch means, its stage split is hp::pp's, and
+--profile-ops writes the per-step op profile of our rows'
 schema (bench/op_compare.h), rounds merged weighted by their steps.
 
 Usage: torch_baselines_test.py HPRUN   (run by the build's Python, HP_PYTHON)
@@ -40,21 +43,21 @@ def result_of(argv):
     return json.loads(lines[0].split(common.MARKER, 1)[1])
 
 
-def check_result(r, row, ranks):
-    if "skipped" in r:  # torch_fsdp2 on a PyTorch without FSDP2
-        assert row == "torch_fsdp2", r
+def check_result(r, row, ranks, steps=FLAGS["--worker-steps"], units=FLAGS["--layers"] + 1):
+    if "skipped" in r:  # torch_fsdp2 or a pipeline row on a PyTorch without them
+        assert row == "torch_fsdp2" or row.startswith("torch_pp4"), r
         return
     missing = KEYS - set(r)
     assert not missing, f"{row}: missing {missing}"
     assert r["row"] == row and r["ranks"] == ranks, r
-    assert len(r["step_times_s"]) == FLAGS["--worker-steps"], r
+    assert len(r["step_times_s"]) == steps, r
     assert len(r["peak_rss_delta_bytes_per_rank"]) == ranks, r
     for key in ("kernel_s_per_step_per_rank", "page_faults_per_step_per_rank"):
         assert len(r[key]) == ranks and all(v >= 0 for v in r[key]), (key, r)
     assert all(math.isfinite(v) for v in r["losses"] + [r["first_loss"]]), r
     # On the CPU the host's issue time is the whole step, measured around
     # the same call.
-    assert r["device"] == "cpu" and r["units"] == FLAGS["--layers"] + 1, r
+    assert r["device"] == "cpu" and r["units"] == units, r
     assert len(r["host_s_per_step_per_rank"]) == ranks, r
     assert all(0 < v for v in r["host_s_per_step_per_rank"]), r
     assert "method" in r["collectives"], r
@@ -105,6 +108,55 @@ def reference_first_loss(tokens_path):
         return ref.loss_of(model(x), y).item()
 
 
+PP_FLAGS = {"--pp-layers": 8, "--pp-microbatches": 4, "--batch": 4, "--worker-steps": 1,
+            "--warmup": 0}
+
+
+def reference_pipeline_loss(tokens_path):
+    """The whole reference GPT of --pp-layers blocks on the pipeline's one shared batch."""
+    torch.set_num_threads(1)
+    ref = common.load_reference()
+    tokens = common.read_tokens(tokens_path)
+    torch.manual_seed(FLAGS["--seed"])
+    model = ref.GPT({"vocab_size": FLAGS["--vocab"], "context": FLAGS["--ctx"],
+                     "n_layer": PP_FLAGS["--pp-layers"], "n_head": FLAGS["--heads"],
+                     "n_embd": FLAGS["--d"]})
+    x, y = common.batch_for_step(tokens, 0, PP_FLAGS["--batch"], FLAGS["--seq"], 0, 1)
+    with torch.no_grad():
+        return ref.loss_of(model(x), y).item()
+
+
+def check_pipeline(hprun, flags, tokens_path):
+    import torch_pipeline_baseline as pipeline
+    # hp::pp::plan_stages's balanced split (tests/pp/stage_test.cpp: 8 blocks
+    # over 4 stages give 2, 3, 2, 1).
+    assert pipeline.plan_stages(8, 4) == [0, 2, 5, 7], pipeline.plan_stages(8, 4)
+    assert pipeline.plan_stages(8, 8) == list(range(8))
+    reference = reference_pipeline_loss(tokens_path)
+    pp_flags = flags + [str(v) for kv in PP_FLAGS.items() for v in kv]
+    for schedule, v in (("1f1b", 1), ("zero-bubble", 2)):
+        row = "torch_pp4" if v == 1 else "torch_pp4_zero_bubble"
+        r = result_of([hprun, "-n", "4", "--timeout", "120", sys.executable, script_of("pipeline"),
+                       *pp_flags, "--row", row, "--pp-schedule", schedule,
+                       "--pp-stages-per-rank", str(v)])
+        check_result(r, row, 4, steps=1, units=PP_FLAGS["--pp-layers"] + 1)
+        if "skipped" in r:
+            assert pipeline.import_pipelining() is None, r
+            continue
+        p = r["pipeline"]
+        assert p["schedule"] == schedule and p["stages_per_rank"] == v, p
+        assert p["stage_begins"] == pipeline.plan_stages(8, 4 * v), p
+        for compute, step in zip(p["compute_s_per_rank_per_step"], p["step_s_per_rank_per_step"]):
+            assert len(compute) == len(step) == 1, p
+            assert 0 < compute[0] <= step[0], p
+        # The mean of the micro-batch means against one mean over the batch:
+        # the same terms summed in another order, in float32, each of the
+        # B*T token losses' rounding at most a unit in the last place of the loss.
+        tokens = PP_FLAGS["--batch"] * FLAGS["--seq"]
+        bound = tokens * torch.finfo(torch.float32).eps * abs(reference)
+        assert abs(r["first_loss"] - reference) <= bound, (schedule, r["first_loss"], reference)
+
+
 def script_of(name):
     return os.path.join(BENCH, f"torch_{name}_baseline.py")
 
@@ -137,6 +189,7 @@ def main():
                            script_of("fsdp2"), *flags])
         check_result(fsdp2, "torch_fsdp2", 2)
         assert "skipped" in fsdp2 or fsdp2["units"] == FLAGS["--layers"] + 1, fsdp2
+        check_pipeline(hprun, flags, tokens_path)
     print("torch baselines: OK")
 
 

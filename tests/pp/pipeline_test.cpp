@@ -103,6 +103,35 @@ TEST(PipelineParity, ZeroBubble) {
   expect_parity({ScheduleKind::kZeroBubble, 2, 2, 4, {}, /*checkpointing=*/true});
 }
 
+// A timed step splits each rank's wall time into compute (F, B), waits on
+// transfers and the rest; untimed, the figures stay zero.
+TEST(Pipeline, StepStatsSplitEachRanksStepIntoComputeAndWaits) {
+  const nn::GPTConfig config = test::small_gpt_config(4);
+  nn::GPT whole(config);
+  const StagePlan plan = plan_stages(gpt_layout(config), 2);
+  auto transports = LoopbackTransport::make(2);
+  auto loss = [](const at::Tensor& l, const at::Tensor& t) { return nn::cross_entropy(l, t); };
+  const at::Tensor ids = test::random_tokens({4, 8}, config.vocab_size, 1);
+  std::vector<StageModule> stages = {gpt_stage(*whole, plan, 0), gpt_stage(*whole, plan, 1)};
+  std::vector<StepStats> untimed(2), timed(2);
+  on_threads(2, [&](int rank) {
+    Pipeline pipeline({{ScheduleKind::k1F1B, 2, 1, 4}, config.n_embd}, {stages[rank]},
+                      transports[rank], loss);
+    pipeline.step(ids, ids);
+    untimed[rank] = pipeline.last_step_stats();
+    pipeline.record_step_stats(true);
+    pipeline.step(ids, ids);
+    timed[rank] = pipeline.last_step_stats();
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(untimed[rank].step_s, 0.0);
+    EXPECT_EQ(untimed[rank].compute_s, 0.0);
+    EXPECT_GT(timed[rank].compute_s, 0.0);
+    EXPECT_GE(timed[rank].wait_s, 0.0);
+    EXPECT_LE(timed[rank].compute_s + timed[rank].wait_s, timed[rank].step_s);
+  }
+}
+
 TEST(Pipeline, RefusesBadInputBeforeAnyTransfer) {
   const nn::GPTConfig config = test::small_gpt_config(4);
   nn::GPT whole(config);

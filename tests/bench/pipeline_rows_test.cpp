@@ -1,0 +1,167 @@
+// hp-bench's pipeline rows without launching them: what each runs (the row
+// table), the measured bubble computed from the workers' per-step times, the
+// report row and the ours-over-PyTorch targets.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "bench/bench_config.h"
+#include "bench/pipeline_bubble.h"
+#include "bench/row_summary.h"
+#include "bench/rows.h"
+#include "bench/targets.h"
+#include "hp/util/error.h"
+
+namespace hp::bench {
+namespace {
+
+using json = nlohmann::json;
+using ::testing::HasSubstr;
+
+TEST(PipelineRows, EachRowAndItsTorchTwinRunOneScheduleOnFourRanksSharingABatch) {
+  BenchConfig c;
+  c.ranks = 2;
+  c.batch = 16;
+  const std::vector<std::pair<std::string, std::pair<std::string, int>>> expected = {
+      {"pp4", {"1f1b", 1}},
+      {"pp4_gpipe", {"gpipe", 1}},
+      {"pp4_interleaved", {"interleaved", 2}},
+      {"pp4_zero_bubble", {"zero-bubble", 2}}};
+  for (const auto& [name, schedule] : expected) {
+    for (const std::string& row_name : {name, "torch_" + name}) {
+      const Row& row = find_row_spec(row_name);
+      const PipelineRow* pp = pipeline_row(row);
+      ASSERT_NE(pp, nullptr) << row_name;
+      EXPECT_EQ(pp->schedule, schedule.first) << row_name;
+      EXPECT_EQ(pp->stages_per_rank, schedule.second) << row_name;
+      EXPECT_EQ(row.ranks(c), 4) << row_name;            // not --ranks
+      EXPECT_EQ(row.samples_per_step(c), 16) << row_name;  // one shared batch
+      EXPECT_FALSE(row.standard) << row_name;              // 4 processes: on request only
+      EXPECT_THAT(row.note(c), HasSubstr("8 blocks")) << row_name;
+    }
+    EXPECT_FALSE(find_row_spec(name).torch());
+    EXPECT_STREQ(find_row_spec("torch_" + name).script, "torch_pipeline_baseline.py");
+  }
+  EXPECT_EQ(pipeline_row(find_row_spec("tp")), nullptr);
+  EXPECT_EQ(pipeline_row(find_row_spec("torch_ddp")), nullptr);
+}
+
+TEST(PipelineRows, TheWorkersAreToldTheLayersAndMicroBatches) {
+  BenchConfig c;
+  c.pp_layers = 12;
+  c.pp_microbatches = 4;
+  const std::vector<std::string> args = c.worker_args();
+  auto value_of = [&](const std::string& flag) {
+    for (size_t i = 0; i + 1 < args.size(); ++i)
+      if (args[i] == flag) return args[i + 1];
+    return std::string("(absent)");
+  };
+  EXPECT_EQ(value_of("--pp-layers"), "12");
+  EXPECT_EQ(value_of("--pp-microbatches"), "4");
+  EXPECT_EQ(BenchConfig{}.pp_layers, 8);  // the targets' 8-block GPT
+  EXPECT_EQ(BenchConfig{}.pp_microbatches, 8);
+}
+
+TEST(PipelineBubble, IsTheStepsMeanShareOutsideComputeThenTheRanksMean) {
+  // Rank 0: 1 of 2 s, 1 of 4 s idle -> (0.5 + 0.75) / 2; rank 1: (0.25 + 0.5) / 2.
+  const MeasuredBubble b = measured_bubble({{1, 1}, {3, 1}}, {{2, 4}, {4, 2}});
+  ASSERT_EQ(b.each_rank.size(), 2u);
+  EXPECT_DOUBLE_EQ(b.each_rank[0], 0.625);
+  EXPECT_DOUBLE_EQ(b.each_rank[1], 0.375);
+  EXPECT_DOUBLE_EQ(b.mean, 0.5);
+  EXPECT_DOUBLE_EQ(measured_bubble({{0}}, {{0}}).mean, 1.0);  // an empty step is all bubble
+  EXPECT_THROW(measured_bubble({{1, 1}}, {{2}}), ArgumentError);
+  EXPECT_THROW(measured_bubble({{1}}, {{2}, {2}}), ArgumentError);
+  EXPECT_THROW(measured_bubble({}, {}), ArgumentError);
+}
+
+// One round of a pipeline row's result line (ours: with hp::pp's figures).
+json pipeline_run(const std::string& row, double compute, bool ours) {
+  json run = {{"row", row},
+              {"ranks", 4},
+              {"step_times_s", {0.5, 0.4, 0.6}},
+              {"losses", {6.0, 5.9, 5.8}},
+              {"first_loss", 6.1},
+              {"peak_rss_delta_bytes_per_rank", {10, 20, 30, 40}},
+              {"kernel_s_per_step_per_rank", {0.1, 0.1, 0.1, 0.1}},
+              {"page_faults_per_step_per_rank", {1, 1, 1, 1}},
+              {"host_s_per_step_per_rank", {0.5, 0.5, 0.5, 0.5}},
+              {"units", 9},
+              {"device", "cpu"}};
+  json pipeline = {{"schedule", "1f1b"},
+                   {"stages_per_rank", 1},
+                   {"microbatches", 8},
+                   {"layers", 8},
+                   {"bubble_method", "how"}};
+  const std::vector<double> steps = {0.4, 0.4, 0.4};
+  const std::vector<double> computes = {compute, compute, compute};
+  pipeline["compute_s_per_rank_per_step"] = {computes, computes, computes, computes};
+  pipeline["step_s_per_rank_per_step"] = {steps, steps, steps, steps};
+  if (ours) {
+    pipeline["theoretical_bubble"] = 3.0 / 11;
+    pipeline["simulated_bubble"] = 3.0 / 11;
+    run["mesh"] = {4};
+    run["mesh_names"] = {"pp"};
+    run["comm_fusion"] = false;
+    run["prefetch"] = false;
+    run["parameters"] = 100;
+    run["block_param_bytes"] = 10;
+    run["end_bytes_per_rank"] = {1, 1, 1, 1};
+    run["peak_bytes_per_rank"] = {5, 6, 7, 8};
+    json counts = json::object();
+    for (const char* kind :
+         {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all", "barrier"})
+      counts[kind] = 0;
+    run["collective_counts_per_rank"] = {counts, counts, counts, counts};
+    run["comm_seconds_per_rank"] = {0, 0, 0, 0};
+    run["wait_seconds_per_rank"] = {0, 0, 0, 0};
+  } else {
+    run["collectives"] = {{"all_gather_per_step", 0},
+                          {"reduce_scatter_per_step", 0},
+                          {"all_reduce_per_step", 0},
+                          {"method", "none"}};
+  }
+  run["pipeline"] = pipeline;
+  return run;
+}
+
+TEST(PipelineSummary, ReportsTheMeasuredBubbleBesideTheSchedulesOwn) {
+  BenchConfig c;
+  json first = pipeline_run("pp4", 0.3, true), second = pipeline_run("pp4", 0.2, true);
+  first["round"] = 0;
+  second["round"] = 1;
+  const json row = summarize_row(find_row_spec("pp4"), {first, second}, c);
+  const json& p = row["pipeline"];
+  EXPECT_EQ(p["schedule"], "1f1b");
+  EXPECT_DOUBLE_EQ(p["measured_bubble_per_round"][0].get<double>(), 0.25);
+  EXPECT_DOUBLE_EQ(p["measured_bubble_per_round"][1].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(p["measured_bubble"].get<double>(), 0.375);
+  EXPECT_EQ(p["measured_bubble_each_rank"].size(), 4u);
+  EXPECT_DOUBLE_EQ(p["theoretical_bubble"].get<double>(), 3.0 / 11);
+  EXPECT_EQ(row["peak_bytes_per_rank"], 8);  // libtorch's allocator, the highest rank
+  EXPECT_DOUBLE_EQ(row["tokens_per_s"].get<double>(), c.batch * c.seq / 0.5);
+
+  const json theirs =
+      summarize_row(find_row_spec("torch_pp4"), {pipeline_run("torch_pp4", 0.1, false)}, c);
+  EXPECT_DOUBLE_EQ(theirs["pipeline"]["measured_bubble"].get<double>(), 0.75);
+  EXPECT_TRUE(theirs["pipeline"]["theoretical_bubble"].is_null());  // hp::pp's figure, ours only
+  EXPECT_EQ(theirs["peak_bytes_per_rank"], 40);  // the RSS delta, as the other PyTorch rows
+}
+
+TEST(PipelineTargets, EachScheduleIsOursOverItsTorchTwin) {
+  const json rows = json::array({{{"name", "pp4_zero_bubble"}, {"step_time_s_median", 0.3}},
+                                 {{"name", "torch_pp4_zero_bubble"}, {"step_time_s_median", 0.6}}});
+  const json targets = compute_targets(rows, BenchConfig{});
+  const json& t = targets["pp4_zero_bubble_over_torch_pp4_zero_bubble"];
+  EXPECT_DOUBLE_EQ(t["value"].get<double>(), 0.5);
+  EXPECT_EQ(t["pass"], true);
+  for (const char* key : {"pp4_over_torch_pp4", "pp4_gpipe_over_torch_pp4_gpipe",
+                          "pp4_interleaved_over_torch_pp4_interleaved"})
+    EXPECT_TRUE(targets[key]["value"].is_null()) << key;  // their rows did not run
+}
+
+}  // namespace
+}  // namespace hp::bench
