@@ -528,6 +528,32 @@ void FSDPModule::wait_for_gradients() {
   for (auto& context : contexts) context->wait_for_gradients();
 }
 
+namespace {
+
+// The root context of the tree `unit` is the root of, created when no
+// forward has made one yet; ArgumentError when `unit` is an inner unit.
+const std::shared_ptr<fsdp::RootContext>& pipeline_root_context(Unit& unit, const char* call) {
+  unit.context_or_become_root();
+  HP_CHECK_ARG(unit.is_root(), call, ": unit ", unit.name(), " belongs to the tree of unit ",
+               unit.context()->root().name(), "; call it on that tree's root module");
+  return unit.context();
+}
+
+}  // namespace
+
+void FSDPModule::begin_pipeline_step() {
+  pipeline_root_context(*unit(), "begin_pipeline_step")->begin_pipeline_step();
+}
+
+void FSDPModule::finish_pipeline_step() {
+  pipeline_root_context(*unit(), "finish_pipeline_step")->finish_pipeline_step();
+}
+
+void FSDPModule::cancel_pipeline_step() noexcept {
+  const auto& context = unit()->context();
+  if (context && unit()->is_root()) context->cancel_pipeline_step();
+}
+
 void FSDPModule::set_reduce_op_type(const std::string& reduce_op_type, bool recurse) {
   HP_CHECK_ARG(reduce_op_type == "sum" || reduce_op_type == "avg", "Unsupported reduce op type ",
                reduce_op_type, ", supported types are ['sum', 'avg']");

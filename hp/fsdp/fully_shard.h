@@ -129,6 +129,40 @@ class FSDPModule {
   // set_requires_all_reduce(false) are not pending: they wait for a
   // backward that synchronises.
   void wait_for_gradients();
+  // Pipeline steps (docs/pipeline.md, "fully_shard inside stages"): the
+  // forwards and backwards of several micro-batches, in whatever order a
+  // pipeline schedule runs them, then one reduction, as FSDP2 does under
+  // torch.distributed.pipelining.
+  //   begin_pipeline_step()  gathers every unit of this tree (collective
+  //                          over each unit's shard group, as a forward's
+  //                          gathers) and keeps them gathered: until the
+  //                          step ends, forwards gather and free nothing,
+  //                          and backward() calls, or the engine calls of
+  //                          a backward split into its input and weight
+  //                          halves, end nothing and reduce nothing: the
+  //                          gradients accumulate whole in .grad. Gradients
+  //                          from before the step wait aside.
+  //   finish_pipeline_step() reduces the accumulated gradients as the end of
+  //                          one backward does (the settings above apply:
+  //                          with set_requires_gradient_sync(false) they
+  //                          are kept for a later step; HSDP all-reduces),
+  //                          reshards, adds the earlier gradients back;
+  //                          every unit idle.
+  //   cancel_pipeline_step() after a failure in the step: drops its
+  //                          gradients, reshards, every unit idle; local,
+  //                          communicates nothing; nothing without a step.
+  // Memory: for the whole step the tree holds its unsharded parameters and
+  // their unsharded gradients (in the compute and reduce dtypes), where a
+  // plain step holds them one unit at a time; the micro-batches' gathers
+  // and reductions happen once per step instead of once per micro-batch.
+  // Call them on the tree's root module (the outermost fully_shard), between
+  // steps (not while a unit is between its forward and backward:
+  // ArgumentError, nothing changed). A forward that raises inside the step
+  // cancels it; UnusableError and collective failures as everywhere else.
+  void begin_pipeline_step();
+  void finish_pipeline_step();
+  void cancel_pipeline_step() noexcept;
+
   // "avg" (default: divide by the data-parallel size) or "sum" (F5). With
   // recurse (the default) it applies to every unit in the module's tree,
   // else to this unit only. Recursive by default, unlike FSDP2-style

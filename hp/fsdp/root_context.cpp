@@ -8,6 +8,7 @@
 
 #include "hp/fsdp/hook_check.h"
 #include "hp/fsdp/unit.h"
+#include "hp/util/trace.h"
 
 namespace hp::fsdp {
 
@@ -159,6 +160,87 @@ void RootContext::check_accumulates() {
       ".grad alone, or backward(), which leaves them in .grad"));
 }
 
+void RootContext::begin_pipeline_step() {
+  check_usable();
+  HP_CHECK_ARG(!pipeline_step_, "begin_pipeline_step: the units of ", root_->name(),
+               " are already in a pipeline step; call finish_pipeline_step() (or "
+               "cancel_pipeline_step()) first");
+  std::vector<std::shared_ptr<Unit>> units;
+  for (auto& weak : units_) {
+    auto unit = weak.lock();
+    if (!unit) continue;
+    HP_CHECK_ARG(unit->state_ == Unit::State::kIdle, "begin_pipeline_step: unit ", unit->name(),
+                 " is in the middle of a forward or backward; begin the pipeline step before "
+                 "the step's first forward and after the last backward of the one before");
+    units.push_back(std::move(unit));
+  }
+  try {
+    // Reductions left by set_is_last_backward(false) land first, as at a
+    // root's forward; then every gather is issued before any is waited for.
+    begin_iteration(root_->compute_device());
+    for (auto& unit : units) {
+      trace::Span span("unshard ", unit->name(), "fsdp", "compute");
+      unit->begin_unshard();
+    }
+    for (auto& unit : units) unit->wait_unshard();
+  } catch (const CollectiveError&) {
+    mark_unusable("the gathers of a pipeline step", std::current_exception());
+    reset_units(/*drop_grads=*/false);
+    throw;
+  } catch (...) {
+    reset_units(/*drop_grads=*/false);
+    throw;
+  }
+  for (auto& unit : units) unit->enter_pipeline_step();
+  pipeline_step_ = true;
+}
+
+void RootContext::finish_pipeline_step() {
+  HP_CHECK_ARG(pipeline_step_, "finish_pipeline_step: the units of ", root_->name(),
+               " are not in a pipeline step (begin_pipeline_step() starts one)");
+  check_usable();
+  pipeline_step_ = false;
+  backward_in_flight_ = true;
+  try {
+    for (auto& weak : units_) {
+      if (auto unit = weak.lock()) unit->reduce_pipeline_grads();
+    }
+    finish_backward();
+  } catch (...) {
+    // As a backward that raised: what was issued is waited for, the
+    // gradients (partial) dropped, every unit resharded and idle; a
+    // collective failure has made the tree unusable already.
+    abandon_backward();
+    throw;
+  }
+}
+
+void RootContext::cancel_pipeline_step() noexcept {
+  if (!pipeline_step_) return;
+  pipeline_step_ = false;
+  std::vector<std::shared_ptr<Unit>> units;
+  for (auto& weak : units_) {
+    if (auto unit = weak.lock()) units.push_back(std::move(unit));
+  }
+  // The step's whole gradients go before the parameters are resharded (a
+  // gradient must match its parameter's shape), the stashed ones come back
+  // after.
+  for (auto& unit : units) {
+    for (auto& p : unit->params()) p->param().mutable_grad() = at::Tensor();
+  }
+  reset_units(/*drop_grads=*/false);
+  for (auto& unit : units) {
+    for (auto& p : unit->params()) {
+      try {
+        p->restore_stash();
+      } catch (...) {
+        p->zero_grad();  // what cannot come back is dropped whole, never half
+      }
+    }
+  }
+  release_stream_buffers();
+}
+
 void RootContext::begin_iteration(c10::Device device) {
   if (!comm_) comm_ = std::make_unique<CommContext>(device);
   if (!reductions_.empty() && comm_->streams()) comm_->streams()->on_mark("pending gradients");
@@ -252,6 +334,10 @@ void RootContext::recover_from_forward_error(const std::exception_ptr& error) no
   } catch (const CollectiveError&) {
     mark_unusable("the forward of " + root_->name(), error);
   } catch (...) {
+  }
+  if (pipeline_step_) {
+    cancel_pipeline_step();
+    return;
   }
   if (comm_ && comm_->streams()) comm_->streams()->on_mark("failure");
   reset_units(/*drop_grads=*/false);

@@ -25,6 +25,14 @@
 //              UnusableError that says why; the model and process group
 //              must be rebuilt (e.g. reloaded from a checkpoint).
 //
+// Pipeline steps: between begin_pipeline_step and finish_pipeline_step
+// every unit stays gathered and no backward ends anything (no callback is
+// queued): the micro-batches' forwards and backwards, split or not, run in
+// any interleaving, and their gradients accumulate whole in .grad until
+// finish_pipeline_step reduces them as one backward's. A forward that
+// raises in the step, or cancel_pipeline_step, drops the step's gradients
+// and leaves the tree resharded and idle (recovered, as above).
+//
 // Threads: as the units' hooks (unit.h). The end-of-backward callback runs
 // on the autograd engine's thread that ran the backward, after its last
 // hook, before backward() returns; the guard's recovery runs where the
@@ -115,6 +123,20 @@ class RootContext : public std::enable_shared_from_this<RootContext> {
   // tree is unusable; a collective failure makes it unusable.
   void wait_for_gradients();
 
+  // --- pipeline steps (FSDPModule::begin_pipeline_step) ---
+  // Gathers every unit (collective over each unit's shard group, in the
+  // tree's order), stashes earlier gradients. ArgumentError, changing
+  // nothing, while a unit is between its forward and backward or a step is
+  // already open.
+  void begin_pipeline_step();
+  // Reduces the step's gradients (every unit's, in the tree's order), as
+  // the end of one backward; ArgumentError without an open step.
+  void finish_pipeline_step();
+  // Local: the step's gradients dropped, earlier ones back, every unit
+  // resharded and idle. Nothing happens without an open step.
+  void cancel_pipeline_step() noexcept;
+  bool in_pipeline_step() const { return pipeline_step_; }
+
   // --- failures ---
   // Raises UnusableError if a failure made the tree unusable.
   void check_usable() const;
@@ -143,6 +165,7 @@ class RootContext : public std::enable_shared_from_this<RootContext> {
   std::vector<Unit*> post_forward_order_;
   bool forward_order_recorded_ = false;
   bool backward_in_flight_ = false;
+  bool pipeline_step_ = false;
   bool is_last_backward_ = true;
   int64_t next_wave_ = 0;
   ReductionQueue reductions_;

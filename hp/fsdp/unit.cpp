@@ -316,29 +316,33 @@ void Unit::prefetch(const std::vector<std::weak_ptr<Unit>>& explicit_units, int 
 }
 
 std::optional<nn::TensorList> Unit::pre_forward(nn::Module& module, const nn::TensorList& inputs) {
-  if (!context_) context_ = RootContext::create(*this);
-  context_->check_usable();
+  context_or_become_root()->check_usable();
   if (state_ == State::kForward) return std::nullopt;  // a later module of a list unit
-  try {
-    // A new iteration: reductions left by set_is_last_backward(false) land now.
-    if (is_root()) {
-      context_->begin_iteration(params_.empty() ? c10::Device(c10::kCPU)
-                                                : params_[0]->compute_device());
-      context_->begin_forward();
-    }
+  if (state_ == State::kPipeline) {
+    // Gathered since the pipeline step began: nothing to gather or prefetch.
+    if (is_root()) context_->begin_forward();
     context_->note_pre_forward(this);
-    context_->record_forward(this);
-    trace::Span span("unshard ", name_, "fsdp", "compute");
-    begin_unshard();
-    prefetch(forward_prefetch_, +1);
-    wait_unshard(/*keep_output=*/true);
-  } catch (const CollectiveError&) {
-    context_->mark_unusable("the forward of unit " + name_, std::current_exception());
-    throw;
-  } catch (...) {
-    // Nothing of this call is kept: the error hook will not see it as running.
-    reset_after_failure(/*drop_grads=*/false);
-    throw;
+  } else {
+    try {
+      // A new iteration: reductions left by set_is_last_backward(false) land now.
+      if (is_root()) {
+        context_->begin_iteration(compute_device());
+        context_->begin_forward();
+      }
+      context_->note_pre_forward(this);
+      context_->record_forward(this);
+      trace::Span span("unshard ", name_, "fsdp", "compute");
+      begin_unshard();
+      prefetch(forward_prefetch_, +1);
+      wait_unshard(/*keep_output=*/true);
+    } catch (const CollectiveError&) {
+      context_->mark_unusable("the forward of unit " + name_, std::current_exception());
+      throw;
+    } catch (...) {
+      // Nothing of this call is kept: the error hook will not see it as running.
+      reset_after_failure(/*drop_grads=*/false);
+      throw;
+    }
   }
   modules_to_run_.clear();
   for (const auto& weak : modules_) {
@@ -377,6 +381,12 @@ std::optional<nn::TensorList> Unit::post_forward(nn::Module& module,
     // The last unit's all-gather output has no next unshard to release it.
     if (context_->comm()) context_->comm()->release_all_gather_output();
   }
+  if (context_->in_pipeline_step()) {
+    // The parameters stay gathered, and no pre-backward is needed: the
+    // step's backwards only accumulate (finish_pipeline_step reduces).
+    state_ = State::kPipeline;
+    return replaced;
+  }
   if (!communicates_) {
     state_ = State::kIdle;
     return replaced;
@@ -413,6 +423,12 @@ void Unit::on_forward_error(nn::Module& module, const std::exception_ptr& error)
   // Only a forward whose pre-forward completed is running (pre_forward
   // undoes itself when it raises).
   if (state_ != State::kForward) return;
+  if (context_->in_pipeline_step() && !is_root()) {
+    // Still gathered for the step; the root's error hook, which the error
+    // reaches next, ends the step for the whole tree.
+    state_ = State::kPipeline;
+    return;
+  }
   if (is_root()) {
     context_->recover_from_forward_error(error);
   } else if (!reset_after_failure(/*drop_grads=*/false)) {
@@ -431,7 +447,9 @@ void Unit::in_backward(const char* what, Fn&& step) {
 }
 
 void Unit::pre_backward() {
-  if (state_ == State::kPreBackward) return;
+  // In a pipeline step the parameters are gathered and every backward only
+  // accumulates (a forward from before the step may still have hooked it).
+  if (state_ == State::kPreBackward || state_ == State::kPipeline) return;
   context_->check_usable();
   context_->ensure_end_of_backward();
   in_backward("the backward", [&] {
@@ -456,6 +474,9 @@ bool Unit::keeps_whole_grads_unreduced() const {
 }
 
 void Unit::post_accumulate(FSDPParam& param) {
+  // A pipeline step's backwards accumulate the whole gradient in .grad,
+  // over micro-batches; finish_pipeline_step reduces it once.
+  if (state_ == State::kPipeline) return;
   in_backward("the gradient reduction", [&] {
     if (grads_.wave() < 0) {
       grads_.set_wave(context_->take_wave());
@@ -559,6 +580,33 @@ void Unit::finish_backward() {
     if (!context_->reductions().pending_for(*p)) p->restore_stash();
   }
   state_ = State::kIdle;
+}
+
+void Unit::enter_pipeline_step() {
+  // Earlier gradients (shard-shaped) wait aside, so autograd accumulates
+  // this step's whole ones fresh; finish_backward adds them back.
+  for (auto& p : params_) p->stash_grad();
+  state_ = State::kPipeline;
+}
+
+void Unit::reduce_pipeline_grads() {
+  state_ = State::kPreBackward;
+  if (!communicates_) return;  // autograd accumulated in place: nothing to reduce
+  trace_compute_start();  // the trace's "backward" span of this unit: its gradients' packing
+  grads_.begin(params_, group_.fused() && flags_.requires_gradient_sync,
+               /*pack_whole=*/!keeps_whole_grads_unreduced());
+  for (auto& p : params_) {
+    if (p->requires_grad() && p->param().grad().defined()) post_accumulate(*p);
+  }
+}
+
+const std::shared_ptr<RootContext>& Unit::context_or_become_root() {
+  if (!context_) context_ = RootContext::create(*this);
+  return context_;
+}
+
+c10::Device Unit::compute_device() const {
+  return params_.empty() ? c10::Device(c10::kCPU) : params_[0]->compute_device();
 }
 
 bool Unit::reset_after_failure(bool drop_grads) noexcept {

@@ -32,6 +32,13 @@
 //                   gather while the shards do not change), complete the
 //                   reductions, back to kIdle.
 //
+// A pipeline step (FSDPModule::begin_pipeline_step) holds every unit of the
+// tree in kPipeline: gathered, with forwards (kForward while one runs) that
+// gather and free nothing and register no pre-backward, and backwards whose
+// accumulations autograd leaves whole in .grad; finish_pipeline_step feeds
+// them through post-accumulate (kPreBackward) and ends them as one backward
+// (kIdle).
+//
 // Failures: an exception that leaves a module's call after the unit's
 // pre-forward (its forward, a hook, a later unit) reshards the unit and
 // returns it to kIdle; when it leaves the root's call, every unit of the
@@ -99,7 +106,7 @@ struct UnitFlags {
 
 class Unit : public std::enable_shared_from_this<Unit> {
  public:
-  enum class State { kIdle, kForward, kAfterForward, kPreBackward };
+  enum class State { kIdle, kForward, kAfterForward, kPreBackward, kPipeline };
 
   // `regather_group`: the group of reshard_after_forward = N ranks this rank
   // belongs to (null unless 1 < N < shard size); made by the caller before
@@ -141,6 +148,9 @@ class Unit : public std::enable_shared_from_this<Unit> {
   void set_is_last_backward(bool value);
   bool is_last_backward_before_root() const { return is_last_backward_before_root_; }
   const std::shared_ptr<RootContext>& context() const { return context_; }
+  // The context, made now with this unit as the root of its tree when no
+  // forward has made one yet (RootContext::create, which checks the tree).
+  const std::shared_ptr<RootContext>& context_or_become_root();
   bool is_root() const { return context_ && &context_->root() == this; }
   // The root of a tree with other units: its parameters serve both ends of
   // backward (head first, embeddings last).
@@ -190,6 +200,9 @@ class Unit : public std::enable_shared_from_this<Unit> {
   // Drops every gradient of the unit's parameters (F14 zero_grad).
   void zero_grad();
 
+  // The device the unit's parameters compute on (CPU for a unit without any).
+  c10::Device compute_device() const;
+
  private:
   friend class RootContext;
 
@@ -210,6 +223,12 @@ class Unit : public std::enable_shared_from_this<Unit> {
   void reshard_after_backward();
   // The unit's part of the end of backward.
   void finish_backward();
+  // A pipeline step (root_context.h). Once gathered: earlier gradients
+  // stashed, kPipeline. At its end: the step's whole gradients through
+  // post-accumulate, as if one backward had delivered them, leaving the
+  // unit in kPreBackward for finish_backward().
+  void enter_pipeline_step();
+  void reduce_pipeline_grads();
   void validate_for_training() const;
   void prefetch(const std::vector<std::weak_ptr<Unit>>& explicit_units, int offset);
   void complete_own_reductions();

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "hp/distributed/collectives.h"
+#include "hp/fsdp/fully_shard.h"
 #include "hp/pp/lower.h"
 #include "hp/pp/split_backward.h"
 #include "hp/util/error.h"
@@ -92,7 +93,30 @@ Pipeline::Pipeline(PipelineOptions options, std::vector<StageModule> stages,
   HP_CHECK_ARG(got == expected, "Pipeline: pipeline rank ", transport_->rank(), " runs stages ",
                to_string(expected), " of the ", to_string(spec.kind), " schedule but was given ",
                to_string(got));
-  rows_ = lower(spec, compute_rows(spec));
+  // fully_shard inside the stages (docs/pipeline.md): every stage a root, or none.
+  size_t roots = 0;
+  for (const StageModule& s : stages_) {
+    if (is_fully_sharded(*s)) {
+      ++roots;
+      continue;
+    }
+    for (const auto& sub : s->modules(/*include_self=*/false)) {
+      auto hookable = std::dynamic_pointer_cast<nn::Module>(sub);
+      HP_CHECK_ARG(!hookable || !is_fully_sharded(*hookable), "Pipeline: stage ", s->stage(),
+                   " holds fully_shard unit ", hookable ? hookable->name() : std::string(),
+                   " but is not a unit itself; call fully_shard on the stage module too, after "
+                   "its blocks (it is the root the pipeline gathers and reduces as one)");
+    }
+  }
+  HP_CHECK_ARG(roots == 0 || roots == stages_.size(), "Pipeline: ", roots, " of this rank's ",
+               stages_.size(), " stages are fully_shard roots; shard all of them or none");
+  sharded_ = roots > 0;
+  HP_CHECK_ARG(!sharded_ || !options_.data_parallel || options_.data_parallel->size() == 1,
+               "Pipeline: the stages are fully_shard units, which reduce their gradients over "
+               "their own mesh; leave options.data_parallel unset (",
+               options_.data_parallel ? options_.data_parallel->describe() : std::string(),
+               " would average them a second time)");
+  rows_ = lower(spec, compute_rows(spec), LowerOptions{sharded_});
 }
 
 Pipeline::~Pipeline() = default;
@@ -106,10 +130,17 @@ std::vector<at::Tensor> Pipeline::parameters() const {
   return params;
 }
 
-StageModuleImpl& Pipeline::local_stage(int stage) {
+StageModuleImpl& Pipeline::local_stage(int stage) { return *local_stage_module(stage); }
+
+StageModule& Pipeline::local_stage_module(int stage) {
   for (StageModule& s : stages_)
-    if (s->stage() == stage) return *s;
+    if (s->stage() == stage) return s;
   throw ArgumentError(hp::cat("Pipeline: stage ", stage, " is not on pipeline rank ", rank()));
+}
+
+void Pipeline::cancel_sharded_steps() noexcept {
+  if (!sharded_) return;
+  for (StageModule& s : stages_) FSDPModule(s.ptr()).cancel_pipeline_step();
 }
 
 at::Tensor Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
@@ -165,6 +196,7 @@ at::Tensor Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
       const std::string where =
           hp::cat("pipeline rank ", rank(), " (global rank ", transport_->global_rank(rank()),
                   "), action ", to_string(row[i]), " (#", i, " of its ", row.size(), " actions): ");
+      cancel_sharded_steps();  // the stages' fully_shard trees back to idle, resharded
       unusable_ = where +
                   "failed in an earlier step; the ranks' schedules no longer agree, "
                   "rebuild the pipeline (restart the job)";
@@ -177,6 +209,7 @@ at::Tensor Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
     for (auto& [handle, tensor] : state.sends) handle->wait();
     if (timed) stats_.wait_s += seconds_since(start);
   } catch (...) {
+    cancel_sharded_steps();
     unusable_ = "a send of the pipeline failed in an earlier step; rebuild the pipeline";
     rethrow_with(hp::cat("pipeline rank ", rank(), ", waiting for its sends: "));
   }
@@ -331,10 +364,17 @@ void Pipeline::run_action(StepState& state, const Action& action) {
       return;
     }
     case Op::kUnshard:
+      // Gathered until REDUCE_GRAD, across the step's micro-batches.
+      FSDPModule(local_stage_module(s).ptr()).begin_pipeline_step();
+      return;
     case Op::kReshard:
+      // Nothing of its own: at REDUCE_GRAD each parameter is resharded as its
+      // gradient is reduced (its unsharded buffer lent to the reduce-scatter),
+      // so the parameters go before the reductions allocate, as here.
+      return;
     case Op::kReduceGrad:
-      throw ArgumentError(
-          hp::cat("the pipeline runs no fully_shard actions yet (", to_string(action), ")"));
+      FSDPModule(local_stage_module(s).ptr()).finish_pipeline_step();
+      return;
   }
 }
 

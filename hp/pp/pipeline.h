@@ -17,6 +17,15 @@
 // computes with loss_k / M backward for k = 0 .. M-1. The loss is computed
 // on the last stage only.
 //
+// fully_shard inside the stages (FSDP or HSDP over a data-parallel mesh
+// dim, docs/pipeline.md): make each stage a fully_shard root (its blocks
+// first, then the stage) before building the Pipeline, and the schedule
+// gains each stage's UNSHARD before its first compute and RESHARD and
+// REDUCE_GRAD after its last backward: the stage stays gathered across the
+// step's micro-batches (FSDPModule::begin_pipeline_step, which states the
+// memory that costs) and its gradients are reduced once per step. Every
+// stage of a rank is a root, or none is (ArgumentError).
+//
 // Errors: bad input raises ArgumentError before anything is sent. A failure
 // during a step (a dead or hung neighbour raises CollectiveError from its
 // transfer, an exception in a stage's forward) propagates with the action
@@ -53,6 +62,8 @@ struct PipelineOptions {
   // parallelism across pipelines, each replica's stages whole): after the
   // step's last backward the stages' gradients are averaged over this
   // group, one all-reduce per dtype. Null or a group of one: none.
+  // Stages sharded by fully_shard reduce over their own mesh instead (see
+  // the Pipeline's comment) and refuse this.
   dist::GroupPtr data_parallel;
 };
 
@@ -104,6 +115,9 @@ class Pipeline {
   void run_action(StepState& state, const Action& action);
   void average_gradients_over_replicas();
   StageModuleImpl& local_stage(int stage);
+  StageModule& local_stage_module(int stage);
+  // After a failed step: every stage's fully_shard pipeline step cancelled.
+  void cancel_sharded_steps() noexcept;
 
   PipelineOptions options_;
   std::vector<StageModule> stages_;
@@ -111,6 +125,7 @@ class Pipeline {
   PipelineLoss loss_;
   Rows rows_;
   std::string unusable_;  // why a failed step left the pipeline unusable
+  bool sharded_ = false;  // the stages are fully_shard roots
   bool record_stats_ = false;
   StepStats stats_;
 };

@@ -18,6 +18,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "hp/mesh/device_mesh.h"
 #include "hp/pp/pipeline.h"
 
 namespace hp::pp::parity {
@@ -31,6 +32,9 @@ struct Case {
   bool checkpointing = false;
   bool llama = false;
   int data_parallel = 1;  // replicas of the pipeline, each on its slice of the batch
+  // The data-parallel ranks shard each stage (fully_shard over their mesh:
+  // every block a unit, then the stage) instead of holding it whole.
+  bool fully_shard = false;
 };
 
 std::string name_of(const Case& c);
@@ -58,12 +62,16 @@ std::vector<StageModule> build_stages(const Case& c, int rank);
 // Trains `stages` as pipeline rank transport->rank() of replica `replica`
 // (its slice of each batch; gradients averaged over `replicas`, the
 // data-parallel group, when the case has several) for the case's steps.
+// A fully_shard case shards the stages over `fsdp_mesh` (the data-parallel
+// mesh, whose rank `replica` is) instead; the run then holds the local
+// shards.
 Run pipeline_run(const Case& c, std::vector<StageModule> stages,
                  std::shared_ptr<Transport> transport, int replica = 0,
-                 dist::GroupPtr replicas = nullptr);
+                 dist::GroupPtr replicas = nullptr, DeviceMeshPtr fsdp_mesh = nullptr);
 
-// Expects `rank`'s run to equal the reference's for what the rank holds;
-// returns how many parameters it compared.
+// Expects `rank`'s run to equal the reference's for what the rank holds
+// (a fully_shard case: replica `replica`'s dim-0 shard of each tensor, as
+// fully_shard cuts it); returns how many parameters it compared.
 size_t expect_rank_matches(const Case& c, int rank, const Run& got, const Run& reference,
                            int replica = 0);
 

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "hp/distributed/world.h"
+#include "hp/fsdp/fully_shard.h"
 #include "hp/mesh/device_mesh.h"
 #include "hp/pp/transport.h"
 #include "tests/pp/pipeline_parity.h"
@@ -67,6 +68,37 @@ TEST(PipelineRanks, DataParallelReplicas) {
         parity::pipeline_run(c, parity::build_stages(c, pipeline_rank),
                              std::make_shared<GroupTransport>(mesh->group_ptr(1)), replica,
                              mesh->group_ptr(0));
+    parity::expect_rank_matches(c, pipeline_rank, run, reference, replica);
+  }
+}
+
+// The stages sharded by fully_shard over the data-parallel dim of a
+// (dp, pp) = (2, 2) mesh: each stage gathered across the step's
+// micro-batches, its gradients reduce-scattered once per step. Bit for bit:
+// the gathered parameters are copies, each rank's micro-batch gradients
+// accumulate in micro-batch order as the reference's replica does, and the
+// average of two is the reference's sum of the two halved (exact); AdamW is
+// elementwise on the shards.
+TEST(PipelineRanks, FullyShardedStages) {
+  if (hp::test::world_size() != 4) GTEST_SKIP() << "needs 4 ranks, has " << p();
+  auto mesh = init_device_mesh("cpu", {2, 2}, {"dp", "pp"});
+  const int replica = static_cast<int>(mesh->coordinate(0));
+  const int pipeline_rank = static_cast<int>(mesh->coordinate(1));
+  const std::vector<Case> cases = {
+      {ScheduleKind::kGPipe, 2, 1, 2},
+      {ScheduleKind::k1F1B, 2, 1, 4},
+      {ScheduleKind::kInterleaved1F1B, 2, 2, 4},
+      {ScheduleKind::kZeroBubble, 2, 2, 4},
+      {ScheduleKind::k1F1B, 2, 1, 2, {}, /*checkpointing=*/true},
+      {ScheduleKind::kZeroBubble, 2, 2, 2, {}, /*checkpointing=*/true},
+  };
+  for (Case c : cases) {
+    c.data_parallel = 2;
+    c.fully_shard = true;
+    const parity::Run reference = parity::reference_run(c);
+    const parity::Run run = parity::pipeline_run(
+        c, parity::build_stages(c, pipeline_rank),
+        std::make_shared<GroupTransport>(mesh->group_ptr(1)), replica, nullptr, (*mesh)["dp"]);
     parity::expect_rank_matches(c, pipeline_rank, run, reference, replica);
   }
 }
