@@ -11,6 +11,7 @@
 #include "hp/fsdp/fully_shard.h"
 #include "hp/pp/lower.h"
 #include "hp/pp/split_backward.h"
+#include "hp/tensor/dtensor_tensor.h"
 #include "hp/util/error.h"
 #include "hp/util/trace.h"
 
@@ -28,6 +29,18 @@ double seconds_since(Clock::time_point start) {
 }
 
 // Rethrows the exception in flight with `where` in front, keeping its kind.
+// What crosses a stage boundary: a plain tensor. Under tensor parallelism
+// the hidden states (and their gradients, and the loss) are DTensors
+// replicated over the stage's tensor-parallel ranks; each rank passes its
+// full value to its peer of the same tensor-parallel rank in the next
+// stage, where a plain tensor mixed into the stage's DTensor ops counts as
+// Replicate (docs/pipeline.md). A Partial value is reduced first, inside
+// the tensor-parallel group, whose ranks all run the same action.
+// Differentiable: the gradient flows back as a DTensor.
+at::Tensor boundary_value(const at::Tensor& t) {
+  return t.defined() && is_dtensor(t) ? full_tensor(t) : t;
+}
+
 [[noreturn]] void rethrow_with(const std::string& where) {
   try {
     throw;
@@ -224,7 +237,7 @@ at::Tensor Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
     }
   }
   if (timed) stats_.step_s = seconds_since(step_start);
-  return has_last ? state.loss_sum : at::Tensor();
+  return has_last ? boundary_value(state.loss_sum) : at::Tensor();
 }
 
 void Pipeline::average_gradients_over_replicas() {
@@ -321,7 +334,7 @@ void Pipeline::run_action(StepState& state, const Action& action) {
         state.loss_sum = state.loss_sum.defined() ? state.loss_sum + loss.detach() : loss.detach();
         mb.output = loss;
       } else {
-        mb.output = output;
+        mb.output = boundary_value(output);
       }
       return;
     }
@@ -334,7 +347,7 @@ void Pipeline::run_action(StepState& state, const Action& action) {
     case Op::kBackward: {
       at::Tensor grad = take_grad_output();
       torch::autograd::backward({mb.output}, {grad});
-      if (s > 0) mb.grad_input = mb.input.grad();
+      if (s > 0) mb.grad_input = boundary_value(mb.input.grad());
       mb.output = at::Tensor();
       mb.grad_output = at::Tensor();
       return;
@@ -345,7 +358,7 @@ void Pipeline::run_action(StepState& state, const Action& action) {
       mb.split = std::make_unique<SplitBackward>(mb.output, s > 0 ? mb.input : at::Tensor(),
                                                  stage_params(stage));
       at::Tensor grad_input = mb.split->backward_input(grad);
-      if (s > 0) mb.grad_input = grad_input;
+      if (s > 0) mb.grad_input = boundary_value(grad_input);
       mb.output = at::Tensor();
       mb.grad_output = at::Tensor();
       return;

@@ -9,6 +9,9 @@
 #include "hp/nn/gpt.h"
 #include "hp/nn/llama.h"
 #include "hp/nn/loss.h"
+#include "hp/tensor/dtensor_tensor.h"
+#include "hp/tp/gpt_plan.h"
+#include "hp/tp/shard_module.h"
 #include "hp/util/format.h"
 #include "tests/support/model_configs.h"
 #include "tests/support/random_tokens.h"
@@ -32,8 +35,13 @@ std::shared_ptr<nn::Module> build_whole(const Case& c) {
     config.n_layer = layers_of(c);
     return nn::Llama(config).ptr();
   }
-  return nn::GPT(hp::test::small_gpt_config(layers_of(c))).ptr();
+  nn::GPT gpt(hp::test::small_gpt_config(layers_of(c)));
+  if (c.tp_mesh) shard_module(gpt, c.tp_mesh, gpt_tensor_parallel_plan(gpt->config(), *c.tp_mesh));
+  return gpt.ptr();
 }
+
+// What this rank holds of a tensor: a DTensor's local shard, else itself.
+at::Tensor local(const at::Tensor& t) { return is_dtensor(t) ? local_of(t) : t; }
 
 int64_t vocab_of(const Case& c) {
   return c.llama ? hp::test::tiny_llama_config().vocab_size
@@ -76,7 +84,8 @@ std::string name_of(const Case& c) {
   return hp::cat(to_string(c.kind), c.data_parallel > 1 ? hp::cat(" dp", c.data_parallel) : "",
                  " p", c.ranks, " v", c.stages_per_rank, " m", c.microbatches,
                  c.split_points.empty() ? "" : " uneven", c.checkpointing ? " checkpointed" : "",
-                 c.llama ? " llama" : "", c.fully_shard ? " fully_shard" : "");
+                 c.llama ? " llama" : "", c.fully_shard ? " fully_shard" : "",
+                 c.tp_mesh ? hp::cat(" tp", c.tp_mesh->size()) : "");
 }
 
 Run reference_run(const Case& c) {
@@ -98,6 +107,7 @@ Run reference_run(const Case& c) {
         loss.backward();
         replica_total = replica_total.defined() ? replica_total + loss.detach() : loss.detach();
       }
+      if (is_dtensor(replica_total)) replica_total = full_tensor(replica_total);
       if (r == 0) run.losses.push_back(replica_total);
       if (run.replica_losses.size() <= static_cast<size_t>(r)) run.replica_losses.emplace_back();
       run.replica_losses[r].push_back(replica_total);
@@ -187,16 +197,21 @@ size_t expect_rank_matches(const Case& c, int rank, const Run& got, const Run& r
   }
   EXPECT_FALSE(got.params.empty());
   auto held = [&](const at::Tensor& whole) {
-    return c.fully_shard ? dim0_shard(whole, c.data_parallel, replica) : whole;
+    return c.fully_shard ? dim0_shard(local(whole), c.data_parallel, replica) : local(whole);
   };
   size_t cut = 0;  // tensors a fully_shard case holds a strict part of
   for (const auto& [name, p] : got.params) {
-    cut += p.numel() < reference.params.at(name).numel();
-    EXPECT_TRUE(hp::test::tensors_equal(got.grads.at(name), held(reference.grads.at(name))))
+    cut += local(p).numel() < local(reference.params.at(name)).numel();
+    EXPECT_TRUE(hp::test::tensors_equal(local(got.grads.at(name)), held(reference.grads.at(name))))
         << name;
-    EXPECT_TRUE(hp::test::tensors_equal(p, held(reference.params.at(name)))) << name;
+    EXPECT_TRUE(hp::test::tensors_equal(local(p), held(reference.params.at(name)))) << name;
   }
   EXPECT_EQ(cut > 0, c.fully_shard) << cut << " of " << got.params.size() << " tensors are shards";
+  if (c.tp_mesh && c.tp_mesh->size() > 1) {
+    EXPECT_TRUE(std::any_of(got.params.begin(), got.params.end(),
+                            [](const auto& item) { return is_dtensor(item.second); }))
+        << "no parameter of the stages is tensor-parallel";
+  }
   return got.params.size();
 }
 

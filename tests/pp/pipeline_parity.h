@@ -35,6 +35,12 @@ struct Case {
   // The data-parallel ranks shard each stage (fully_shard over their mesh:
   // every block a unit, then the stage) instead of holding it whole.
   bool fully_shard = false;
+  // Tensor parallelism inside every stage (GPT only): the whole model, the
+  // reference included, sharded by its tensor-parallel plan over this mesh
+  // before the stages are cut from it. The reference is then that TP model
+  // in one pipeline stage, and parity stays bitwise: cutting stages changes
+  // no op.
+  DeviceMeshPtr tp_mesh;
 };
 
 std::string name_of(const Case& c);

@@ -103,6 +103,25 @@ TEST(PipelineRanks, FullyShardedStages) {
   }
 }
 
+// Tensor parallelism inside the stages: (pp, tp) = (2, 2), each stage's two
+// tensor-parallel ranks running the same row; stage boundaries carry the
+// hidden states' replicated values. Against the same TP model in one stage.
+TEST(PipelineRanks, TensorParallelStages) {
+  if (hp::test::world_size() != 4) GTEST_SKIP() << "needs 4 ranks, has " << p();
+  auto mesh = init_device_mesh("cpu", {2, 2}, {"pp", "tp"});
+  const int pipeline_rank = static_cast<int>(mesh->coordinate(0));
+  for (Case c : std::vector<Case>{{ScheduleKind::k1F1B, 2, 1, 4},
+                                  {ScheduleKind::kZeroBubble, 2, 2, 2},
+                                  {ScheduleKind::kGPipe, 2, 1, 2, {}, /*checkpointing=*/true}}) {
+    c.tp_mesh = (*mesh)["tp"];
+    const parity::Run reference = parity::reference_run(c);
+    const parity::Run run =
+        parity::pipeline_run(c, parity::build_stages(c, pipeline_rank),
+                             std::make_shared<GroupTransport>(mesh->group_ptr(0)));
+    parity::expect_rank_matches(c, pipeline_rank, run, reference);
+  }
+}
+
 TEST(PipelineRanks, Llama) {
   expect_parity_on_world({ScheduleKind::k1F1B, 0, 1, p(), {}, false, /*llama=*/true});
 }
