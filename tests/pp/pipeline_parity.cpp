@@ -196,15 +196,21 @@ size_t expect_rank_matches(const Case& c, int rank, const Run& got, const Run& r
     }
   }
   EXPECT_FALSE(got.params.empty());
+  // fully_shard and tensor parallelism together lay a parameter out over
+  // both dims as fully_shard chooses: the global values are compared (each
+  // gathered over its mesh, every rank of it in the same order).
+  const bool gather = c.fully_shard && c.tp_mesh;
+  auto mine = [&](const at::Tensor& t) { return gather ? full_tensor(t) : local(t); };
   auto held = [&](const at::Tensor& whole) {
+    if (gather) return full_tensor(whole);
     return c.fully_shard ? dim0_shard(local(whole), c.data_parallel, replica) : local(whole);
   };
   size_t cut = 0;  // tensors a fully_shard case holds a strict part of
   for (const auto& [name, p] : got.params) {
     cut += local(p).numel() < local(reference.params.at(name)).numel();
-    EXPECT_TRUE(hp::test::tensors_equal(local(got.grads.at(name)), held(reference.grads.at(name))))
+    EXPECT_TRUE(hp::test::tensors_equal(mine(got.grads.at(name)), held(reference.grads.at(name))))
         << name;
-    EXPECT_TRUE(hp::test::tensors_equal(local(p), held(reference.params.at(name)))) << name;
+    EXPECT_TRUE(hp::test::tensors_equal(mine(p), held(reference.params.at(name)))) << name;
   }
   EXPECT_EQ(cut > 0, c.fully_shard) << cut << " of " << got.params.size() << " tensors are shards";
   if (c.tp_mesh && c.tp_mesh->size() > 1) {

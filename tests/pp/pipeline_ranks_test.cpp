@@ -122,6 +122,27 @@ TEST(PipelineRanks, TensorParallelStages) {
   }
 }
 
+// 3-D: (dp, pp, tp) = (2, 2, 2) on 8 ranks, each stage tensor-parallel
+// over tp and fully sharded over dp. Against the TP model in one stage,
+// its two replicas' gradients averaged (exact for two, as above).
+TEST(PipelineRanks, ThreeDimensional) {
+  if (hp::test::world_size() != 8) GTEST_SKIP() << "needs 8 ranks, has " << p();
+  auto mesh = init_device_mesh("cpu", {2, 2, 2}, {"dp", "pp", "tp"});
+  const int replica = static_cast<int>(mesh->coordinate(0));
+  const int pipeline_rank = static_cast<int>(mesh->coordinate(1));
+  for (Case c : std::vector<Case>{{ScheduleKind::k1F1B, 2, 1, 2},
+                                  {ScheduleKind::kZeroBubble, 2, 2, 2}}) {
+    c.data_parallel = 2;
+    c.fully_shard = true;
+    c.tp_mesh = (*mesh)["tp"];
+    const parity::Run reference = parity::reference_run(c);
+    const parity::Run run = parity::pipeline_run(
+        c, parity::build_stages(c, pipeline_rank),
+        std::make_shared<GroupTransport>(mesh->group_ptr(1)), replica, nullptr, (*mesh)["dp"]);
+    parity::expect_rank_matches(c, pipeline_rank, run, reference, replica);
+  }
+}
+
 TEST(PipelineRanks, Llama) {
   expect_parity_on_world({ScheduleKind::k1F1B, 0, 1, p(), {}, false, /*llama=*/true});
 }
