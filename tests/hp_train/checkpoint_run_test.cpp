@@ -12,6 +12,9 @@
 //   fully_shard parity tests bound where the weights are visible.
 // - The export is read back by PyTorch (tests/checkpoint/export_check.py:
 //   strict load into the PyTorch GPT, a forward) and by --init-from.
+// - Under --pp (docs/pipeline.md, "Checkpoints"): resumed at the same and at
+//   another pipeline degree bit for bit, with replicas (--mode ddp) too, and
+//   moved to one process and back with the weights exact.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -23,6 +26,8 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -89,8 +94,10 @@ void expect_resumed_as_straight(const TempDir& dir, const ProcessResult& resumed
   expect_same_weights(dir.file("resumed.safetensors"), dir.file("straight.safetensors"), what);
 }
 
-nn::GPT tiny_model_from(const std::string& weights) {
-  nn::GPT model(test::byte_gpt_config());
+nn::GPT tiny_model_from(const std::string& weights, int64_t layers = 2) {
+  nn::GPTConfig config = test::byte_gpt_config();
+  config.n_layer = layers;
+  nn::GPT model(config);
   load_initial_weights(*model, weights);
   return model;
 }
@@ -393,6 +400,172 @@ TEST(HpTrainCheckpoints, ExportReadsBackInPyTorchAndThroughInitFrom) {
   const double expected = loss_at(model, 0, 2);
   EXPECT_TRUE(test::within_bound(read_losses(dir.file("init.jsonl")).at(0), expected,
                                  mean_bound(expected, 2)));
+}
+
+
+// --- pipeline checkpoints (docs/pipeline.md, "Checkpoints") ---
+
+// kCkpt on 4 blocks, so that --pp 4 has a block per stage, and 4
+// micro-batches of one sample at every degree: a pipeline at --pp 2 and at
+// --pp 4 then runs the same ops on the same values in the same micro-batch
+// order (the stages only decide on which rank each runs, as
+// run_test.cpp's PipelineSchedulesTrainTheOneProcessModel shows for the
+// schedules), so they are compared bit for bit. Gradient clipping is off:
+// its norm is summed over the pipeline's ranks, two partial sums at --pp 2
+// and four at --pp 4, which may round differently.
+const Args kPipeline = concat(kCkpt, {"--layers", "4", "--microbatches", "4", "--grad-clip", "0"});
+
+// The keys of the checkpoint in `dir` (a step-N directory), sorted.
+std::vector<std::string> checkpoint_keys(const std::string& dir) {
+  const auto metadata = checkpoint::Metadata::parse(
+      checkpoint::read_whole_file(dir + "/metadata.json"), dir + "/metadata.json");
+  std::vector<std::string> keys;
+  for (const auto& [key, record] : metadata.tensors) keys.push_back(key);
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+// Saved at --pp 2 after 4 of 8 steps: resumed at --pp 2 and at --pp 4, the
+// losses of steps 4-7 and the final weights (--export, gathered on rank 0)
+// are the uninterrupted run's bit for bit.
+TEST(HpTrainCheckpoints, PipelineResumesBitForBitAtItsOwnAndAnotherDegree) {
+  TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  const Args pp2 = concat(kPipeline, {"--pp", "2"});
+  // The uninterrupted run, saving after step 4 on the way.
+  ProcessResult straight = hp_train(2, concat(pp2, {"--steps", "8", "--save-dir", ckpt,
+                                                  "--save-every", "4", "--log-json",
+                                                  dir.file("straight.jsonl"), "--export",
+                                                  dir.file("straight.safetensors")}));
+  ASSERT_EQ(straight.exit_code, 0) << describe(straight);
+  EXPECT_THAT(straight.out, HasSubstr("[rank 0] checkpoint " + ckpt + "/step-00000004 saved: "));
+  EXPECT_THAT(straight.out, HasSubstr("[rank 0] weights exported to " + dir.file("straight.safetensors")));
+  std::filesystem::remove_all(ckpt + "/step-00000008");
+  const auto all = read_losses(dir.file("straight.jsonl"));
+  ASSERT_EQ(all.size(), 8u) << describe(straight);
+  for (const auto& [ranks, args] : std::vector<std::pair<int, Args>>{
+           {2, pp2}, {4, concat(kPipeline, {"--pp", "4"})}}) {
+    const std::string name = fmt::format("pp{}", ranks);
+    ProcessResult resumed = hp_train(ranks, concat(args, {"--steps", "8", "--resume", ckpt,
+                                                        "--log-json", dir.file(name + ".jsonl"),
+                                                        "--export", dir.file(name + ".safetensors")}));
+    ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+    EXPECT_THAT(resumed.out, HasSubstr("[rank 0] resumed from " + ckpt + "/step-00000004 after 4 steps"));
+    const auto tail = read_losses(dir.file(name + ".jsonl"));
+    ASSERT_EQ(tail.size(), 4u) << name << "\n" << describe(resumed);
+    for (const auto& [step, loss] : tail) EXPECT_EQ(loss, all.at(step)) << name << ": step " << step;
+    expect_same_weights(dir.file(name + ".safetensors"), dir.file("straight.safetensors"), name);
+  }
+}
+
+// A --pp 2 checkpoint is a whole model's, key for key: one process resumes
+// it with the weights exact, --pp 2 resumes one process's, and --init-from
+// reads a --pp 2 export and a checkpoint directory into the stages.
+//
+// One process runs step 4 on the batch of 4 in one pass, the pipeline in 4
+// passes of one sample: the matmuls may block differently by shape
+// (run_test.cpp), so their losses are not compared with each other bit for
+// bit. Each is held to the loss of the loaded weights computed here at its
+// own shapes: one process's within mean_bound, as the other meshes above;
+// the pipeline's per-sample fp32 means (the micro-batches' shapes), each
+// divided by 4 (exact) and added in fp32, within mean_bound for 4 plus
+// those three additions' roundings, each at most 2^-24 of a partial sum (at
+// most the loss). Later steps differ by roundings that AdamW amplifies, which
+// no bound from the logs covers (run_test.cpp).
+TEST(HpTrainCheckpoints, PipelineCheckpointsMoveToOneProcessAndBack) {
+  TempDir dir;
+  const std::string ckpt = dir.file("ckpt"), single = dir.file("single");
+  const Args pp2 = concat(kPipeline, {"--pp", "2"});
+  const Args one = concat(concat(kCkpt, {"--layers", "4", "--grad-clip", "0"}), {"--mode", "none"});
+  ProcessResult saved = hp_train(2, concat(pp2, {"--steps", "4", "--save-dir", ckpt, "--export",
+                                               dir.file("pp_at4.safetensors")}));
+  ASSERT_EQ(saved.exit_code, 0) << describe(saved);
+
+  // One process: the weights exactly (exported before any step), then step 4.
+  ProcessResult loaded = hp_train(0, concat(one, {"--steps", "4", "--resume", ckpt, "--export",
+                                                dir.file("one_at4.safetensors")}));
+  ASSERT_EQ(loaded.exit_code, 0) << describe(loaded);
+  EXPECT_THAT(loaded.out, HasSubstr("no step to run"));
+  expect_same_weights(dir.file("one_at4.safetensors"), dir.file("pp_at4.safetensors"),
+                      "--pp 2's checkpoint in one process");
+  ProcessResult step = hp_train(0, concat(one, {"--steps", "5", "--resume", ckpt, "--log-json",
+                                              dir.file("one.jsonl")}));
+  ASSERT_EQ(step.exit_code, 0) << describe(step);
+  ProcessResult pipeline_step = hp_train(2, concat(pp2, {"--steps", "5", "--resume", ckpt,
+                                                       "--log-json", dir.file("pp.jsonl")}));
+  ASSERT_EQ(pipeline_step.exit_code, 0) << describe(pipeline_step);
+  nn::GPT at4 = tiny_model_from(dir.file("pp_at4.safetensors"), 4);
+  const double whole = loss_at(at4, 4, 1), per_sample = loss_at(at4, 4, 4);
+  EXPECT_TRUE(test::within_bound(read_losses(dir.file("one.jsonl")).at(4), whole,
+                                 mean_bound(whole, 1)))
+      << "one process, step 4";
+  EXPECT_TRUE(test::within_bound(read_losses(dir.file("pp.jsonl")).at(4), per_sample,
+                                 mean_bound(per_sample, 4) + 3 * std::ldexp(per_sample, -24)))
+      << "--pp 2, step 4";
+
+  // And back: one process's checkpoint into --pp 2's stages, exactly; the
+  // two checkpoints have the same keys.
+  ProcessResult one_saved = hp_train(0, concat(one, {"--steps", "2", "--save-dir", single,
+                                                   "--export", dir.file("one_at2.safetensors")}));
+  ASSERT_EQ(one_saved.exit_code, 0) << describe(one_saved);
+  EXPECT_EQ(checkpoint_keys(ckpt + "/step-00000004"), checkpoint_keys(single + "/step-00000002"));
+  ProcessResult back = hp_train(2, concat(pp2, {"--steps", "2", "--resume", single, "--export",
+                                              dir.file("pp_at2.safetensors")}));
+  ASSERT_EQ(back.exit_code, 0) << describe(back);
+  expect_same_weights(dir.file("pp_at2.safetensors"), dir.file("one_at2.safetensors"),
+                      "one process's checkpoint at --pp 2");
+
+  // --init-from: the export at --pp 2, the checkpoint directory at --pp 4,
+  // the same weights: the same step-0 loss bit for bit (see kPipeline).
+  ProcessResult from_file = hp_train(2, concat(pp2, {"--steps", "1", "--init-from",
+                                                   dir.file("pp_at4.safetensors"), "--log-json",
+                                                   dir.file("init_file.jsonl")}));
+  ASSERT_EQ(from_file.exit_code, 0) << describe(from_file);
+  EXPECT_THAT(from_file.out, HasSubstr("each rank read only its stages from"));
+  ProcessResult from_dir = hp_train(4, concat(kPipeline, {"--pp", "4", "--steps", "1",
+                                                        "--init-from", ckpt, "--log-json",
+                                                        dir.file("init_dir.jsonl")}));
+  ASSERT_EQ(from_dir.exit_code, 0) << describe(from_dir);
+  const double initial = read_losses(dir.file("init_file.jsonl")).at(0);
+  EXPECT_EQ(read_losses(dir.file("init_dir.jsonl")).at(0), initial);
+  const double expected = loss_at(at4, 0, 4);
+  EXPECT_TRUE(test::within_bound(initial, expected,
+                                 mean_bound(expected, 4) + 3 * std::ldexp(expected, -24)))
+      << "--init-from at --pp 2, step 0";
+
+  // The other modes' check of --resume: another model fails before training.
+  ProcessResult other = hp_train(2, concat(pp2, {"--steps", "6", "--d", "64", "--resume", ckpt}));
+  EXPECT_EQ(other.exit_code, 2) << describe(other);
+  EXPECT_THAT(other.err, HasSubstr("--resume '" + ckpt + "/step-00000004' holds another model"));
+  EXPECT_THAT(other.out, testing::Not(HasSubstr("step 1/"))) << "nothing trained";
+}
+
+// Replicas of a pipeline (--mode ddp --pp 2 on 4 ranks, mesh (dp, pp)),
+// with gradient clipping and --save-async: the run resumed after 4 of 8
+// steps is the uninterrupted one bit for bit (the same degree: the same
+// arithmetic).
+TEST(HpTrainCheckpoints, PipelineReplicasResumeBitForBit) {
+  TempDir dir;
+  const std::string ckpt = dir.file("ckpt");
+  const Args replicas = concat(kCkpt, {"--layers", "4", "--pp", "2", "--mode", "ddp",
+                                       "--microbatches", "2"});
+  ProcessResult straight = hp_train(4, concat(replicas, {"--steps", "8", "--save-dir", ckpt,
+                                                       "--save-every", "4", "--save-async",
+                                                       "--log-json", dir.file("straight.jsonl"),
+                                                       "--export", dir.file("straight.safetensors")}));
+  ASSERT_EQ(straight.exit_code, 0) << describe(straight);
+  EXPECT_THAT(straight.out, HasSubstr("[rank 0] checkpoint " + ckpt + "/step-00000004 saved: "));
+  std::filesystem::remove_all(ckpt + "/step-00000008");
+  ProcessResult resumed = hp_train(4, concat(replicas, {"--steps", "8", "--resume", ckpt,
+                                                      "--log-json", dir.file("resumed.jsonl"),
+                                                      "--export", dir.file("resumed.safetensors")}));
+  ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+  const auto all = read_losses(dir.file("straight.jsonl"));
+  const auto tail = read_losses(dir.file("resumed.jsonl"));
+  ASSERT_EQ(tail.size(), 4u) << describe(resumed);
+  for (const auto& [step, loss] : tail) EXPECT_EQ(loss, all.at(step)) << "step " << step;
+  expect_same_weights(dir.file("resumed.safetensors"), dir.file("straight.safetensors"),
+                      "dp 2 x pp 2, resumed after 4");
 }
 
 }  // namespace

@@ -15,25 +15,12 @@
 #include "hp/checkpoint/consolidated.h"
 #include "hp/checkpoint/metadata.h"
 #include "hp/checkpoint/file_io.h"
+#include "hp/checkpoint/safetensors.h"
 #include "hp/checkpoint/training_state.h"
 #include "hp/util/error.h"
 #include "tools/hp_train/progress.h"
 
 namespace hp::train {
-namespace {
-
-// The state of one run; `steps_done` is written back by a load.
-checkpoint::State run_state(TrainModel& model, torch::optim::AdamW& optimizer,
-                            int64_t& steps_done) {
-  checkpoint::State state;
-  checkpoint::add_model(state, model.module());
-  checkpoint::add_adamw(state, optimizer, model.module());
-  checkpoint::add_int(state, "train.step", steps_done);
-  checkpoint::add_cpu_rng(state, "train.rng");
-  return state;
-}
-
-}  // namespace
 
 void validate_checkpoint_options(const TrainOptions& o, const Parallelism& parallelism) {
   HP_CHECK_ARG(o.save_every == 0 || !o.save_dir.empty(), "--save-every ", o.save_every,
@@ -143,8 +130,24 @@ void agree_on_resume_point(const std::optional<ResumePoint>& point) {
 
 TrainCheckpoints::TrainCheckpoints(TrainModel model, torch::optim::AdamW& optimizer,
                                    const TrainOptions& options)
-    : model_(std::move(model)), optimizer_(optimizer), options_(options) {
+    : TrainCheckpoints(
+          [model, &optimizer](checkpoint::State& state) {
+            checkpoint::add_model(state, model.module());
+            checkpoint::add_adamw(state, optimizer, model.module());
+          },
+          options) {}
+
+TrainCheckpoints::TrainCheckpoints(AddModelState add_model_state, const TrainOptions& options)
+    : add_model_state_(std::move(add_model_state)), options_(options) {
   if (options_.save_async) async_ = std::make_unique<checkpoint::AsyncCheckpointer>();
+}
+
+checkpoint::State TrainCheckpoints::run_state(int64_t& steps_done) {
+  checkpoint::State state;
+  add_model_state_(state);
+  checkpoint::add_int(state, "train.step", steps_done);
+  checkpoint::add_cpu_rng(state, "train.rng");
+  return state;
 }
 
 TrainCheckpoints::~TrainCheckpoints() = default;
@@ -183,7 +186,7 @@ std::string TrainCheckpoints::save(int64_t steps_done) {
   int64_t step = steps_done;
   if (!async_) {
     return saved_line(
-        checkpoint::save(run_state(model_, optimizer_, step), options_.save_dir, steps_done));
+        checkpoint::save(run_state(step), options_.save_dir, steps_done));
   }
   std::string previous;
   if (async_->in_flight()) {
@@ -193,7 +196,7 @@ std::string TrainCheckpoints::save(int64_t steps_done) {
     previous = async_line(r, seconds_since(t0), /*training=*/true);
   }
   staging_wait_s_ = 0;
-  async_->save(run_state(model_, optimizer_, step), options_.save_dir, steps_done, {},
+  async_->save(run_state(step), options_.save_dir, steps_done, {},
                checkpoint::Staging::kInBackground);
   return previous;
 }
@@ -216,7 +219,7 @@ std::string TrainCheckpoints::finish() {
 
 TrainCheckpoints::Resumed TrainCheckpoints::resume(const ResumePoint& point) {
   int64_t step = -1;
-  checkpoint::State state = run_state(model_, optimizer_, step);
+  checkpoint::State state = run_state(step);
   // From the root, up to the step checked: a chunk that fails its checksum
   // falls back to the checkpoint before (said on stderr by load).
   checkpoint::LoadOptions options;
@@ -232,16 +235,37 @@ TrainCheckpoints::Resumed TrainCheckpoints::resume(const ResumePoint& point) {
   return {line, step};
 }
 
-std::string TrainCheckpoints::export_weights() {
+namespace {
+
+std::string exported_line(const std::string& path, uint64_t bytes,
+                          std::chrono::steady_clock::time_point start) {
+  return fmt::format("weights exported to {}: {} in {:.2f} s", path,
+                     human_bytes(static_cast<int64_t>(bytes)), seconds_since(start));
+}
+
+}  // namespace
+
+std::string export_weights(const TrainModel& model, const TrainOptions& options) {
   checkpoint::State weights;
-  checkpoint::add_model(weights, model_.module());
+  checkpoint::add_model(weights, model.module());
   const auto start = std::chrono::steady_clock::now();
-  const uint64_t bytes =
-      checkpoint::export_consolidated(weights, options_.export_path, "model.");
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return fmt::format("weights exported to {}: {} in {:.2f} s", options_.export_path,
-                     human_bytes(static_cast<int64_t>(bytes)), seconds);
+  const uint64_t bytes = checkpoint::export_consolidated(weights, options.export_path, "model.");
+  return exported_line(options.export_path, bytes, start);
+}
+
+std::string export_gathered_weights(const TrainModel* model, const TrainOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  checkpoint::run_agreed([&] {
+    if (model == nullptr) return;
+    // The names and order export_consolidated gives a whole model's state.
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (const auto& item : model->module().named_parameters(/*recurse=*/true))
+      tensors.emplace_back(item.key(), item.value().detach());
+    checkpoint::write_safetensors(options.export_path, tensors);
+  });
+  std::error_code ec;
+  const auto bytes = std::filesystem::file_size(options.export_path, ec);
+  return exported_line(options.export_path, ec ? 0 : static_cast<uint64_t>(bytes), start);
 }
 
 }  // namespace hp::train

@@ -1,14 +1,19 @@
 // hp-train's checkpoints (C1-C5, C7 in docs/features.md): --save-dir with
-// --save-every and --save-async, --resume, --export.
+// --save-every and --save-async, --resume, --export, in every mode and
+// under --pp (docs/pipeline.md, "Checkpoints").
 //
 // A checkpoint holds the model ("model.<parameter name>"), AdamW's state
 // ("optim.<name>.exp_avg", ...), the number of steps done ("train.step")
 // and the CPU generator ("train.rng"). The data position is the step: the
 // batch of step s is a function of s alone (batches.h), so a resumed run
 // continues with the same data order, and the learning rate is constant.
+// A pipeline rank adds its stages' tensors under the same keys and declares
+// the other stages' (hp/pp/pipeline_checkpoint.h): every mode's checkpoint
+// has the whole model's keys and loads in every other.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +27,7 @@ class AdamW;
 
 namespace hp::checkpoint {
 class AsyncCheckpointer;
+class State;
 }
 
 namespace hp::train {
@@ -63,12 +69,24 @@ std::optional<ResumePoint> find_resume_point(const TrainOptions& options, TrainM
 // steps.
 void agree_on_resume_point(const std::optional<ResumePoint>& point);
 
-// Saves, resumes and exports one run's state. Every call is collective,
-// the constructor too with --save-async (every rank makes it at the same
-// point: it makes the background saves' process group).
+// Adds a run's model and AdamW state to a checkpoint state under the whole
+// model's keys ("model.<name>", "optim.<name>.exp_avg", ...), in the same
+// order on every rank.
+using AddModelState = std::function<void(checkpoint::State&)>;
+
+// Saves and resumes one run's state. Every call is collective, the
+// constructor too with --save-async (every rank makes it at the same point:
+// it makes the background saves' process group).
 class TrainCheckpoints {
  public:
+  // A whole model (its parameters plain tensors or DTensors, on any mesh)
+  // and the optimizer stepping them (checkpoint::add_model, add_adamw).
   TrainCheckpoints(TrainModel model, torch::optim::AdamW& optimizer, const TrainOptions& options);
+  // Any other layout of the model, e.g. a pipeline rank's stages
+  // (pp::add_pipeline_model and add_pipeline_adamw, pipeline_run.cpp):
+  // `add_model_state` adds the model's and the optimizer's keys; the
+  // train.* keys are added here, as for a whole model.
+  TrainCheckpoints(AddModelState add_model_state, const TrainOptions& options);
   // Waits for a save in flight (an error of it is dropped: call finish()).
   ~TrainCheckpoints();
 
@@ -95,15 +113,28 @@ class TrainCheckpoints {
   // data fails its checks, the newest older one that passes them
   // (checkpoint.h's load from a root): `step` says which.
   Resumed resume(const ResumePoint& point);
-  // --export: the whole weights by parameter name; returns the line to print.
-  std::string export_weights();
 
  private:
-  TrainModel model_;
-  torch::optim::AdamW& optimizer_;
+  // A state of the model, the optimizer and the train.* keys; `steps_done`
+  // is written back by a load.
+  checkpoint::State run_state(int64_t& steps_done);
+
+  AddModelState add_model_state_;
   TrainOptions options_;
   std::unique_ptr<checkpoint::AsyncCheckpointer> async_;  // --save-async
   double staging_wait_s_ = 0;  // waited in wait_for_staging() since the last save
 };
+
+// --export: the whole weights of `model` by parameter name, written to
+// options.export_path; returns the line to print. Collective over the job's
+// ranks (checkpoint::export_consolidated: DTensors are gathered one at a
+// time).
+std::string export_weights(const TrainModel& model, const TrainOptions& options);
+
+// --export under --pp: the same file, written by the one rank holding the
+// whole model (`model`, the stages gathered on rank 0; null on the other
+// ranks). Collective all the same: a failed write raises on every rank
+// (checkpoint::run_agreed).
+std::string export_gathered_weights(const TrainModel* model, const TrainOptions& options);
 
 }  // namespace hp::train

@@ -289,7 +289,7 @@ int run(TrainOptions options) {
     }
   }
   if (const std::string line = checkpoints.finish(); !line.empty()) say(root, line);
-  if (!options.export_path.empty()) say(root, checkpoints.export_weights());
+  if (!options.export_path.empty()) say(root, export_weights(model, options));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 

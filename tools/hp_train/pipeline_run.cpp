@@ -11,6 +11,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "hp/checkpoint/checkpoint.h"
+#include "hp/checkpoint/load_into_shards.h"
 #include "hp/distributed/collectives.h"
 #include "hp/distributed/p2p.h"
 #include "hp/distributed/world.h"
@@ -21,10 +23,12 @@
 #include "hp/nn/loss.h"
 #include "hp/optim/fused_adamw.h"
 #include "hp/pp/pipeline.h"
+#include "hp/pp/pipeline_checkpoint.h"
 #include "hp/util/cuda_timer.h"
 #include "hp/util/memory_stats.h"
 #include "hp/util/trace.h"
 #include "tools/hp_train/batches.h"
+#include "tools/hp_train/checkpointing.h"
 #include "tools/hp_train/model.h"
 #include "tools/hp_train/output_file.h"
 #include "tools/hp_train/progress.h"
@@ -95,12 +99,32 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
   // This rank's stages, cut from the whole model built on meta; each is
   // then initialised alone with the whole model's draws (the other stages'
   // made and dropped), so every rank holds the one-process model's values.
+  // build_model checks --init-from against the whole model (a file's
+  // header, or a directory holding a checkpoint), before any collective.
   torch::manual_seed(options.seed);
-  TrainModel whole = TrainModel::build(options, corpus.vocab_size, c10::Device(c10::kMeta));
+  TrainModel whole = build_model(options, corpus.vocab_size, /*meta=*/true);
   const pp::StagePlan plan = pp::plan_stages(whole.layout(), num_stages(spec), options.pp_split);
+  // --resume is checked against the whole model, as in the other modes:
+  // its checkpoint has the whole model's keys whatever layout saved it.
+  const std::optional<ResumePoint> resume_point = find_resume_point(options, whole, root);
+  prepare_save_dir(options);
   const nn::InitPlan whole_init = whole.init_plan();
   int64_t parameters = 0;
-  for (const auto& p : whole.module().parameters()) parameters += p.numel();
+  std::vector<nn::ParameterShape> shapes;
+  for (const auto& item : whole.module().named_parameters(/*recurse=*/true)) {
+    parameters += item.value().numel();
+    shapes.push_back({item.key(), item.value().sizes().vec()});
+  }
+  // Stage s is held, whole, by pipeline rank stage_rank(s) of every
+  // replica: global rank replica * P + that rank. A checkpoint key is then
+  // written by replica 0's holder and read by every replica's.
+  pp::StageHolders holders{plan, {}};
+  for (int s = 0; s < plan.num_stages(); ++s) {
+    std::vector<int> ranks;
+    for (int64_t r = 0; r < replicas; ++r)
+      ranks.push_back(static_cast<int>(r * schedule.ranks) + pp::stage_rank(spec, s));
+    holders.ranks.push_back(std::move(ranks));
+  }
   std::vector<pp::StageModule> stages;
   std::vector<nn::InitPlan> inits;
   for (int s : pp::rank_stages(spec, pipeline_rank)) {
@@ -110,22 +134,43 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
   whole = TrainModel(nn::GPT(nullptr));
   // The init steps start where the eager model's start: after its
   // constructors' draws (which the meta model made too). Each stage starts
-  // from there, as each draws the whole model's sequence.
+  // from there, as each draws the whole model's sequence. With --init-from
+  // the stages stay on meta until they are read from it (collective, below).
   at::Generator generator = at::detail::getDefaultCPUGenerator();
   const at::Tensor init_state = generator.get_state();
   for (size_t i = 0; i < stages.size(); ++i) {
-    generator.set_state(init_state);
-    init_sharded(*stages[i], inits[i], device.device);
+    if (options.init_from.empty()) {
+      generator.set_state(init_state);
+      init_sharded(*stages[i], inits[i], device.device);
+    }
     if (options.activation_checkpointing == "blocks")
       for (const auto& block : stages[i]->blocks()) nn::set_activation_checkpointing(*block);
   }
 
   std::unique_ptr<StepLog> step_log;
-  if (root && !options.log_json.empty()) step_log = std::make_unique<StepLog>(options.log_json, 0);
+  if (root && !options.log_json.empty()) {
+    step_log = std::make_unique<StepLog>(options.log_json, resume_point ? resume_point->step : 0);
+  }
   const std::string trace_file =
       options.trace.empty() ? std::string() : trace_path(options.trace, world.rank);
   dist::init_process_group();
   dist::GroupPtr group = dist::world_group();
+  // As in the other modes: one checkpoint for every rank or none, and
+  // --save-dir becomes this job's (checkpoint.h).
+  agree_on_resume_point(resume_point);
+  if (!options.save_dir.empty()) checkpoint::claim_root(options.save_dir);
+  std::string init_line;
+  if (!options.init_from.empty()) {
+    // Before the pipeline and the optimizer take the stages' parameters:
+    // to_empty gives the stages new tensors.
+    checkpoint::LoadIntoShardsOptions load_options;
+    load_options.device = device.device;
+    const checkpoint::LoadResult loaded =
+        pp::load_into_stages(stages, holders, shapes, options.init_from, load_options);
+    init_line = fmt::format("init: each rank read only its stages from {} ({} read by rank 0)",
+                            options.init_from,
+                            human_bytes(static_cast<int64_t>(loaded.bytes_read)));
+  }
   const DeviceMeshPtr mesh = init_device_mesh(device.type, {replicas, schedule.ranks}, {"dp", "pp"});
   dist::GroupPtr pipeline_group = mesh->group_ptr(1);
   if (!options.trace.empty()) {
@@ -146,6 +191,15 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
                                                          .betas({0.9, 0.95})
                                                          .eps(1e-8)
                                                          .weight_decay(options.weight_decay));
+  // The checkpoints of the other modes (checkpointing.h), of this rank's
+  // stages: their tensors under the whole model's keys, the other stages'
+  // declared (hp/pp/pipeline_checkpoint.h).
+  TrainCheckpoints checkpoints(
+      [&](checkpoint::State& state) {
+        pp::add_pipeline_model(state, stages, holders, shapes);
+        pp::add_pipeline_adamw(state, optimizer, stages, holders, shapes);
+      },
+      options);
 
   std::string mode_line = fmt::format(
       "pipeline over {} ranks{}, {} with {} micro-batches of {} samples, {} stage{} per rank: {}",
@@ -160,13 +214,29 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
                         mode_line));
   say(root, fmt::format("  bubble: {:.1f}% of each rank's time idle in theory",
                         100 * pp::theoretical_bubble(spec)));
+  if (!init_line.empty()) say(root, init_line);
 
   ProgressMeter meter(options.steps, options.batch * options.seq);
+  int64_t first_step = resume_point ? resume_point->step : 0;
+  if (resume_point) {
+    const TrainCheckpoints::Resumed resumed = checkpoints.resume(*resume_point);
+    say(root, resumed.line);
+    if (resumed.step != first_step) {
+      // The checked checkpoint's data failed its checks: an older one was
+      // loaded, and the run (and its log) continues from there.
+      first_step = resumed.step;
+      if (step_log) step_log->restart_at(first_step);
+    }
+    meter.start_at(first_step);
+  } else if (options.resume == kResumeAuto) {
+    say(root, fmt::format("--resume auto: no complete checkpoint in {} yet; starting from step 0",
+                          options.save_dir));
+  }
   const int last_rank = pp::stage_rank(spec, num_stages(spec) - 1);
   std::vector<int64_t> rank_peaks(world.size, 0);
   double first_loss = 0, last_loss = 0;
   const auto start = std::chrono::steady_clock::now();
-  for (int64_t s = 0; s < options.steps; ++s) {
+  for (int64_t s = first_step; s < options.steps; ++s) {
     trace::Span step_span(fmt::format("step {}", s), "step", "step");
     const auto step_start = std::chrono::steady_clock::now();
     reset_peak_memory();
@@ -183,6 +253,9 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
     // replica's, its stages' squared norms summed over its pipeline.
     if (options.grad_clip > 0)
       clip_grad_norm_(pipeline.parameters(), options.grad_clip, 2.0, pipeline_group);
+    // --save-async: the last save's copy of the state ends before AdamW
+    // changes it.
+    checkpoints.wait_for_staging();
     optimizer.step();
     // One gather: the loss (held by the last stage's rank) and every rank's
     // memory peak.
@@ -209,12 +282,29 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
     record.tokens_per_s =
         static_cast<double>(options.batch * options.seq) / std::max(record.step_time_s, 1e-9);
     const double step_loss = record.loss;
-    if (s == 0) first_loss = step_loss;
+    if (s == first_step) first_loss = step_loss;
     last_loss = step_loss;
     meter.record(record.step_time_s);
     if (step_log) step_log->write(record);
     if (s == 0 || (s + 1) % options.log_every == 0 || s + 1 == options.steps)
       say(root, meter.line(step_loss));
+    if (checkpoints.due(s + 1)) {
+      const std::string line = checkpoints.save(s + 1);
+      if (!line.empty()) say(root, line);
+    }
+  }
+  if (const std::string line = checkpoints.finish(); !line.empty()) say(root, line);
+  // The whole trained model on rank 0, for --export and the sample: its
+  // tensors gathered from replica 0's stages (collective over replica 0's
+  // pipeline ranks; made once).
+  std::optional<TrainModel> gathered;
+  auto gather = [&] {
+    if (replica == 0 && !gathered)
+      gathered = gather_on_rank0(options, corpus.vocab_size, plan, spec, stages, *pipeline_group);
+  };
+  if (!options.export_path.empty()) {
+    gather();
+    say(root, export_gathered_weights(root ? &*gathered : nullptr, options));
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -231,15 +321,13 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
     say(root, fmt::format("sampling {} from the trained model (its stages gathered on rank 0)...",
                           plural(options.sample_tokens, "token")));
     const auto sample_start = std::chrono::steady_clock::now();
-    // Replica 0's stages, gathered on its pipeline rank 0 (global rank 0).
-    std::optional<TrainModel> sampler;
-    if (replica == 0)
-      sampler = gather_on_rank0(options, corpus.vocab_size, plan, spec, stages, *pipeline_group);
+    gather();
     if (root) {
-      sampler->module().eval();
+      TrainModel& sampler = *gathered;
+      sampler.module().eval();
       at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(options.seed);
       at::Tensor prompt = corpus.tokens.narrow(0, 0, 1).view({1, 1});
-      at::Tensor sample = sampler->generate(prompt, options.sample_tokens, options.temperature,
+      at::Tensor sample = sampler.generate(prompt, options.sample_tokens, options.temperature,
                                            options.top_k, generator);
       sample_seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - sample_start).count();
@@ -250,10 +338,16 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
                             render_tokens(sample[0], corpus.vocab_size)));
     }
   }
-  say(root, summary_line(first_loss, last_loss, options.steps, seconds,
-                         static_cast<double>(options.batch * options.seq * options.steps) /
-                             std::max(seconds, 1e-9),
-                         sample_seconds));
+  const int64_t steps_run = options.steps - first_step;
+  if (steps_run == 0) {
+    say(root, fmt::format("no step to run: the checkpoint was saved after --steps {}",
+                          options.steps));
+  } else {
+    say(root, summary_line(first_loss, last_loss, steps_run, seconds,
+                           static_cast<double>(options.batch * options.seq * steps_run) /
+                               std::max(seconds, 1e-9),
+                           sample_seconds));
+  }
   dist::barrier(*group).wait();
   dist::destroy_process_group();
   return 0;

@@ -7,7 +7,9 @@
 // rank's own parameters. Rank 0 prints the header, the progress lines (the
 // loss comes from the last stage's rank), the memory table, a sample (the
 // stages' weights gathered on rank 0) and the summary, as the other modes
-// do.
+// do. The checkpoint flags work as in the other modes, each rank saving and
+// loading its stages under the whole model's keys (docs/pipeline.md,
+// "Checkpoints").
 #pragma once
 
 #include "tools/hp_train/corpus.h"
