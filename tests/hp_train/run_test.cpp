@@ -311,6 +311,25 @@ TEST(HpTrain, PipelineReplicasTrainTheOneProcessModel) {
   EXPECT_EQ(losses(4, concat(replicas, {"--mesh", "2x2"}), dir, "pp_ddp_mesh"), curve);
 }
 
+// Each stage sharded over two data-parallel ranks (dp 2 x pp 2): the same
+// losses, bit for bit, as two replicas of the pipeline. Both average the
+// two replicas' whole gradients, accumulated over the same micro-batches
+// in the same order (a sum of two halved: exact, whichever collective);
+// clipping is off, since its norm sums over shards in one and over whole
+// tensors in the other.
+TEST(HpTrain, PipelineShardedStagesTrainLikeReplicas) {
+  TempDir dir;
+  const Args pipeline = concat(kTiny, concat(kNoClip, {"--pp", "2", "--microbatches", "2"}));
+  const std::vector<double> replicas = losses(4, concat(pipeline, {"--mode", "ddp"}), dir, "ddp");
+  ASSERT_EQ(replicas.size(), 5u);
+  EXPECT_EQ(losses(4, concat(pipeline, {"--mode", "fsdp"}), dir, "fsdp"), replicas);
+  // Zero bubble (two stages per rank, so four blocks): split backwards
+  // inside the sharded stages' pipeline steps.
+  const Args split = concat(pipeline, {"--layers", "4", "--pp-schedule", "zero-bubble"});
+  EXPECT_EQ(losses(4, concat(split, {"--mode", "fsdp"}), dir, "fsdp_zb"),
+            losses(4, concat(split, {"--mode", "ddp"}), dir, "ddp_zb"));
+}
+
 // What the pipeline refuses, on every rank, before any collective.
 TEST(HpTrain, PipelineFlagsAreCheckedBeforeAnyCollective) {
   const Args pipeline = concat(kTiny, {"--pp", "2"});
@@ -322,7 +341,11 @@ TEST(HpTrain, PipelineFlagsAreCheckedBeforeAnyCollective) {
       {2, concat(pipeline, {"--batch", "6", "--microbatches", "4"}),
        "--batch 6 must be a multiple of the 4 micro-batches"},
       {2, concat(pipeline, {"--pp-split", "h.7"}), "split point 'h.7' names no block"},
-      {2, concat(pipeline, {"--mode", "fsdp"}), "--mode fsdp with --pp 2"},
+      {2, concat(pipeline, {"--mode", "tp"}), "--mode tp with --pp 2"},
+      {4, concat(pipeline, {"--mode", "fsdp", "--save-dir", "unused"}),
+       "checkpoints of sharded pipeline stages are not supported yet"},
+      {4, concat(pipeline, {"--mode", "fsdp", "--param-dtype", "bf16"}),
+       "--param-dtype with --pp 2 --mode fsdp"},
       {2, concat(pipeline, {"--dry-run"}), "--dry-run is not supported with --pp yet"},
       {2, concat(pipeline, {"--save-async"}), "--save-async needs --save-dir DIR"},
       {3, concat(pipeline, {"--mode", "ddp"}), "--pp 2 --mode ddp runs on a multiple of 2 ranks"},

@@ -16,6 +16,7 @@
 #include "hp/distributed/collectives.h"
 #include "hp/distributed/p2p.h"
 #include "hp/distributed/world.h"
+#include "hp/fsdp/fully_shard.h"
 #include "hp/fsdp/clip_grad.h"
 #include "hp/fsdp/materialize.h"
 #include "hp/mesh/device_mesh.h"
@@ -180,8 +181,22 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
     trace::enable(world.rank, fmt::format("rank {}", world.rank));
     if (device.is_cuda()) anchor_cuda_trace(device.device);
   }
+  // --mode fsdp: each stage sharded over the data-parallel dim, every block a
+  // unit and the stage the root (the pipeline keeps it gathered through a
+  // step and reduces once: docs/pipeline.md). --mode ddp: the pipeline
+  // averages the replicas' gradients itself.
+  const bool sharded = parallelism.mode == plan::ParallelMode::kFSDP;
+  std::vector<FSDPModule> units;  // every unit of this rank's stages, blocks first
+  if (sharded) {
+    FullyShardOptions shard;
+    shard.mesh = (*mesh)["dp"];
+    for (const pp::StageModule& stage : stages) {
+      for (const auto& block : stage->blocks()) units.push_back(fully_shard(block, shard));
+      units.push_back(fully_shard(stage.ptr(), shard));
+    }
+  }
   pp::PipelineOptions pipeline_options{spec, options.d, at::kFloat, device.device};
-  if (replicas > 1) pipeline_options.data_parallel = mesh->group_ptr(0);
+  if (replicas > 1 && !sharded) pipeline_options.data_parallel = mesh->group_ptr(0);
   pp::Pipeline pipeline(pipeline_options, stages,
                         std::make_shared<pp::GroupTransport>(pipeline_group),
                         [](const at::Tensor& logits, const at::Tensor& targets) {
@@ -204,9 +219,12 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
   std::string mode_line = fmt::format(
       "pipeline over {} ranks{}, {} with {} micro-batches of {} samples, {} stage{} per rank: {}",
       schedule.ranks,
-      replicas > 1 ? fmt::format(" x {} replicas (ddp: gradients averaged after each step)",
-                                 replicas)
-                   : "",
+      replicas <= 1 ? std::string()
+      : sharded     ? fmt::format(" x {} data-parallel ranks (fsdp: each stage sharded over them, "
+                                  "gathered once per step)",
+                                  replicas)
+                    : fmt::format(" x {} replicas (ddp: gradients averaged after each step)",
+                                  replicas),
       schedule.kind, schedule.microbatches, options.batch / replicas / schedule.microbatches,
       schedule.stages_per_rank, schedule.stages_per_rank > 1 ? "s" : "", pp::describe(plan));
   say(root, header_text(options, parallelism, corpus, parameters,
@@ -298,9 +316,16 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
   // tensors gathered from replica 0's stages (collective over replica 0's
   // pipeline ranks; made once).
   std::optional<TrainModel> gathered;
+  bool gathered_once = false;
   auto gather = [&] {
-    if (replica == 0 && !gathered)
+    if (gathered_once) return;
+    gathered_once = true;
+    // Sharded stages are gathered first (collective over each stage's
+    // data-parallel ranks, every replica), then sent whole.
+    for (FSDPModule& unit : units) unit.unshard();
+    if (replica == 0)
       gathered = gather_on_rank0(options, corpus.vocab_size, plan, spec, stages, *pipeline_group);
+    for (FSDPModule& unit : units) unit.reshard();
   };
   if (!options.export_path.empty()) {
     gather();

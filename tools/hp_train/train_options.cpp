@@ -430,34 +430,58 @@ std::vector<int64_t> resolve_mesh(plan::ParallelMode mode, const TrainOptions& o
 Parallelism resolve_parallelism(const TrainOptions& options, const World& world) {
   using plan::ParallelMode;
   if (options.pp > 1) {
-    // The pipeline's ranks are the world; what runs inside a stage is --mode
-    // none (one rank per stage). Data and tensor parallelism inside a stage
-    // would make the world D x P x T: not built yet.
+    // The pipeline's ranks are the world, or D x P of it: D replicas of the
+    // pipeline (--mode ddp, each stage whole) or D ranks sharding each stage
+    // (--mode fsdp). Tensor parallelism and HSDP inside a stage (the
+    // library runs them, docs/pipeline.md) are not wired here yet.
     HP_CHECK_ARG(world.launched, "--pp ", options.pp,
                  " needs one process per pipeline rank started by a launcher (hprun -n ",
                  options.pp, " hp-train --pp ", options.pp, " ...)");
     const bool replicas = options.mode_given && options.mode == ParallelMode::kDDP;
-    HP_CHECK_ARG(!options.mode_given || options.mode == ParallelMode::kNone || replicas, "--mode ",
-                 plan::mode_name(options.mode), " with --pp ", options.pp,
-                 ": sharding or tensor parallelism inside a pipeline stage is not supported yet; "
-                 "use --mode ddp (replicas of the pipeline, each on its slice of the batch) or "
-                 "leave --mode out (each of the ", options.pp, " ranks runs its stages whole)");
-    HP_CHECK_ARG(world.size % options.pp == 0 && (replicas || world.size == options.pp), "--pp ",
-                 options.pp, replicas ? " --mode ddp runs on a multiple of " : " runs on exactly ",
-                 options.pp, " ranks (", replicas ? "replicas of " : "one per ",
+    const bool sharded = options.mode_given && options.mode == ParallelMode::kFSDP;
+    const bool data_parallel = replicas || sharded;
+    HP_CHECK_ARG(!options.mode_given || options.mode == ParallelMode::kNone || data_parallel,
+                 "--mode ", plan::mode_name(options.mode), " with --pp ", options.pp,
+                 ": hp-train does not run HSDP or tensor parallelism inside a pipeline stage yet; "
+                 "use --mode fsdp (each stage sharded over the data-parallel ranks), --mode ddp "
+                 "(replicas of the pipeline, each on its slice of the batch) or leave --mode out "
+                 "(each of the ", options.pp, " ranks runs its stages whole)");
+    HP_CHECK_ARG(world.size % options.pp == 0 && (data_parallel || world.size == options.pp),
+                 "--pp ", options.pp,
+                 data_parallel ? hp::cat(" --mode ", plan::mode_name(options.mode),
+                                         " runs on a multiple of ")
+                               : std::string(" runs on exactly "),
+                 options.pp, " ranks (", data_parallel ? "D x " : "one per ",
                  "pipeline rank), but WORLD_SIZE is ", world.size);
-    const int64_t replica_count = world.size / options.pp;
+    const int64_t dp_size = world.size / options.pp;
     if (!options.mesh.empty()) {
       const std::vector<int64_t> shape = mesh_shape_of(options.mesh);
-      HP_CHECK_ARG(replicas && shape == (std::vector<int64_t>{replica_count, options.pp}),
+      HP_CHECK_ARG(data_parallel && shape == (std::vector<int64_t>{dp_size, options.pp}),
                    "--mesh ", options.mesh, " with --pp ", options.pp, ": the mesh is D x P = ",
-                   replica_count, "x", options.pp, " (replicas x pipeline ranks) under --mode ddp, "
-                   "or leave --mesh out");
+                   dp_size, "x", options.pp, " (data-parallel x pipeline ranks) under --mode ddp "
+                   "or fsdp, or leave --mesh out");
+    }
+    if (sharded) {
+      HP_CHECK_ARG(options.save_dir.empty() && options.resume.empty() &&
+                       options.export_path.empty(),
+                   "--save-dir, --resume and --export with --pp ", options.pp,
+                   " --mode fsdp: checkpoints of sharded pipeline stages are not supported yet "
+                   "(--mode ddp or no --mode saves them)");
+      HP_CHECK_ARG(options.fully_shard_flags.empty(), fmt::format("{}", fmt::join(options.fully_shard_flags, " ")),
+                   " with --pp ", options.pp, " --mode fsdp: the pipeline's stages are sharded "
+                   "with fully_shard's defaults (fp32, gathered through each step); leave them out");
+      // One shard dim of D ranks per stage; the stages stay gathered
+      // through each step (docs/pipeline.md), so reshard_after_forward
+      // does not apply.
+      Parallelism p(ParallelMode::kFSDP, {dp_size});
+      p.param_dtype = options.param_dtype;
+      p.reduce_dtype = options.reduce_dtype;
+      return p;
     }
     if (replicas) {
       // The layout's data-parallel size is the replicas'; each rank's
-      // stages stay whole (no fully_shard units are made under --pp).
-      Parallelism p(ParallelMode::kDDP, {replica_count, 1});
+      // stages stay whole (no fully_shard units are made).
+      Parallelism p(ParallelMode::kDDP, {dp_size, 1});
       p.param_dtype = options.param_dtype;
       return p;
     }
