@@ -341,9 +341,12 @@ TEST(HpTrain, PipelineFlagsAreCheckedBeforeAnyCollective) {
       {2, concat(pipeline, {"--batch", "6", "--microbatches", "4"}),
        "--batch 6 must be a multiple of the 4 micro-batches"},
       {2, concat(pipeline, {"--pp-split", "h.7"}), "split point 'h.7' names no block"},
-      {2, concat(pipeline, {"--mode", "tp"}), "--mode tp with --pp 2"},
+      {2, concat(pipeline, {"--mode", "hsdp"}), "--mode hsdp with --pp 2"},
+      {4, concat(pipeline, {"--mode", "fsdp_tp"}), "--mode fsdp_tp with --pp 2 needs --mesh"},
+      {8, concat(pipeline, {"--mode", "fsdp_tp", "--mesh", "2x4x1"}),
+       "the mesh is D x P x T with P = 2 and a product of WORLD_SIZE 8"},
       {4, concat(pipeline, {"--mode", "fsdp", "--save-dir", "unused"}),
-       "checkpoints of sharded pipeline stages are not supported yet"},
+       "checkpoints of sharded or tensor-parallel pipeline stages are not supported yet"},
       {4, concat(pipeline, {"--mode", "fsdp", "--param-dtype", "bf16"}),
        "--param-dtype with --pp 2 --mode fsdp"},
       {2, concat(pipeline, {"--dry-run"}), "--dry-run is not supported with --pp yet"},
@@ -531,6 +534,41 @@ TEST(HpTrain, ActivationCheckpointingKeepsTheLossesOfDataParallelModes) {
     const std::vector<double> without = losses(ranks, args, dir, name);
     ASSERT_EQ(without.size(), 5u) << name;
     EXPECT_EQ(losses(ranks, concat(args, blocks), dir, name + "_ac"), without) << name;
+  }
+}
+
+// Tensor parallelism inside pipeline stages: --pp 2 --mode tp on P x T =
+// 2x2 ranks, and with fully_shard too (--mode fsdp_tp, D x P x T = 2x2x2,
+// zero bubble). The bound is the one above per slice, a slice now being a
+// micro-batch of a data-parallel rank (each run alone through the stages,
+// as first_loss runs each slice), plus the pipeline's division of each
+// micro-batch's loss by their count (ldexp(loss, -24), as in
+// PipelineReplicasTrainTheOneProcessModel).
+TEST(HpTrain, PipelineTensorParallelStagesMatchOneProcessAtStepZero) {
+  TempDir dir;
+  nn::GPT model = tiny_model(99);
+  const std::string weights = write_weights(dir, model);
+  const nn::GPTConfig config = model->config();
+  const int64_t n_max = std::max({4 * config.n_embd, kTokens, config.vocab_size});
+  const Args args = concat(kTiny, {"--init-from", weights, "--pp", "2", "--microbatches", "2",
+                                   "--sample-tokens", "8"});
+  for (const auto& [mode, mesh, ranks, slices] :
+       std::vector<std::tuple<std::string, std::string, int, int64_t>>{
+           {"tp", "2x2", 4, 2}, {"fsdp_tp", "2x2x2", 8, 4}}) {
+    SCOPED_TRACE("--pp 2 --mode " + mode + " --mesh " + mesh);
+    const std::vector<double> curve =
+        losses(ranks, concat(args, {"--mode", mode, "--mesh", mesh}), dir, "pp_" + mode);
+    ASSERT_EQ(curve.size(), 5u);
+    double bound = 0;
+    for (int64_t r = 0; r < slices; ++r) {
+      const Batch batch = first_batch(r, slices);
+      const nn::Sensitivity s = nn::measure_sensitivity(model, config, batch.inputs, batch.targets);
+      bound += test::reordered_sum_bound(s.per_unit.at("loss"), n_max, at::kFloat) / slices;
+    }
+    const double expected = first_loss(model, slices);
+    bound += first_loss_bound(expected, slices) + std::ldexp(expected, -24);
+    EXPECT_TRUE(test::within_bound(curve[0], expected, bound)) << "step 0";
+    EXPECT_LT(curve[4], curve[0] - 0.5) << "trains";
   }
 }
 

@@ -25,6 +25,8 @@
 #include "hp/optim/fused_adamw.h"
 #include "hp/pp/pipeline.h"
 #include "hp/pp/pipeline_checkpoint.h"
+#include "hp/tensor/dtensor_tensor.h"
+#include "hp/tp/shard_module.h"
 #include "hp/util/cuda_timer.h"
 #include "hp/util/memory_stats.h"
 #include "hp/util/trace.h"
@@ -50,18 +52,31 @@ void say(bool root, const std::string& text) {
   if (root) std::cout << text << std::endl;
 }
 
+// Copies of this rank's stages' parameters by name, whole: tensor-parallel
+// ones gathered over their mesh (collective over the stage's tp ranks,
+// every one of them in the same order); call with fully_shard's units
+// unsharded (the copies outlive their reshard).
+std::map<std::string, at::Tensor> whole_values(const std::vector<pp::StageModule>& stages) {
+  std::map<std::string, at::Tensor> values;
+  torch::NoGradGuard no_grad;
+  for (const auto& stage : stages)
+    for (const auto& item : stage->named_parameters())
+      // A replicated DTensor's full value is its local tensor: cloned too.
+      values[item.key()] =
+          (is_dtensor(item.value()) ? full_tensor(item.value()) : item.value()).clone();
+  return values;
+}
+
 // The whole model on rank 0, its tensors copied from the ranks holding
-// them (in the whole model's parameter order; each rank sends what it
-// holds, rank 0 receives the rest): for sampling. Collective over `group`.
+// them (in the whole model's parameter order; each rank sends `mine`, its
+// stages' whole values, rank 0 receives the rest): for sampling. Collective
+// over `group`.
 TrainModel gather_on_rank0(const TrainOptions& options, int64_t vocab, const pp::StagePlan& plan,
                            const pp::ScheduleSpec& spec,
-                           const std::vector<pp::StageModule>& stages, dist::Group& group) {
+                           const std::map<std::string, at::Tensor>& mine, dist::Group& group) {
   const int rank = group.rank();
   TrainModel whole = TrainModel::build(options, vocab, rank == 0 ? c10::Device(c10::kCPU)
                                                                  : c10::Device(c10::kMeta));
-  std::map<std::string, at::Tensor> mine;
-  for (const auto& stage : stages)
-    for (const auto& item : stage->named_parameters()) mine[item.key()] = item.value();
   std::vector<dist::Work> pending;
   std::vector<at::Tensor> keep;
   torch::NoGradGuard no_grad;
@@ -86,11 +101,13 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
                  const Corpus& corpus, const TrainDevice& device) {
   const bool root = world.rank == 0;
   const PipelineSchedule schedule = pipeline_schedule(options);
-  // The mesh (replicas, pipeline ranks), row-major: the P ranks of one
-  // replica are adjacent.
+  // The mesh (dp, pp, tp), row-major: a stage's T tensor-parallel ranks
+  // are adjacent, then the P pipeline ranks of one data-parallel rank.
   const int64_t replicas = parallelism.dp_size();
-  const int replica = static_cast<int>(world.rank / schedule.ranks);
-  const int pipeline_rank = static_cast<int>(world.rank % schedule.ranks);
+  const int64_t tp = parallelism.tensor_parallel() ? parallelism.tp_size() : 1;
+  const int replica = static_cast<int>(world.rank / (schedule.ranks * tp));
+  const int pipeline_rank = static_cast<int>(world.rank / tp % schedule.ranks);
+  const int tp_rank = static_cast<int>(world.rank % tp);
   const pp::ScheduleSpec spec{pp::parse_schedule_kind(schedule.kind),
                               static_cast<int>(schedule.ranks),
                               static_cast<int>(schedule.stages_per_rank),
@@ -123,7 +140,8 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
   for (int s = 0; s < plan.num_stages(); ++s) {
     std::vector<int> ranks;
     for (int64_t r = 0; r < replicas; ++r)
-      ranks.push_back(static_cast<int>(r * schedule.ranks) + pp::stage_rank(spec, s));
+      for (int64_t t = 0; t < tp; ++t)
+        ranks.push_back(static_cast<int>((r * schedule.ranks + pp::stage_rank(spec, s)) * tp + t));
     holders.ranks.push_back(std::move(ranks));
   }
   std::vector<pp::StageModule> stages;
@@ -132,7 +150,6 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
     stages.push_back(whole.stage(plan, s));
     inits.push_back(pp::stage_init_plan(whole.module(), whole_init, *stages.back()));
   }
-  whole = TrainModel(nn::GPT(nullptr));
   // The init steps start where the eager model's start: after its
   // constructors' draws (which the meta model made too). Each stage starts
   // from there, as each draws the whole model's sequence. With --init-from
@@ -172,7 +189,8 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
                             options.init_from,
                             human_bytes(static_cast<int64_t>(loaded.bytes_read)));
   }
-  const DeviceMeshPtr mesh = init_device_mesh(device.type, {replicas, schedule.ranks}, {"dp", "pp"});
+  const DeviceMeshPtr mesh =
+      init_device_mesh(device.type, {replicas, schedule.ranks, tp}, {"dp", "pp", "tp"});
   dist::GroupPtr pipeline_group = mesh->group_ptr(1);
   if (!options.trace.empty()) {
     at::Tensor origin = torch::tensor({trace::unix_now_us()}, torch::kLong);
@@ -185,7 +203,38 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
   // unit and the stage the root (the pipeline keeps it gathered through a
   // step and reduces once: docs/pipeline.md). --mode ddp: the pipeline
   // averages the replicas' gradients itself.
-  const bool sharded = parallelism.mode == plan::ParallelMode::kFSDP;
+  // --mode tp / fsdp_tp: each stage tensor-parallel over the tp dim first
+  // (the whole model's plan, by the whole model's names; the stage's
+  // tensors hold the one-process values, which it splits).
+  if (tp > 1) {
+    const DeviceMeshPtr tp_mesh = (*mesh)["tp"];
+    const ShardingPlan tp_plan = whole.tensor_parallel_plan(*tp_mesh, "tp");
+    for (const pp::StageModule& stage : stages) {
+      // The stage's part of the plan: shard_module wants every entry found.
+      ShardingPlan stage_plan;
+      for (const auto& item : stage->named_parameters()) {
+        if (auto it = tp_plan.plan.find(item.key()); it != tp_plan.plan.end())
+          stage_plan.plan.insert(*it);
+      }
+      // Input and output layouts ("<module>.input", "<module>.output") of
+      // the stage's modules.
+      const auto modules = stage->named_modules("", /*include_self=*/false);
+      auto of_stage = [&](const std::string& key, const std::string& suffix) {
+        return key.size() > suffix.size() &&
+               modules.contains(key.substr(0, key.size() - suffix.size()));
+      };
+      for (const auto& entry : tp_plan.input_plan)
+        if (of_stage(entry.first, ".input")) stage_plan.input_plan.insert(entry);
+      for (const auto& entry : tp_plan.output_plan)
+        if (of_stage(entry.first, ".output")) stage_plan.output_plan.insert(entry);
+      for (const std::string& name : tp_plan.return_local_tensor)
+        if (modules.contains(name)) stage_plan.return_local_tensor.push_back(name);
+      shard_module(stage.ptr(), tp_mesh, stage_plan);
+    }
+  }
+  whole = TrainModel(nn::GPT(nullptr));  // the meta model's other stages go
+  const bool sharded = parallelism.mode == plan::ParallelMode::kFSDP ||
+                       parallelism.mode == plan::ParallelMode::kFSDPTP;
   std::vector<FSDPModule> units;  // every unit of this rank's stages, blocks first
   if (sharded) {
     FullyShardOptions shard;
@@ -219,12 +268,13 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
   std::string mode_line = fmt::format(
       "pipeline over {} ranks{}, {} with {} micro-batches of {} samples, {} stage{} per rank: {}",
       schedule.ranks,
-      replicas <= 1 ? std::string()
-      : sharded     ? fmt::format(" x {} data-parallel ranks (fsdp: each stage sharded over them, "
-                                  "gathered once per step)",
-                                  replicas)
-                    : fmt::format(" x {} replicas (ddp: gradients averaged after each step)",
-                                  replicas),
+      (replicas <= 1 ? std::string()
+       : sharded     ? fmt::format(" x {} data-parallel ranks (fsdp: each stage sharded over them, "
+                                   "gathered once per step)",
+                                   replicas)
+                     : fmt::format(" x {} replicas (ddp: gradients averaged after each step)",
+                                   replicas)) +
+          (tp > 1 ? fmt::format(" x {} tensor-parallel ranks per stage", tp) : std::string()),
       schedule.kind, schedule.microbatches, options.batch / replicas / schedule.microbatches,
       schedule.stages_per_rank, schedule.stages_per_rank > 1 ? "s" : "", pp::describe(plan));
   say(root, header_text(options, parallelism, corpus, parameters,
@@ -287,7 +337,7 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
     record.step = s;
     // The replicas' losses (each its last stage's), averaged in replica order.
     for (int64_t r = 0; r < replicas; ++r)
-      record.loss += all[r * schedule.ranks + last_rank][0].item<double>();
+      record.loss += all[(r * schedule.ranks + last_rank) * tp][0].item<double>();
     record.loss /= static_cast<double>(replicas);
     for (int r = 0; r < world.size; ++r) {
       record.rank_peak_bytes.push_back(static_cast<int64_t>(all[r][1].item<double>()));
@@ -323,9 +373,11 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
     // Sharded stages are gathered first (collective over each stage's
     // data-parallel ranks, every replica), then sent whole.
     for (FSDPModule& unit : units) unit.unshard();
-    if (replica == 0)
-      gathered = gather_on_rank0(options, corpus.vocab_size, plan, spec, stages, *pipeline_group);
+    const std::map<std::string, at::Tensor> values = whole_values(stages);
     for (FSDPModule& unit : units) unit.reshard();
+    // Replica 0's tp rank 0 ranks: their pipeline group holds rank 0.
+    if (replica == 0 && tp_rank == 0)
+      gathered = gather_on_rank0(options, corpus.vocab_size, plan, spec, values, *pipeline_group);
   };
   if (!options.export_path.empty()) {
     gather();

@@ -94,7 +94,7 @@ const CLI::Validator kFileName(
 std::vector<int64_t> mesh_shape_of(const std::string& value) {
   std::vector<int64_t> shape;
   size_t begin = 0;
-  while (shape.size() <= 2) {
+  while (shape.size() <= 3) {
     const size_t x = value.find('x', begin);
     const std::string part = value.substr(begin, x == std::string::npos ? x : x - begin);
     int64_t n = 0;
@@ -103,7 +103,7 @@ std::vector<int64_t> mesh_shape_of(const std::string& value) {
       return {};
     }
     shape.push_back(n);
-    if (x == std::string::npos) return shape.size() <= 2 ? shape : std::vector<int64_t>{};
+    if (x == std::string::npos) return shape.size() <= 3 ? shape : std::vector<int64_t>{};
     begin = x + 1;
   }
   return {};
@@ -112,8 +112,8 @@ std::vector<int64_t> mesh_shape_of(const std::string& value) {
 const CLI::Validator kMesh(
     [](std::string& value) -> std::string {
       if (!mesh_shape_of(value).empty()) return "";
-      return fmt::format("must be N or RxS (R replicas x S shards) with positive integers, e.g. "
-                         "4 or 2x2, got '{}'",
+      return fmt::format("must be N, RxS (R replicas x S shards) or, under --pp, DxPxT with "
+                         "positive integers, e.g. 4, 2x2 or 2x2x2, got '{}'",
                          value);
     },
     "", "mesh");
@@ -390,6 +390,8 @@ std::vector<int64_t> resolve_mesh(plan::ParallelMode mode, const TrainOptions& o
   const std::vector<int64_t> shape = options.mesh.empty()
                                          ? std::vector<int64_t>{world.size}
                                          : mesh_shape_of(options.mesh);
+  HP_CHECK_ARG(shape.size() <= 2, "--mesh ", options.mesh, " has three dims: a D x P x T mesh is "
+               "for --pp P --mode fsdp_tp; --mode ", name, " takes N or RxS");
   if (mode == ParallelMode::kNone) {
     HP_CHECK_ARG(world.size == 1, "--mode none trains in one process, but WORLD_SIZE is ",
                  world.size, "; use --mode fsdp, hsdp or ddp with several ranks, or start one "
@@ -430,52 +432,77 @@ std::vector<int64_t> resolve_mesh(plan::ParallelMode mode, const TrainOptions& o
 Parallelism resolve_parallelism(const TrainOptions& options, const World& world) {
   using plan::ParallelMode;
   if (options.pp > 1) {
-    // The pipeline's ranks are the world, or D x P of it: D replicas of the
-    // pipeline (--mode ddp, each stage whole) or D ranks sharding each stage
-    // (--mode fsdp). Tensor parallelism and HSDP inside a stage (the
-    // library runs them, docs/pipeline.md) are not wired here yet.
+    // The pipeline's ranks are the world, or D x P x T of it: D replicas of
+    // the pipeline (--mode ddp, each stage whole) or D ranks sharding each
+    // stage (--mode fsdp), T ranks splitting each stage's layers (--mode
+    // tp), or both (--mode fsdp_tp). HSDP inside a stage (the library runs
+    // it, docs/pipeline.md) is not wired here yet.
     HP_CHECK_ARG(world.launched, "--pp ", options.pp,
                  " needs one process per pipeline rank started by a launcher (hprun -n ",
                  options.pp, " hp-train --pp ", options.pp, " ...)");
-    const bool replicas = options.mode_given && options.mode == ParallelMode::kDDP;
-    const bool sharded = options.mode_given && options.mode == ParallelMode::kFSDP;
-    const bool data_parallel = replicas || sharded;
-    HP_CHECK_ARG(!options.mode_given || options.mode == ParallelMode::kNone || data_parallel,
-                 "--mode ", plan::mode_name(options.mode), " with --pp ", options.pp,
-                 ": hp-train does not run HSDP or tensor parallelism inside a pipeline stage yet; "
-                 "use --mode fsdp (each stage sharded over the data-parallel ranks), --mode ddp "
-                 "(replicas of the pipeline, each on its slice of the batch) or leave --mode out "
-                 "(each of the ", options.pp, " ranks runs its stages whole)");
-    HP_CHECK_ARG(world.size % options.pp == 0 && (data_parallel || world.size == options.pp),
+    const ParallelMode mode = options.mode_given ? options.mode : ParallelMode::kNone;
+    HP_CHECK_ARG(mode != ParallelMode::kHSDP, "--mode hsdp with --pp ", options.pp,
+                 ": hp-train does not run HSDP inside a pipeline stage yet; use --mode fsdp "
+                 "(each stage sharded over the data-parallel ranks), ddp (replicas of the "
+                 "pipeline), tp or fsdp_tp (tensor parallelism inside each stage), or leave "
+                 "--mode out (each of the ", options.pp, " ranks runs its stages whole)");
+    const bool replicas = mode == ParallelMode::kDDP;
+    const bool sharded = mode == ParallelMode::kFSDP || mode == ParallelMode::kFSDPTP;
+    const bool tensor_parallel = mode == ParallelMode::kTP || mode == ParallelMode::kFSDPTP;
+    HP_CHECK_ARG(world.size % options.pp == 0 && (mode != ParallelMode::kNone || world.size == options.pp),
                  "--pp ", options.pp,
-                 data_parallel ? hp::cat(" --mode ", plan::mode_name(options.mode),
-                                         " runs on a multiple of ")
-                               : std::string(" runs on exactly "),
-                 options.pp, " ranks (", data_parallel ? "D x " : "one per ",
+                 mode != ParallelMode::kNone
+                     ? hp::cat(" --mode ", plan::mode_name(mode), " runs on a multiple of ")
+                     : std::string(" runs on exactly "),
+                 options.pp, " ranks (", mode != ParallelMode::kNone ? "a multiple of " : "one per ",
                  "pipeline rank), but WORLD_SIZE is ", world.size);
-    const int64_t dp_size = world.size / options.pp;
+    // The mesh is D x P x T (dp, pp, tp); --mesh names the dims the mode has.
+    int64_t dp_size = tensor_parallel ? 1 : world.size / options.pp;
+    int64_t tp_size = tensor_parallel ? world.size / options.pp : 1;
+    const char* dims = mode == ParallelMode::kFSDPTP ? "D x P x T"
+                       : tensor_parallel            ? "P x T"
+                                                    : "D x P";
     if (!options.mesh.empty()) {
       const std::vector<int64_t> shape = mesh_shape_of(options.mesh);
-      HP_CHECK_ARG(data_parallel && shape == (std::vector<int64_t>{dp_size, options.pp}),
-                   "--mesh ", options.mesh, " with --pp ", options.pp, ": the mesh is D x P = ",
-                   dp_size, "x", options.pp, " (data-parallel x pipeline ranks) under --mode ddp "
-                   "or fsdp, or leave --mesh out");
+      std::vector<int64_t> expected = mode == ParallelMode::kFSDPTP ? std::vector<int64_t>{}
+                                      : tensor_parallel ? std::vector<int64_t>{options.pp, tp_size}
+                                                        : std::vector<int64_t>{dp_size, options.pp};
+      if (mode == ParallelMode::kFSDPTP && shape.size() == 3 && shape[1] == options.pp &&
+          shape[0] * shape[1] * shape[2] == world.size) {
+        dp_size = shape[0];
+        tp_size = shape[2];
+        expected = shape;
+      }
+      HP_CHECK_ARG(mode != ParallelMode::kNone && shape == expected, "--mesh ", options.mesh,
+                   " with --pp ", options.pp, ": the mesh is ", dims,
+                   mode == ParallelMode::kFSDPTP
+                       ? hp::cat(" with P = ", options.pp, " and a product of WORLD_SIZE ",
+                                 world.size)
+                       : hp::cat(" = ", fmt::format("{}", fmt::join(expected, "x"))),
+                   " under --mode ", plan::mode_name(mode),
+                   " (ddp and fsdp: D x P, tp: P x T, fsdp_tp: D x P x T), or leave --mesh out");
+    } else {
+      HP_CHECK_ARG(mode != ParallelMode::kFSDPTP, "--mode fsdp_tp with --pp ", options.pp,
+                   " needs --mesh D x P x T (data-parallel x pipeline x tensor-parallel ranks, "
+                   "product ", world.size, ")");
     }
-    if (sharded) {
+    if (sharded || tensor_parallel) {
       HP_CHECK_ARG(options.save_dir.empty() && options.resume.empty() &&
                        options.export_path.empty(),
-                   "--save-dir, --resume and --export with --pp ", options.pp,
-                   " --mode fsdp: checkpoints of sharded pipeline stages are not supported yet "
-                   "(--mode ddp or no --mode saves them)");
-      HP_CHECK_ARG(options.fully_shard_flags.empty(), fmt::format("{}", fmt::join(options.fully_shard_flags, " ")),
-                   " with --pp ", options.pp, " --mode fsdp: the pipeline's stages are sharded "
-                   "with fully_shard's defaults (fp32, gathered through each step); leave them out");
-      // One shard dim of D ranks per stage; the stages stay gathered
-      // through each step (docs/pipeline.md), so reshard_after_forward
-      // does not apply.
-      Parallelism p(ParallelMode::kFSDP, {dp_size});
+                   "--save-dir, --resume and --export with --pp ", options.pp, " --mode ",
+                   plan::mode_name(mode), ": checkpoints of sharded or tensor-parallel pipeline "
+                   "stages are not supported yet (--mode ddp or no --mode saves them)");
+      HP_CHECK_ARG(options.fully_shard_flags.empty(),
+                   fmt::format("{}", fmt::join(options.fully_shard_flags, " ")), " with --pp ",
+                   options.pp, " --mode ", plan::mode_name(mode), ": the pipeline's stages are "
+                   "sharded with fully_shard's defaults (fp32, gathered through each step); "
+                   "leave them out");
+      // fully_shard over D ranks per stage (the stages stay gathered through
+      // each step: docs/pipeline.md), tensor parallelism over T.
+      Parallelism p(mode, mode == ParallelMode::kFSDP   ? std::vector<int64_t>{dp_size}
+                          : mode == ParallelMode::kTP   ? std::vector<int64_t>{tp_size}
+                                                        : std::vector<int64_t>{dp_size, tp_size});
       p.param_dtype = options.param_dtype;
-      p.reduce_dtype = options.reduce_dtype;
       return p;
     }
     if (replicas) {
