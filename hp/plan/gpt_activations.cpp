@@ -27,6 +27,7 @@ void StepSimulator::gpt_forward() {
   const int64_t seq = s_.options.seq;
   t_.at("forward of root");
   batch_ = alloc_activation(2 * s_.tokens * kInt64);
+  mark();
   pre_forward(0);
   // Embeddings: token rows plus position rows, added.
   Id tok = alloc_activation(hidden_bytes());
@@ -37,6 +38,7 @@ void StepSimulator::gpt_forward() {
   t_.free(tok);
   t_.free(pos);
   outputs_.push_back(x);
+  mark();
   blocks_forward();
   t_.at("forward of root");
   lnf_mean_ = alloc_activation(2 * s_.tokens * s_.compute_dtype_size);

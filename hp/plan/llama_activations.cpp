@@ -161,10 +161,12 @@ BlockActs StepSimulator::llama_block_forward() {
 void StepSimulator::llama_forward() {
   t_.at("forward of root");
   batch_ = alloc_activation(2 * s_.tokens * kInt64);
+  mark();
   pre_forward(0);
   Id x = alloc_activation(hidden_bytes());  // the embedding's rows
   tp_all_reduce(hidden_bytes());
   outputs_.push_back(x);
+  mark();
   blocks_forward();
   t_.at("forward of root");
   lnf_out_ = rms_forward(lnf_);

@@ -51,6 +51,36 @@ int64_t StepSimulator::between_steps_bytes() {
   return t_.live_total();
 }
 
+void StepSimulator::mark() {
+  if (!probe_) return;
+  marks_.emplace_back(t_.live_activations(), t_.activations_high());
+  t_.start_activations_phase();
+}
+
+ActivationParts StepSimulator::activation_parts() {
+  between_steps();
+  probe_ = true;
+  forward_and_loss();
+  backward();
+  probe_ = false;
+  // Marks: the batch read, the embeddings, each block, the head and the
+  // loss; then the head's backward, each block's, the embeddings'.
+  const size_t layers = units_.size() - 1;
+  auto part = [&](size_t end) {
+    const auto& [start_live, start_high] = marks_.at(end - 1);
+    (void)start_high;
+    return ActivationPart{marks_.at(end).first - start_live, marks_.at(end).second - start_live};
+  };
+  ActivationParts parts;
+  parts.embeddings = part(1);
+  parts.block = part(2);
+  parts.head = part(layers + 2);
+  parts.head_backward = part(layers + 3);
+  parts.block_backward = part(layers + 4);
+  parts.embeddings_backward = part(2 * layers + 4);
+  return parts;
+}
+
 // Attention from the projected q, k and v to its output y, in both
 // models: matmul's contiguous [B * heads, T, hd] copies of its operands
 // (under grouped-query attention k and v already are: the repeats), the
@@ -148,6 +178,7 @@ void StepSimulator::forward_and_loss() {
     gpt_forward();
   }
   loss_forward();
+  mark();
 }
 
 // Each block's forward from the previous output (outputs_.back()); a
@@ -163,6 +194,7 @@ void StepSimulator::blocks_forward() {
     outputs_.push_back(a.out);
     a.out = Timeline::kNone;
     after_block_forward(i, a);
+    mark();
   }
 }
 
@@ -273,12 +305,14 @@ void StepSimulator::backward() {
     t_.free(lnf_mean_);
   }
   t_.free(outputs_.back());
+  mark();
   for (size_t i = units_.size() - 1; i >= 1; --i) {
     if (s_.llama) {
       llama_block_backward(i, acts_[i - 1], dx);
     } else {
       gpt_block_backward(i, acts_[i - 1], dx);
     }
+    mark();
   }
   t_.at("backward of root (embeddings)");
   if (s_.llama) {
@@ -291,6 +325,7 @@ void StepSimulator::backward() {
     param_grad(root, "wte.weight");
   }
   t_.free(dx);
+  mark();
   t_.at("end of backward");
   if (s_.fsdp) {
     advance_reductions(/*all=*/true);

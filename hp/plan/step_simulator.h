@@ -91,6 +91,18 @@ struct BlockActs {
   Id cos = -1, sin = -1, gate = -1, silu = -1, up = -1, out = -1;
 };
 
+// The activations of one forward and backward, by part of the model, as the
+// step's timeline has them: `saved`, what the part leaves live (negative in a
+// backward, which frees), and `rise`, the most it is above its start meanwhile.
+struct ActivationPart {
+  int64_t saved = 0;
+  int64_t rise = 0;
+};
+struct ActivationParts {
+  ActivationPart embeddings, block, head;                     // forward (head: with the loss)
+  ActivationPart head_backward, block_backward, embeddings_backward;
+};
+
 class StepSimulator {
  public:
   StepSimulator(const StepSetup& s, bool first_step);
@@ -99,7 +111,15 @@ class StepSimulator {
 
   int64_t between_steps_bytes();
 
+  // One forward and backward of this setup's batch (mode none), its
+  // activations measured part by part: what the pipeline's plan of a stage
+  // adds up (hp/plan/pipeline_plan.h).
+  ActivationParts activation_parts();
+
  private:
+  // Probing (activation_parts): the end of one part of the step.
+  void mark();
+
   Id alloc_activation(int64_t bytes) { return t_.alloc(Term::kActivations, bytes); }
 
   // --- sizes ---
@@ -308,6 +328,8 @@ class StepSimulator {
   Id batch_ = -1, arange_ = -1, lnf_mean_ = -1, lnf_out_ = -1, logprobs_ = -1, loss_ = -1;
   Id logits_ = -1;
   NormActs lnf_;  // the Llama's final RMSNorm
+  bool probe_ = false;
+  std::vector<std::pair<int64_t, int64_t>> marks_;  // (live activations, their high) at each mark
 };
 
 }  // namespace hp::plan::detail

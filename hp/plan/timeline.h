@@ -3,6 +3,7 @@
 // it up. Internal to hp/plan; single-threaded, nothing allocated for real.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
@@ -28,6 +29,7 @@ class Timeline {
     live_.bytes[static_cast<int>(term)] += bytes;
     const int64_t total = live_.total();
     if (total > peak_.terms.total()) peak_ = {live_, where_, in_flight_};
+    activations_high_ = std::max(activations_high_, live_[Term::kActivations]);
     return id;
   }
   void free(Id& id) {
@@ -66,6 +68,12 @@ class Timeline {
   void at(std::string where) { where_ = std::move(where); }
   // The step starts: what is live now is the baseline of its peak.
   void start_peak() { peak_ = {live_, where_, in_flight_}; }
+  // The activations' own high-water mark since start_activations_phase():
+  // how far one part of the step (a block's forward, its backward) rises
+  // above what was live when it began (hp/plan/pipeline_plan.cpp).
+  void start_activations_phase() { activations_high_ = live_[Term::kActivations]; }
+  int64_t activations_high() const { return activations_high_; }
+  int64_t live_activations() const { return live_[Term::kActivations]; }
   const StepPeak& peak() const { return peak_; }
   int64_t live_total() const { return live_.total(); }
 
@@ -76,6 +84,7 @@ class Timeline {
   std::unordered_set<Id> in_flight_ids_;
   int64_t in_flight_ = 0;
   StepPeak peak_;
+  int64_t activations_high_ = 0;
   std::string where_ = "start of the step";
 };
 using Id = Timeline::Id;

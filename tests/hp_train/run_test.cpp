@@ -349,7 +349,6 @@ TEST(HpTrain, PipelineFlagsAreCheckedBeforeAnyCollective) {
        "checkpoints of sharded or tensor-parallel pipeline stages are not supported yet"},
       {4, concat(pipeline, {"--mode", "fsdp", "--param-dtype", "bf16"}),
        "--param-dtype with --pp 2 --mode fsdp"},
-      {2, concat(pipeline, {"--dry-run"}), "--dry-run is not supported with --pp yet"},
       {2, concat(pipeline, {"--save-async"}), "--save-async needs --save-dir DIR"},
       {3, concat(pipeline, {"--mode", "ddp"}), "--pp 2 --mode ddp runs on a multiple of 2 ranks"},
       {4, concat(pipeline, {"--mode", "ddp", "--mesh", "4x1"}), "the mesh is D x P = 2x2"},

@@ -1,8 +1,11 @@
 #include "tools/hp_train/dry_run.h"
 
+#include <variant>
+
 #include <nlohmann/json.hpp>
 
 #include "hp/plan/parallel_layout.h"
+#include "hp/pp/stage_plan.h"
 #include "hp/util/error.h"
 #include "tools/hp_train/model.h"
 
@@ -28,6 +31,39 @@ plan::PlanOptions plan_options(const TrainOptions& options, const Parallelism& p
   p.grad_clip = options.grad_clip > 0;
   p.checkpointing = options.activation_checkpointing == "blocks" ? plan::Checkpointing::kBlocks
                                                                  : plan::Checkpointing::kNone;
+  return p;
+}
+
+plan::PipelinePlanOptions pipeline_plan_options(const TrainOptions& options,
+                                                const Parallelism& parallelism,
+                                                int64_t vocab_size, int rank) {
+  const PipelineSchedule schedule = pipeline_schedule(options);
+  plan::PipelinePlanOptions p;
+  // The mesh is (replicas or shards, pipeline ranks), row-major
+  // (pipeline_run.cpp): the replica's index is its data-parallel rank.
+  const int replica = static_cast<int>(rank / schedule.ranks);
+  p.plan = plan_options(options, parallelism, vocab_size, replica);
+  p.schedule = {pp::parse_schedule_kind(schedule.kind), static_cast<int>(schedule.ranks),
+                static_cast<int>(schedule.stages_per_rank),
+                static_cast<int>(schedule.microbatches)};
+  p.pipeline_rank = static_cast<int>(rank % schedule.ranks);
+  const pp::ModelLayout layout =
+      std::holds_alternative<nn::LlamaConfig>(p.plan.model)
+          ? pp::llama_layout(std::get<nn::LlamaConfig>(p.plan.model))
+          : pp::gpt_layout(std::get<nn::GPTConfig>(p.plan.model));
+  const pp::StagePlan stages =
+      pp::plan_stages(layout, pp::num_stages(p.schedule), options.pp_split);
+  for (int s : pp::rank_stages(p.schedule, p.pipeline_rank)) {
+    plan::PipelineStage stage;
+    stage.modules = stages.stages.at(s);
+    stage.first = s == 0;
+    stage.last = s == stages.num_stages() - 1;
+    for (const std::string& module : stage.modules) {
+      for (size_t b = 0; b < layout.blocks.size(); ++b)
+        if (layout.blocks[b] == module) stage.blocks.push_back(static_cast<int>(b));
+    }
+    p.stages.push_back(std::move(stage));
+  }
   return p;
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "hp/plan/memory_plan.h"
+#include "hp/plan/pipeline_plan.h"
 #include "tools/hp_train/train_options.h"
 
 namespace hp::train {
@@ -16,6 +17,13 @@ namespace hp::train {
 // of the global batch, the dtypes and fully_shard's flags.
 plan::PlanOptions plan_options(const TrainOptions& options, const Parallelism& parallelism,
                                int64_t vocab_size, int rank);
+
+// Under --pp: the plan of global rank `rank`'s pipeline rank (its stages,
+// the schedule's row), its replica's share of the batch (docs/pipeline.md,
+// "Memory plan").
+plan::PipelinePlanOptions pipeline_plan_options(const TrainOptions& options,
+                                                const Parallelism& parallelism,
+                                                int64_t vocab_size, int rank);
 
 // {"rank": r, "predicted_peak_bytes": ..., "parameters_bytes": ..., ...}: the
 // peak step's terms, the steady and first steps' peaks and where they fall.

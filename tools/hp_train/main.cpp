@@ -98,13 +98,32 @@ int dry_run(const TrainOptions& options, const Parallelism& parallelism, const W
   std::ofstream json;
   if (root && !options.log_json.empty()) json = open_output_file("--log-json", options.log_json);
   for (int r = 0; r < world.size; ++r) {
-    const hp::plan::MemoryPlan plan =
-        hp::plan::plan_memory(plan_options(options, parallelism, vocab_size, r));
+    // Under --pp, each rank's stages and the micro-batches its schedule
+    // keeps in flight (docs/pipeline.md, "Memory plan").
+    std::string header = fmt::format("{}, {} x {} tokens per rank", parallelism.describe(),
+                                     options.batch / parallelism.dp_size(), options.seq);
+    hp::plan::MemoryPlan plan;
+    if (options.pp > 1) {
+      const hp::plan::PipelinePlanOptions pipeline =
+          pipeline_plan_options(options, parallelism, vocab_size, r);
+      const hp::plan::PipelineMemoryPlan planned = hp::plan::plan_pipeline_memory(pipeline);
+      plan = planned.plan;
+      plan.rank = r;
+      const int64_t dp = parallelism.dp_size();
+      header = fmt::format(
+          "{} pipeline over {} ranks{}, {} micro-batches of {} x {} tokens\npipeline {}",
+          options.pp_schedule, options.pp,
+          dp > 1 ? fmt::format(" x {} data-parallel ranks ({})", dp,
+                               hp::plan::mode_name(parallelism.mode))
+                 : std::string(),
+          pipeline.schedule.microbatches,
+          pipeline.plan.batch_per_rank / pipeline.schedule.microbatches, options.seq,
+          hp::plan::describe_pipeline_rank(pipeline, planned));
+    } else {
+      plan = hp::plan::plan_memory(plan_options(options, parallelism, vocab_size, r));
+    }
     if (r == world.rank) {
-      std::cout << fmt::format("{}, {} x {} tokens per rank\n{}", parallelism.describe(),
-                               options.batch / parallelism.dp_size(), options.seq,
-                               hp::plan::format_plan(plan))
-                << std::endl;
+      std::cout << header << "\n" << hp::plan::format_plan(plan) << std::endl;
       if (options.device == "cuda") std::cout << kCudaPlanNote << std::endl;
     }
     if (json.is_open()) json << plan_json(plan) << "\n";

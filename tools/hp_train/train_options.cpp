@@ -287,7 +287,8 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   app.add_flag("--dry-run", o.dry_run,
                "print each rank's memory plan (the predicted peak of a training step, by term) "
                "and exit: no step, no collective; with --log-json, rank 0 writes one JSON object "
-               "per rank; not with --pp yet");
+               "per rank; under --pp, each pipeline rank's plan covers its stages and the "
+               "micro-batches its schedule keeps in flight");
   // fully_shard's flags.
   auto* comm_fusion = app.add_flag(
       "--comm-fusion,!--no-comm-fusion", o.comm_fusion,
@@ -597,10 +598,6 @@ void validate_options(const TrainOptions& o, const Parallelism& parallelism) {
                  dp_size > 1 ? fmt::format(" times the {} replicas", dp_size) : std::string());
     HP_CHECK_ARG(o.fully_shard_flags.empty(), o.fully_shard_flags.front(),
                  " configures fully_shard, which does not run under --pp; leave it out");
-    // Not built for pipelines yet: refused rather than ignored. (The
-    // checkpoint flags work under --pp: docs/pipeline.md, "Checkpoints".)
-    HP_CHECK_ARG(!o.dry_run, "--dry-run is not supported with --pp yet (the memory plan of a "
-                 "pipeline stage is not built); leave it out, or plan without --pp");
   } else {
     HP_CHECK_ARG(o.microbatches == 0 && o.pp_stages_per_rank == 0 && o.pp_split.empty() &&
                      o.pp_schedule == "1f1b",
