@@ -92,7 +92,9 @@ json config_json(const BenchConfig& c, int rounds) {
       {"pipeline", {{"layers", c.pp_layers}, {"microbatches", c.pp_microbatches},
                     {"batch", c.batch},
                     {"rows", "pp4* and torch_pp4*: 4 pipeline ranks sharing one batch, no data "
-                             "parallelism"}}},
+                             "parallelism; dp2_pp2 and torch_dp2_pp2: (dp, pp) = (2, 2), each "
+                             "stage sharded over dp, each replica on half of the batch in half "
+                             "of the micro-batches"}}},
       {"threads_per_rank", 1},
       {"thread_env", "OMP_NUM_THREADS=OPENBLAS_NUM_THREADS=MKL_NUM_THREADS=1 for every child; "
                      "at::set_num_threads(1) / torch.set_num_threads(1)"},

@@ -63,7 +63,10 @@ void validate(const DriverOptions& o) {
       HP_CHECK_ARG(c.batch % c.pp_microbatches == 0, "--rows ", r, ": --batch ", c.batch,
                    " (the pipeline's shared batch) must be a multiple of --pp-microbatches ",
                    c.pp_microbatches);
-      const int64_t stages = row.ranks(c) * pp->stages_per_rank;
+      HP_CHECK_ARG(c.pp_microbatches % pp->data_parallel == 0, "--rows ", r, ": --pp-microbatches ",
+                   c.pp_microbatches, " must be a multiple of its ", pp->data_parallel,
+                   " data-parallel ranks (each replica runs its share of the micro-batches)");
+      const int64_t stages = pp->pipeline_ranks(row.ranks(c)) * pp->stages_per_rank;
       HP_CHECK_ARG(c.pp_layers >= stages, "--rows ", r, " cuts the GPT into ", stages,
                    " stages of at least one block each: --pp-layers ", c.pp_layers,
                    " must be at least ", stages);
@@ -127,7 +130,8 @@ int main(int argc, char** argv) {
                  "transformer blocks of the pipeline rows' GPT (8: 8 stages for the interleaved "
                  "schedules over 4 ranks)");
   app.add_option("--pp-microbatches", c.pp_microbatches,
-                 "micro-batches per step of the pipeline rows; --batch must be a multiple (8)");
+                 "micro-batches per step of the pipeline rows; --batch must be a multiple (8); "
+                 "dp2_pp2's replicas take half each");
   app.add_option("--lr", c.lr, "AdamW learning rate (1e-3)");
   app.add_option("--beta1", c.beta1, "AdamW beta1 (0.9)");
   app.add_option("--beta2", c.beta2, "AdamW beta2 (0.95)");

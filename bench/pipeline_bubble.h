@@ -25,7 +25,8 @@ MeasuredBubble measured_bubble(const std::vector<std::vector<double>>& compute_s
                                const std::vector<std::vector<double>>& step_s);
 
 // The report row's "pipeline" object from a pipeline row's rounds: the
-// schedule (the last round's), the measured bubble (each round's, their
+// schedule (the last round's, with its data_parallel degree, 1 when the
+// worker gave none), the measured bubble (each round's, their
 // mean, and per rank the mean over the rounds), the method, and ours'
 // theoretical and simulated bubble.
 nlohmann::json summarize_pipeline(const std::vector<nlohmann::json>& runs);

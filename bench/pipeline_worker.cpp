@@ -1,6 +1,7 @@
 // One pipeline row of hp-bench (pp4, pp4_gpipe, pp4_interleaved,
-// pp4_zero_bubble), in its own 4 processes: the pipeline as hp-train --pp
-// runs it (tools/hp_train/pipeline_run.cpp), timed as bench_worker.cpp times
+// pp4_zero_bubble, dp2_pp2), in its own 4 processes: the pipeline as
+// hp-train --pp runs it (tools/hp_train/pipeline_run.cpp; dp2_pp2 as
+// hp-train --pp 2 --mode fsdp on 4 ranks), timed as bench_worker.cpp times
 // the other GPT rows.
 //
 // Each rank cuts its stages from the whole GPT built on meta (the stage plan
@@ -9,6 +10,11 @@
 // other rows' weights from the same seed. A step (timed, no barrier): drop the
 // gradients, every rank reads the one shared batch, Pipeline::step over
 // GroupTransport on the world group, AdamW (no clipping, as the other rows).
+// dp2_pp2: the ranks are a (dp, pp) = (2, 2) mesh; each stage is
+// fully_shard'ed over dp once initialised (every block a unit, the stage the
+// root: docs/pipeline.md "fully_shard and tensor parallelism inside stages"),
+// the pipeline runs over the pp group, and replica r reads its half of the
+// batch (batch_for_step's rank r of 2) in half of the micro-batches.
 // The executor's per-step stats (Pipeline::record_step_stats) give each
 // rank's compute time, from which the driver computes the measured bubble
 // (bench/pipeline_bubble.h). Everything the benchmark itself communicates is
@@ -31,7 +37,9 @@
 #include "hp/distributed/collectives.h"
 #include "hp/distributed/comm_stats.h"
 #include "hp/distributed/world.h"
+#include "hp/fsdp/fully_shard.h"
 #include "hp/fsdp/materialize.h"
+#include "hp/mesh/device_mesh.h"
 #include "hp/nn/gpt.h"
 #include "hp/nn/loss.h"
 #include "hp/optim/fused_adamw.h"
@@ -83,9 +91,18 @@ int run_pipeline_worker(const std::string& row, const BenchConfig& c) {
   const train::Corpus corpus = train::load_token_file(c.tokens_path, c.vocab);
   dist::init_process_group();
   const int rank = dist::get_rank(), world = dist::get_world_size();
-  const pp::ScheduleSpec spec{pp::parse_schedule_kind(pp_row->schedule), world,
-                              pp_row->stages_per_rank, static_cast<int>(c.pp_microbatches)};
+  const int replicas = pp_row->data_parallel;
+  HP_CHECK_ARG(world % replicas == 0, "--worker ", row, " runs on a multiple of ", replicas,
+               " ranks, not ", world);
+  const int pp_ranks = pp_row->pipeline_ranks(world);
+  const pp::ScheduleSpec spec{pp::parse_schedule_kind(pp_row->schedule), pp_ranks,
+                              pp_row->stages_per_rank, static_cast<int>(pp_row->microbatches(c))};
   pp::check_spec(spec);
+  // (dp, pp), row-major as hp-train's: the pp ranks of one replica adjacent.
+  DeviceMeshPtr mesh;
+  if (replicas > 1) mesh = init_device_mesh("cpu", {replicas, pp_ranks}, {"dp", "pp"});
+  const int replica = mesh ? static_cast<int>(mesh->coordinate(0)) : 0;
+  const int pipeline_rank = mesh ? static_cast<int>(mesh->coordinate(1)) : rank;
 
   enable_memory_tracking();
   const int64_t rss_before_model = train::resident_bytes();
@@ -103,7 +120,7 @@ int run_pipeline_worker(const std::string& row, const BenchConfig& c) {
   for (const auto& p : whole->blocks().at(0)->parameters()) block_bytes += p.nbytes();
   std::vector<pp::StageModule> stages;
   std::vector<nn::InitPlan> inits;
-  for (int s : pp::rank_stages(spec, rank)) {
+  for (int s : pp::rank_stages(spec, pipeline_rank)) {
     stages.push_back(pp::gpt_stage(*whole, plan, s));
     inits.push_back(pp::stage_init_plan(*whole, whole_init, *stages.back()));
   }
@@ -114,9 +131,18 @@ int run_pipeline_worker(const std::string& row, const BenchConfig& c) {
     generator.set_state(init_state);
     init_sharded(*stages[i], inits[i]);
   }
+  if (mesh) {
+    FullyShardOptions shard;
+    shard.mesh = (*mesh)["dp"];
+    for (const pp::StageModule& stage : stages) {
+      for (const auto& block : stage->blocks()) fully_shard(block, shard);
+      fully_shard(stage.ptr(), shard);
+    }
+  }
 
   pp::Pipeline pipeline({spec, c.d}, stages,
-                        std::make_shared<pp::GroupTransport>(dist::world_group()),
+                        std::make_shared<pp::GroupTransport>(mesh ? mesh->group_ptr(1)
+                                                                  : dist::world_group()),
                         [](const at::Tensor& logits, const at::Tensor& targets) {
                           return nn::cross_entropy(logits, targets);
                         });
@@ -124,13 +150,15 @@ int run_pipeline_worker(const std::string& row, const BenchConfig& c) {
                                                          .betas({c.beta1, c.beta2})
                                                          .eps(c.eps)
                                                          .weight_decay(c.weight_decay));
-  const bool has_last = pp::stage_rank(spec, pp::num_stages(spec) - 1) == rank;
+  const int last_pipeline_rank = pp::stage_rank(spec, pp::num_stages(spec) - 1);
+  const bool has_last = last_pipeline_rank == pipeline_rank;
 
   auto step = [&](int64_t s) {
     for (auto& stage : stages) stage->zero_grad(/*set_to_none=*/true);
     // Every pipeline rank reads the one batch (stage 0 its ids, the last
-    // stage its targets, the others its shape), as hp-train --pp does.
-    train::Batch batch = train::batch_for_step(corpus.tokens, s, c.batch, c.seq, 0, 1);
+    // stage its targets, the others its shape), as hp-train --pp does; each
+    // replica its share of it.
+    train::Batch batch = train::batch_for_step(corpus.tokens, s, c.batch, c.seq, replica, replicas);
     at::Tensor loss = pipeline.step(batch.inputs, batch.targets);
     optimizer.step();
     return loss;
@@ -199,7 +227,17 @@ int run_pipeline_worker(const std::string& row, const BenchConfig& c) {
       for (int64_t i = 0; i < n; ++i) v.push_back(at_rank(r, block * n + i));
       return v;
     };
-    const int last_rank = pp::stage_rank(spec, pp::num_stages(spec) - 1);
+    // The loss lives on each replica's last stage's rank; the replicas' mean
+    // (equal halves of the batch) is the batch's.
+    std::vector<int> last_ranks;
+    for (int r = 0; r < replicas; ++r) last_ranks.push_back(r * pp_ranks + last_pipeline_rank);
+    auto replicas_mean = [&](int64_t i) {
+      double sum = 0;
+      for (int r : last_ranks) sum += at_rank(r, i);
+      return sum / static_cast<double>(replicas);
+    };
+    std::vector<double> mean_losses;
+    for (int64_t i = 0; i < n; ++i) mean_losses.push_back(replicas_mean(n + i));
     std::vector<double> step_max(n, 0);
     for (int64_t i = 0; i < n; ++i)
       for (int r = 0; r < world; ++r) step_max[i] = std::max(step_max[i], at_rank(r, i));
@@ -226,12 +264,12 @@ int run_pipeline_worker(const std::string& row, const BenchConfig& c) {
       faults.push_back(at_rank(r, field++));
       host_each.push_back(at_rank(r, field++));
     }
-    const double first = at_rank(last_rank, width - 4);
+    const double first = replicas_mean(width - 4);
     nlohmann::json out;
     out["row"] = row;
     out["ranks"] = world;
-    out["mesh"] = std::vector<int64_t>{world};
-    out["mesh_names"] = std::vector<std::string>{"pp"};
+    out["mesh"] = mesh ? mesh->shape() : std::vector<int64_t>{world};
+    out["mesh_names"] = mesh ? mesh->dim_names() : std::vector<std::string>{"pp"};
     out["comm_fusion"] = false;
     out["prefetch"] = false;
     out["activation_checkpointing"] = false;
@@ -241,7 +279,7 @@ int run_pipeline_worker(const std::string& row, const BenchConfig& c) {
     out["steps"] = n;
     out["warmup"] = c.warmup;
     out["step_times_s"] = step_max;
-    out["losses"] = series(last_rank, 1);  // the loss lives on the last stage's rank
+    out["losses"] = mean_losses;
     out["first_loss"] = std::isnan(first) ? nlohmann::json(nullptr) : nlohmann::json(first);
     out["peak_bytes_per_rank"] = peaks;
     out["end_bytes_per_rank"] = current;
@@ -258,6 +296,7 @@ int run_pipeline_worker(const std::string& row, const BenchConfig& c) {
         {"schedule", pp_row->schedule},
         {"stages_per_rank", spec.stages_per_rank},
         {"microbatches", spec.microbatches},
+        {"data_parallel", replicas},
         {"layers", c.pp_layers},
         {"stage_plan", pp::describe(plan)},
         {"compute_s_per_rank_per_step", compute_each},

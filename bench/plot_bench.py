@@ -7,9 +7,9 @@ Panels: median step time (with the 10th-90th percentile range), tokens/s,
 peak memory per rank (torch_ddp's bar is its RSS delta, hatched: a different
 method, see the JSON's peak_bytes_method; the black ticks are every row's RSS
 delta, measured alike; the red circles the memory plan's prediction for our
-rows) and collectives per step stacked by kind. The pipeline rows (pp4*, torch_pp4*)
-carry their measured bubble inside the step-time bar. Failed rows are labelled
-"failed".
+rows) and collectives per step stacked by kind. The pipeline rows (pp4*, torch_pp4*,
+dp2_pp2, torch_dp2_pp2) carry their measured bubble inside the step-time bar. Failed rows
+are labelled "failed".
 """
 import json
 import sys
@@ -29,6 +29,7 @@ ROW_COLORS = {
     "pp4": "#64b5cd", "pp4_gpipe": "#4a90a4", "pp4_interleaved": "#2f6f80",
     "pp4_zero_bubble": "#1b4f5c", "torch_pp4": "#555555", "torch_pp4_gpipe": "#666666",
     "torch_pp4_interleaved": "#777777", "torch_pp4_zero_bubble": "#888888",
+    "dp2_pp2": "#8fd0a8", "torch_dp2_pp2": "#999999",
 }
 
 
@@ -137,6 +138,9 @@ def main(path, out):
     if pp and any("pipeline" in r for r in rows):
         pp_note = "\npipeline rows: {} layers, 4 ranks, {} micro-batches of one shared batch".format(
             pp["layers"], pp["microbatches"])
+        if any(r["name"].endswith("dp2_pp2") for r in rows):
+            pp_note += " (dp2_pp2: 2 replicas, half of it each in {} micro-batches)".format(
+                pp["microbatches"] // 2)
     fig.suptitle(
         "hp-bench: GPT vocab {} seq {} d {} heads {} layers {}, batch {}/rank, AdamW, {}; "
         "{} x {} timed steps{}".format(

@@ -72,7 +72,9 @@ void print_rows(const json& rows) {
 }
 
 // The pipeline rows: each schedule's step time, measured bubble and peak
-// beside PyTorch's twin, with the schedule's theoretical and simulated bubble.
+// (the highest rank's, then every rank's) beside PyTorch's twin, with the
+// schedule's theoretical and simulated bubble; dp > 1: replicas of the
+// pipeline (dp2_pp2), m micro-batches per replica.
 void print_pipeline(const json& rows) {
   auto percent = [](const json& v) {
     return v.is_null() ? std::string("-") : fmt::format("{:.1f}%", 100 * v.get<double>());
@@ -82,20 +84,24 @@ void print_pipeline(const json& rows) {
     if (!r.contains("pipeline") || r["step_time_s_median"].is_null()) continue;
     if (!header) {
       fmt::print("\npipeline rows (bubble: share of each rank's pipeline step outside compute "
-                 "actions, mean over ranks and steps):\n{:<24} {:<12} {:>3} {:>3} {:>10} {:>10} "
-                 "{:>10} {:>10} {:>10}\n",
-                 "row", "schedule", "v", "m", "step_s", "measured", "theory", "simulated",
-                 "peak_MiB");
+                 "actions, mean over ranks and steps):\n{:<24} {:<12} {:>3} {:>3} {:>3} {:>10} "
+                 "{:>10} {:>10} {:>10} {:>10}  {}\n",
+                 "row", "schedule", "dp", "v", "m", "step_s", "measured", "theory", "simulated",
+                 "peak_MiB", "each rank MiB");
       header = true;
     }
     const json& p = r["pipeline"];
-    fmt::print("{:<24} {:<12} {:>3} {:>3} {:>10.4f} {:>10} {:>10} {:>10} {:>10.1f}\n",
+    std::string each;
+    for (const auto& b : r.value("peak_bytes_each_rank", json::array()))
+      each += fmt::format("{}{:.1f}", each.empty() ? "" : " ", b.get<double>() / (1 << 20));
+    fmt::print("{:<24} {:<12} {:>3} {:>3} {:>3} {:>10.4f} {:>10} {:>10} {:>10} {:>10.1f}  {}\n",
                r["name"].get<std::string>(), p["schedule"].get<std::string>(),
-               p["stages_per_rank"].get<int>(), p["microbatches"].get<int>(),
+               p.value("data_parallel", 1), p["stages_per_rank"].get<int>(),
+               p["microbatches"].get<int>(),
                r["step_time_s_median"].get<double>(), percent(p["measured_bubble"]),
                percent(p.value("theoretical_bubble", json(nullptr))),
                percent(p.value("simulated_bubble", json(nullptr))),
-               r["peak_bytes_per_rank"].get<double>() / (1 << 20));
+               r["peak_bytes_per_rank"].get<double>() / (1 << 20), each);
   }
 }
 

@@ -71,7 +71,8 @@ std::vector<std::string> row_command(const Launcher& l, const Row& row, const Be
   // One script runs every PyTorch pipeline row: which one, and its schedule.
   if (const PipelineRow* pp = pipeline_row(row)) {
     append(argv, {"--row", row.name, "--pp-schedule", pp->schedule, "--pp-stages-per-rank",
-                  std::to_string(pp->stages_per_rank)});
+                  std::to_string(pp->stages_per_rank), "--pp-data-parallel",
+                  std::to_string(pp->data_parallel)});
   }
   return argv;
 }

@@ -30,7 +30,7 @@ std::vector<std::string> worker_command(const Launcher& l, const std::string& wo
 
 // The command that runs `row` once: our worker, or PYTHON SCRIPT for a PyTorch
 // row (a pipeline row's also told its name and schedule: --row, --pp-schedule,
-// --pp-stages-per-rank).
+// --pp-stages-per-rank, --pp-data-parallel).
 std::vector<std::string> row_command(const Launcher& l, const Row& row, const BenchConfig& c);
 
 struct RunOutcome {

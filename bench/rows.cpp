@@ -14,7 +14,7 @@ int one(const BenchConfig&) { return 1; }
 int data_parallel(const BenchConfig& c) { return c.ranks; }
 int hsdp(const BenchConfig& c) { return c.hsdp_ranks; }
 int dp_tp_2x2(const BenchConfig&) { return 4; }  // a (dp, tp) mesh of 2 x 2
-int pipeline_ranks(const BenchConfig&) { return 4; }  // pp 4, no data parallelism
+int pipeline_ranks(const BenchConfig&) { return 4; }  // pp 4, or (dp, pp) = (2, 2)
 
 std::string hsdp_note(const BenchConfig& c) {
   if (c.hsdp_ranks == 2) {
@@ -41,8 +41,17 @@ std::string pipeline_note(const BenchConfig& c) {
          " blocks (--pp-layers; the other rows have --layers), all ranks sharing one batch of " +
          std::to_string(c.batch) + " samples in " + std::to_string(c.pp_microbatches) +
          " micro-batches: 4 processes, more than a 2-core machine has, so compare it with its "
-         "torch_ twin rather than with the 2-rank rows. pp 4 alone: no data parallelism (replicas "
-         "of the pipeline are not benchmarked).";
+         "torch_ twin rather than with the 2-rank rows. pp 4 alone: no data parallelism (dp2_pp2 "
+         "adds it).";
+}
+
+std::string dp_pp_note(const BenchConfig& c) {
+  return "(dp, pp) = (2, 2) over 4 ranks: each stage fully_shard'ed over its 2 dp ranks, 1F1B "
+         "over the 2 pp ranks, a GPT of " + std::to_string(c.pp_layers) +
+         " blocks (--pp-layers) in 2 stages; each replica trains on half of the batch of " +
+         std::to_string(c.batch) + " samples in " + std::to_string(c.pp_microbatches / 2) +
+         " micro-batches (the pp4 rows' micro-batch size): 4 processes, more than a 2-core "
+         "machine has, so compare it with its torch_ twin rather than with the 2-rank rows.";
 }
 
 constexpr auto kWorker = RowLauncher::kWorker;
@@ -91,6 +100,11 @@ const std::vector<Row> kRows = {
      RowBatch::kShared, true, pipeline_note, 1},
     {"torch_pp4_zero_bubble", false, kPython, "torch_pipeline_baseline.py", pipeline_ranks,
      RowBatch::kShared, true, pipeline_note, 1},
+    // Data parallelism x pipeline: ours (fully_shard inside the stages) and
+    // PyTorch's FSDP2 + torch.distributed.pipelining, as torchtitan composes them.
+    {"dp2_pp2", false, kWorker, nullptr, pipeline_ranks, RowBatch::kShared, true, dp_pp_note, 1},
+    {"torch_dp2_pp2", false, kPython, "torch_pipeline_baseline.py", pipeline_ranks,
+     RowBatch::kShared, true, dp_pp_note, 1},
     // Saves and loads ckpt_repeats times, each with its plain write and read:
     // longer than a step-time row.
     {"checkpoint", false, RowLauncher::kCheckpoint, nullptr, data_parallel, kPerRank, true,
@@ -121,10 +135,11 @@ const std::vector<Row>& all_rows() { return kRows; }
 const PipelineRow* pipeline_row(const Row& row) {
   // By the name without "torch_": a twin runs its row's schedule.
   static const std::vector<std::pair<std::string, PipelineRow>> kSchedules = {
-      {"pp4", {"1f1b", 1}},
-      {"pp4_gpipe", {"gpipe", 1}},
-      {"pp4_interleaved", {"interleaved", 2}},
-      {"pp4_zero_bubble", {"zero-bubble", 2}}};
+      {"pp4", {"1f1b", 1, 1}},
+      {"pp4_gpipe", {"gpipe", 1, 1}},
+      {"pp4_interleaved", {"interleaved", 2, 1}},
+      {"pp4_zero_bubble", {"zero-bubble", 2, 1}},
+      {"dp2_pp2", {"1f1b", 1, 2}}};
   std::string name = row.name;
   if (name.rfind("torch_", 0) == 0) name = name.substr(6);
   for (const auto& [pp_name, schedule] : kSchedules)

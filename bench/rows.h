@@ -23,7 +23,8 @@ enum class RowLauncher {
 // Which samples one step of a row trains on, from its ranks.
 enum class RowBatch {
   kPerRank,  // data parallel: a batch per rank
-  kShared,   // tensor and pipeline parallel: all ranks share one batch
+  kShared,   // tensor and pipeline parallel: all ranks share one batch (dp2_pp2: its
+             // replicas split it)
   kPerPair,  // (dp, tp) = (ranks / 2, 2): a batch per pair of ranks
 };
 
@@ -45,10 +46,20 @@ struct Row {
 };
 
 // The schedule a pipeline row runs (ours and its torch_ twin alike), over
-// ranks(c) pipeline ranks holding stages_per_rank stages each.
+// ranks(c) / data_parallel pipeline ranks holding stages_per_rank stages
+// each. With data_parallel D > 1 the ranks are a (dp, pp) mesh of
+// (D, ranks / D), row-major; each stage is fully_shard'ed over dp
+// (docs/pipeline.md "fully_shard and tensor parallelism inside stages") and
+// replica r trains on its 1/D of the batch in microbatches(c) micro-batches.
 struct PipelineRow {
   const char* schedule;  // hp::pp::parse_schedule_kind's name: gpipe, 1f1b, interleaved, zero-bubble
   int stages_per_rank;
+  int data_parallel;     // 1: pp alone
+
+  int pipeline_ranks(int ranks) const { return ranks / data_parallel; }
+  // Per replica: pp_microbatches / D, so that a micro-batch holds as many
+  // samples (batch / pp_microbatches) as in the pp-only rows.
+  int64_t microbatches(const BenchConfig& c) const { return c.pp_microbatches / data_parallel; }
 };
 
 // The schedule of `row` if it is a pipeline row, else nullptr.

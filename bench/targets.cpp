@@ -48,6 +48,9 @@ const std::vector<RatioTarget> kRatioTargets = {
      kStepTime, 1.0,
      "median step time of pp4_zero_bubble (v = 2) / PyTorch's ScheduleInterleavedZeroBubble "
      "<= 1.0"},
+    {"dp2_pp2_over_torch_dp2_pp2", "dp2_pp2", "torch_dp2_pp2", kStepTime, 1.0,
+     "median step time of dp2_pp2 ((dp, pp) = (2, 2): fully_shard inside the stages, 1F1B) / "
+     "PyTorch's FSDP2 + Schedule1F1B <= 1.0"},
 };
 
 // The row called `name` if it has a median step time (it ran).

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""The torch_pp4* rows of hp-bench: PyTorch's torch.distributed.pipelining on CPU over Gloo.
+"""hp-bench's torch_pp4* and torch_dp2_pp2 rows: PyTorch's torch.distributed.pipelining, CPU, Gloo.
 
 Launched by hp-bench as
 
   hprun -n 4 PYTHON bench/torch_pipeline_baseline.py --tokens FILE ... \\
-      --row torch_pp4 --pp-schedule 1f1b --pp-stages-per-rank 1
+      --row torch_pp4 --pp-schedule 1f1b --pp-stages-per-rank 1 [--pp-data-parallel 2]
 
 the PyTorch twin of our pipeline rows (bench/pipeline_worker.cpp), the same
 in everything but the executor:
@@ -32,6 +32,16 @@ in everything but the executor:
   through /proc/self/clear_refs once the other stages are dropped, so the
   whole model's build does not count) minus VmRSS before the model was
   built; ru_maxrss where the reset is refused.
+
+With --pp-data-parallel D > 1 (torch_dp2_pp2) the ranks form a (dp, pp) =
+(D, ranks / D) device mesh, row-major as ours (rank = replica * P + pipeline
+rank), composed as torchtitan composes them: pipeline outer, each stage
+module fully_shard'ed (FSDP2) over the dp dim, every block then the stage,
+reshard_after_forward=False (the pipeline runs several forwards of a unit
+before its backward), the PipelineStage over the pp dim's group. Replica r
+trains on its 1/D of the batch (batch_for_step's rank r of D) in
+--pp-microbatches / D micro-batches, the micro-batches of the pp rows' size;
+the losses reported are the replicas' mean.
 
 A PyTorch without torch.distributed.pipelining or one of these schedules
 (Debian's 1.13) makes rank 0 print a result that says the row was skipped
@@ -67,6 +77,7 @@ def add_arguments(p):
     p.add_argument("--pp-stages-per-rank", type=int, default=1)
     p.add_argument("--pp-layers", type=int, default=8)
     p.add_argument("--pp-microbatches", type=int, default=8)
+    p.add_argument("--pp-data-parallel", type=int, default=1)
 
 
 def plan_stages(blocks, num_stages):
@@ -171,27 +182,57 @@ def import_pipelining():
     return pipelining
 
 
+def import_fully_shard():
+    """FSDP2's fully_shard and init_device_mesh (torch_fsdp2_baseline.py's
+    version rule), or None where this PyTorch lacks them."""
+    import torch_fsdp2_baseline as fsdp2
+    if fsdp2.torch_version() < fsdp2.MIN_VERSION:
+        return None
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        return fsdp2.import_fully_shard(), init_device_mesh
+    except ImportError:
+        return None
+
+
+def skip(row, reason):
+    """Rank 0 reports the row as skipped; every rank exits with status 0."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(common.MARKER + json.dumps({"row": row, "torch_version": torch.__version__,
+                                          "skipped": reason}), flush=True)
+    sys.exit(0)
+
+
 def main():
     args = common.parse_args(__doc__.splitlines()[0], add_arguments)
     assert args.device == "cpu", "the pipeline rows run on the CPU (Gloo)"
     pipelining = import_pipelining()
     if pipelining is None:
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(common.MARKER + json.dumps({
-                "row": args.row, "torch_version": torch.__version__,
-                "skipped": f"PyTorch {torch.__version__} lacks torch.distributed.pipelining's "
-                           + ", ".join(sorted(SCHEDULES.values()))}), flush=True)
-        sys.exit(0)
+        skip(args.row, f"PyTorch {torch.__version__} lacks torch.distributed.pipelining's "
+                       + ", ".join(sorted(SCHEDULES.values())))
+    dp = args.pp_data_parallel
+    fsdp = import_fully_shard() if dp > 1 else None
+    if dp > 1 and fsdp is None:
+        skip(args.row, f"PyTorch {torch.__version__} lacks FSDP2 (fully_shard on a CPU device "
+                       "mesh) to shard the stages over the dp dim")
 
     torch.set_num_threads(1)
     ref = common.load_reference()
     tokens = common.read_tokens(args.tokens)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    v, m = args.pp_stages_per_rank, args.pp_microbatches
+    assert dp >= 1 and world % dp == 0 and args.pp_microbatches % dp == 0, (world, dp)
+    pp_ranks = world // dp
+    replica, pp_rank = rank // pp_ranks, rank % pp_ranks  # row-major (dp, pp), as ours
+    v, m = args.pp_stages_per_rank, args.pp_microbatches // dp
     assert (v == 1) == (args.pp_schedule not in LOOPED), (args.pp_schedule, v)
-    num_stages = world * v
-    assert args.batch % m == 0, (args.batch, m)
+    num_stages = pp_ranks * v
+    assert args.batch % args.pp_microbatches == 0, (args.batch, args.pp_microbatches)
+    pp_group, counter = None, None
+    if dp > 1:
+        fully_shard, init_device_mesh = fsdp
+        mesh = init_device_mesh("cpu", (dp, pp_ranks), mesh_dim_names=("dp", "pp"))
+        pp_group = mesh["pp"].get_group()
 
     rss_before_model = common.current_rss_bytes()
     cfg = {"vocab_size": args.vocab, "context": args.ctx, "n_layer": args.pp_layers,
@@ -200,14 +241,24 @@ def main():
     model = ref.GPT(cfg)
     parameters = sum(p.numel() for p in model.parameters())
     begins = plan_stages(args.pp_layers, num_stages) + [args.pp_layers]
-    mine = list(range(rank, num_stages, world))
+    mine = list(range(pp_rank, num_stages, pp_ranks))
     modules = [Stage(model, s, num_stages, range(begins[s], begins[s + 1])) for s in mine]
     del model
     gc.collect()
     hwm_reset = reset_peak_rss()
+    if dp > 1:
+        # torchtitan's order: every block a unit, then the stage as the root,
+        # all keeping their parameters gathered from forward to backward.
+        for mod in modules:
+            for block in mod.h.values():
+                fully_shard(block, mesh=mesh["dp"], reshard_after_forward=False)
+            fully_shard(mod, mesh=mesh["dp"], reshard_after_forward=False)
+        import torch_fsdp2_baseline as fsdp2
+        counter = fsdp2.CollectiveCounter()
 
     device = torch.device("cpu")
-    stages = [pipelining.PipelineStage(mod, s, num_stages, device) for mod, s in zip(modules, mine)]
+    stages = [pipelining.PipelineStage(mod, s, num_stages, device, group=pp_group)
+              for mod, s in zip(modules, mine)]
     loss_fn = ref.loss_of
     schedule_class = getattr(pipelining.schedules, SCHEDULES[args.pp_schedule])
     if args.pp_schedule in LOOPED:
@@ -228,7 +279,8 @@ def main():
     def step(s):
         opt.zero_grad(set_to_none=True)
         # Every rank reads the one batch; the first stage takes its ids, the last its targets.
-        x, y = common.batch_for_step(tokens, s, args.batch, args.seq, 0, 1)
+        # With dp > 1 replica r takes its 1/dp of the batch.
+        x, y = common.batch_for_step(tokens, s, args.batch, args.seq, replica, dp)
         losses = []
         clock.take()
         t0 = time.perf_counter()
@@ -240,15 +292,29 @@ def main():
         return torch.stack(losses).mean().detach() if has_last else torch.zeros(())
 
     first_loss, times, losses, _timed_s, kernel_s, faults, host_s = common.timed_steps(
-        step, args.warmup, args.worker_steps, lambda: None)
+        step, args.warmup, args.worker_steps, counter.reset if counter else lambda: None)
     n = args.worker_steps
     rss_delta = (peak_rss_since_reset() if hwm_reset else common.peak_rss_bytes()) - \
         rss_before_model
     row = (times + losses + compute_s[-n:] + pipeline_s[-n:] +
            [float(rss_delta), first_loss if has_last else 0.0, kernel_s / n, faults, host_s / n])
     allr = common.gather_rows(torch.tensor(row, dtype=torch.float64), world, True)
-    last_rank = (num_stages - 1) % world
+    # Each replica's loss lives on its last stage's rank: their mean is the batch's.
+    last_ranks = [r * pp_ranks + (num_stages - 1) % pp_ranks for r in range(dp)]
     if rank == 0:
+        if counter is None:
+            collectives = {"all_gather_per_step": 0, "reduce_scatter_per_step": 0,
+                           "all_reduce_per_step": 0,
+                           "method": "none: the schedule moves activations and gradients "
+                                     "point to point (isend / irecv), not counted"}
+        else:
+            per_step = {k: c / n for k, c in counter.counts.items()}
+            collectives = {"all_gather_per_step": per_step["all_gather"],
+                           "reduce_scatter_per_step": per_step["reduce_scatter"],
+                           "all_reduce_per_step": per_step["all_reduce"],
+                           "method": "FSDP2's calls to torch.distributed's all-gather, "
+                                     "reduce-scatter and all_reduce during the timed steps, "
+                                     "rank 0; the pipeline's point-to-point not counted"}
         out = {
             "row": args.row,
             "ranks": world,
@@ -258,23 +324,21 @@ def main():
             "steps": n,
             "warmup": args.warmup,
             "step_times_s": allr[:, :n].max(dim=0).values.tolist(),
-            "losses": allr[last_rank, n:2 * n].tolist(),
-            "first_loss": float(allr[last_rank, 4 * n + 1]),
+            "losses": allr[last_ranks, n:2 * n].mean(dim=0).tolist(),
+            "first_loss": float(allr[last_ranks, 4 * n + 1].mean()),
             "peak_rss_delta_bytes_per_rank": [int(x) for x in allr[:, 4 * n].tolist()],
             "kernel_s_per_step_per_rank": allr[:, 4 * n + 2].tolist(),
             "page_faults_per_step_per_rank": allr[:, 4 * n + 3].tolist(),
             "host_s_per_step_per_rank": allr[:, 4 * n + 4].tolist(),
             "units": args.pp_layers + 1,
             "device": "cpu",
-            "collectives": {"all_gather_per_step": 0, "reduce_scatter_per_step": 0,
-                            "all_reduce_per_step": 0,
-                            "method": "none: the schedule moves activations and gradients "
-                                      "point to point (isend / irecv), not counted"},
+            "collectives": collectives,
             "pipeline": {
                 "schedule": args.pp_schedule,
                 "torch_schedule": SCHEDULES[args.pp_schedule],
                 "stages_per_rank": v,
                 "microbatches": m,
+                "data_parallel": dp,
                 "layers": args.pp_layers,
                 "stage_begins": begins[:-1],
                 "compute_s_per_rank_per_step": allr[:, 2 * n:3 * n].tolist(),

@@ -29,7 +29,8 @@ TEST(BenchRows, DefaultRowsEndWithThePyTorchPeersOfSingle) {
   EXPECT_THAT(extra_row_names(),
               ElementsAre("ddp_unfused", "fsdp_prefetch", "pp4", "pp4_gpipe", "pp4_interleaved",
                           "pp4_zero_bubble", "torch_pp4", "torch_pp4_gpipe",
-                          "torch_pp4_interleaved", "torch_pp4_zero_bubble", "checkpoint"));
+                          "torch_pp4_interleaved", "torch_pp4_zero_bubble", "dp2_pp2",
+                          "torch_dp2_pp2", "checkpoint"));
 }
 
 TEST(BenchRows, TorchSingleIsAOneProcessPythonRow) {

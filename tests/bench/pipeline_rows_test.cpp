@@ -37,6 +37,9 @@ TEST(PipelineRows, EachRowAndItsTorchTwinRunOneScheduleOnFourRanksSharingABatch)
       ASSERT_NE(pp, nullptr) << row_name;
       EXPECT_EQ(pp->schedule, schedule.first) << row_name;
       EXPECT_EQ(pp->stages_per_rank, schedule.second) << row_name;
+      EXPECT_EQ(pp->data_parallel, 1) << row_name;  // pp alone
+      EXPECT_EQ(pp->pipeline_ranks(row.ranks(c)), 4) << row_name;
+      EXPECT_EQ(pp->microbatches(c), c.pp_microbatches) << row_name;
       EXPECT_EQ(row.ranks(c), 4) << row_name;            // not --ranks
       EXPECT_EQ(row.samples_per_step(c), 16) << row_name;  // one shared batch
       EXPECT_FALSE(row.standard) << row_name;              // 4 processes: on request only
@@ -47,6 +50,35 @@ TEST(PipelineRows, EachRowAndItsTorchTwinRunOneScheduleOnFourRanksSharingABatch)
   }
   EXPECT_EQ(pipeline_row(find_row_spec("tp")), nullptr);
   EXPECT_EQ(pipeline_row(find_row_spec("torch_ddp")), nullptr);
+}
+
+TEST(PipelineRows, DpTimesPpRowAndItsTorchTwinAreTwoReplicasOfATwoStagePipeline) {
+  BenchConfig c;
+  c.ranks = 2;
+  c.batch = 16;
+  c.pp_microbatches = 8;
+  for (const std::string row_name : {"dp2_pp2", "torch_dp2_pp2"}) {
+    const Row& row = find_row_spec(row_name);
+    const PipelineRow* pp = pipeline_row(row);
+    ASSERT_NE(pp, nullptr) << row_name;
+    EXPECT_STREQ(pp->schedule, "1f1b") << row_name;
+    EXPECT_EQ(pp->stages_per_rank, 1) << row_name;
+    EXPECT_EQ(pp->data_parallel, 2) << row_name;
+    EXPECT_EQ(row.ranks(c), 4) << row_name;  // a (dp, pp) = (2, 2) mesh, not --ranks
+    EXPECT_EQ(pp->pipeline_ranks(row.ranks(c)), 2) << row_name;
+    // Each replica: half of the batch in half of the micro-batches, each of
+    // the pp4 rows' size (batch / pp_microbatches = 2 samples).
+    EXPECT_EQ(pp->microbatches(c), 4) << row_name;
+    EXPECT_EQ(row.samples_per_step(c), 16) << row_name;  // the replicas' halves together
+    EXPECT_FALSE(row.standard) << row_name;              // 4 processes: on request only
+    EXPECT_TRUE(row.communicates) << row_name;
+    EXPECT_THAT(row.note(c), HasSubstr("(dp, pp) = (2, 2)")) << row_name;
+    EXPECT_THAT(row.note(c), HasSubstr("4 micro-batches")) << row_name;
+  }
+  EXPECT_FALSE(find_row_spec("dp2_pp2").torch());
+  EXPECT_STREQ(find_row_spec("torch_dp2_pp2").script, "torch_pipeline_baseline.py");
+  // pp4's note now points at the dp x pp row.
+  EXPECT_THAT(find_row_spec("pp4").note(c), HasSubstr("dp2_pp2"));
 }
 
 TEST(PipelineRows, TheWorkersAreToldTheLayersAndMicroBatches) {
@@ -142,6 +174,7 @@ TEST(PipelineSummary, ReportsTheMeasuredBubbleBesideTheSchedulesOwn) {
   EXPECT_EQ(p["measured_bubble_each_rank"].size(), 4u);
   EXPECT_DOUBLE_EQ(p["theoretical_bubble"].get<double>(), 3.0 / 11);
   EXPECT_EQ(row["peak_bytes_per_rank"], 8);  // libtorch's allocator, the highest rank
+  EXPECT_EQ(p["data_parallel"], 1);           // absent from the worker's: pp alone
   EXPECT_DOUBLE_EQ(row["tokens_per_s"].get<double>(), c.batch * c.seq / 0.5);
 
   const json theirs =
@@ -149,6 +182,28 @@ TEST(PipelineSummary, ReportsTheMeasuredBubbleBesideTheSchedulesOwn) {
   EXPECT_DOUBLE_EQ(theirs["pipeline"]["measured_bubble"].get<double>(), 0.75);
   EXPECT_TRUE(theirs["pipeline"]["theoretical_bubble"].is_null());  // hp::pp's figure, ours only
   EXPECT_EQ(theirs["peak_bytes_per_rank"], 40);  // the RSS delta, as the other PyTorch rows
+}
+
+TEST(PipelineSummary, CarriesTheDataParallelDegreeOfDpTimesPp) {
+  json run = pipeline_run("dp2_pp2", 0.3, true);
+  run["round"] = 0;
+  run["pipeline"]["data_parallel"] = 2;
+  run["pipeline"]["microbatches"] = 4;
+  const json row = summarize_row(find_row_spec("dp2_pp2"), {run}, BenchConfig{});
+  EXPECT_EQ(row["pipeline"]["data_parallel"], 2);
+  EXPECT_EQ(row["pipeline"]["microbatches"], 4);
+  EXPECT_DOUBLE_EQ(row["pipeline"]["measured_bubble"].get<double>(), 0.25);
+  EXPECT_EQ(row["peak_bytes_each_rank"], json({5, 6, 7, 8}));  // every rank's peak
+}
+
+TEST(PipelineTargets, DpTimesPpIsOursOverPyTorchsFsdp2WithPipelining) {
+  const json rows = json::array({{{"name", "dp2_pp2"}, {"step_time_s_median", 0.4}},
+                                 {{"name", "torch_dp2_pp2"}, {"step_time_s_median", 0.5}}});
+  const json targets = compute_targets(rows, BenchConfig{});
+  const json& t = targets["dp2_pp2_over_torch_dp2_pp2"];
+  EXPECT_DOUBLE_EQ(t["value"].get<double>(), 0.8);
+  EXPECT_EQ(t["pass"], true);
+  EXPECT_DOUBLE_EQ(t["limit"].get<double>(), 1.0);
 }
 
 TEST(PipelineTargets, EachScheduleIsOursOverItsTorchTwin) {

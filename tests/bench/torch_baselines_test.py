@@ -3,8 +3,9 @@
 each baseline prints one result line with the keys the driver reads,
 torch_single's first loss is the reference GPT's loss on the single row's
 first batch, the pipeline baseline's first loss on 4 ranks (1F1B and
-interleaved zero bubble) is the reference GPT's on the shared batch within
-the rounding of its micro-batch means, its stage split is hp::pp's, and
+interleaved zero bubble, and torch_dp2_pp2's FSDP2 x 1F1B on a (dp, pp) =
+(2, 2) mesh, its replicas' mean) is the reference GPT's on the shared batch
+within the rounding of its micro-batch means, its stage split is hp::pp's, and
 --profile-ops writes the per-step op profile of our rows'
 schema (bench/op_compare.h), rounds merged weighted by their steps.
 
@@ -45,7 +46,7 @@ def result_of(argv):
 
 def check_result(r, row, ranks, steps=FLAGS["--worker-steps"], units=FLAGS["--layers"] + 1):
     if "skipped" in r:  # torch_fsdp2 or a pipeline row on a PyTorch without them
-        assert row == "torch_fsdp2" or row.startswith("torch_pp4"), r
+        assert row in ("torch_fsdp2", "torch_dp2_pp2") or row.startswith("torch_pp4"), r
         return
     missing = KEYS - set(r)
     assert not missing, f"{row}: missing {missing}"
@@ -134,18 +135,32 @@ def check_pipeline(hprun, flags, tokens_path):
     assert pipeline.plan_stages(8, 8) == list(range(8))
     reference = reference_pipeline_loss(tokens_path)
     pp_flags = flags + [str(v) for kv in PP_FLAGS.items() for v in kv]
-    for schedule, v in (("1f1b", 1), ("zero-bubble", 2)):
-        row = "torch_pp4" if v == 1 else "torch_pp4_zero_bubble"
+    # (row, schedule, stages per rank, data-parallel ranks): dp 2 makes a
+    # (dp, pp) = (2, 2) mesh, each replica on half of the batch in half of
+    # the micro-batches.
+    for row, schedule, v, dp in (("torch_pp4", "1f1b", 1, 1),
+                                 ("torch_pp4_zero_bubble", "zero-bubble", 2, 1),
+                                 ("torch_dp2_pp2", "1f1b", 1, 2)):
         r = result_of([hprun, "-n", "4", "--timeout", "120", sys.executable, script_of("pipeline"),
                        *pp_flags, "--row", row, "--pp-schedule", schedule,
-                       "--pp-stages-per-rank", str(v)])
+                       "--pp-stages-per-rank", str(v), "--pp-data-parallel", str(dp)])
         check_result(r, row, 4, steps=1, units=PP_FLAGS["--pp-layers"] + 1)
         if "skipped" in r:
-            assert pipeline.import_pipelining() is None, r
+            assert pipeline.import_pipelining() is None or (
+                dp > 1 and pipeline.import_fully_shard() is None), r
             continue
         p = r["pipeline"]
         assert p["schedule"] == schedule and p["stages_per_rank"] == v, p
-        assert p["stage_begins"] == pipeline.plan_stages(8, 4 * v), p
+        assert p["data_parallel"] == dp, p
+        assert p["microbatches"] == PP_FLAGS["--pp-microbatches"] // dp, p
+        assert p["stage_begins"] == pipeline.plan_stages(8, 4 // dp * v), p
+        if dp > 1:
+            # FSDP2 reduces each unit of rank 0's stage (its 4 blocks and the
+            # stage) once per step under the pipeline, and gathers each at
+            # least once (this step, with no warm-up before it, also runs the
+            # set-up's gathers).
+            c = r["collectives"]
+            assert c["reduce_scatter_per_step"] == 5 <= c["all_gather_per_step"], c
         for compute, step in zip(p["compute_s_per_rank_per_step"], p["step_s_per_rank_per_step"]):
             assert len(compute) == len(step) == 1, p
             assert 0 < compute[0] <= step[0], p
