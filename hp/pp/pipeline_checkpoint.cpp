@@ -22,10 +22,20 @@ using hp::to_string;
 namespace {
 
 // This rank's stages' parameters by whole-model name, checked through the
-// stages' state dicts: whole tensors (not sharded), one dtype, every name
-// (buffers too) one of `whole_model`'s.
+// stages' state dicts: one dtype, every name (buffers too) one of
+// `whole_model`'s, each held whole or as this rank's piece of a layout
+// (fully_shard's shard, a tensor-parallel split, or both).
+struct HeldParameter {
+  at::Tensor param;   // the registered parameter: AdamW keys its state by it
+  at::Tensor local;   // this rank's piece (outside autograd), when sharded
+  Layout layout;      // how the stage's ranks hold it; undefined: whole here
+  std::vector<int64_t> shape;
+
+  bool sharded() const { return layout.defined(); }
+};
+
 struct HeldParameters {
-  std::map<std::string, at::Tensor> by_name;
+  std::map<std::string, HeldParameter> by_name;
   at::ScalarType dtype = at::kFloat;
 };
 
@@ -38,37 +48,66 @@ HeldParameters held_parameters(const std::vector<pp::StageModule>& stages,
   HeldParameters held;
   std::optional<at::ScalarType> dtype;
   for (const pp::StageModule& stage : stages) {
+    std::map<std::string, HeldParameter> pieces;
     for (auto& [name, value] : get_model_state_dict(*stage)) {
-      // A stage sharded within its ranks would need the other ranks to know
-      // its layout to plan who writes which chunk: not supported.
-      HP_CHECK_ARG(std::holds_alternative<at::Tensor>(value) &&
-                       !is_dtensor(std::get<at::Tensor>(value)),
-                   what, ": '", name, "' of stage ", stage->stage(),
-                   " is sharded (fully_shard or tensor parallelism); a pipeline checkpoint holds "
-                   "each stage's tensors whole on each of its ranks");
-      const at::Tensor& tensor = std::get<at::Tensor>(value);
+      HeldParameter piece;
+      if (std::holds_alternative<DTensor>(value)) {
+        const DTensor& d = std::get<DTensor>(value);
+        piece = {at::Tensor(), d.local(), d.layout(), d.sizes()};
+      } else if (const at::Tensor& t = std::get<at::Tensor>(value); is_dtensor(t)) {
+        piece = {at::Tensor(), local_of(t), layout_of(t), t.sizes().vec()};
+      } else {
+        piece.shape = t.sizes().vec();
+      }
+      const at::ScalarType type = piece.sharded() ? piece.local.scalar_type()
+                                                  : std::get<at::Tensor>(value).scalar_type();
       auto it = known.find(name);
       HP_CHECK_ARG(it != known.end(), what, ": '", name, "' of stage ", stage->stage(),
                    " is not a parameter of the whole model's shapes (", whole_model.size(),
                    " of them); buffers cannot be declared on the other stages' ranks");
-      HP_CHECK_ARG(tensor.sizes().vec() == it->second->shape, what, ": '", name, "' of stage ",
-                   stage->stage(), " has shape ", to_string(tensor.sizes().vec()),
+      HP_CHECK_ARG(piece.shape == it->second->shape, what, ": '", name, "' of stage ",
+                   stage->stage(), " has shape ", to_string(piece.shape),
                    " but the whole model's shapes give ", to_string(it->second->shape));
-      HP_CHECK_ARG(!dtype || *dtype == tensor.scalar_type(), what, ": '", name, "' of stage ",
-                   stage->stage(), " is ", tensor.scalar_type(), " but other parameters are ",
-                   *dtype, "; the other stages' keys are declared with one dtype");
-      dtype = tensor.scalar_type();
+      HP_CHECK_ARG(!dtype || *dtype == type, what, ": '", name, "' of stage ", stage->stage(),
+                   " is ", type, " but other parameters are ", *dtype,
+                   "; the other stages' keys are declared with one dtype");
+      dtype = type;
+      pieces.emplace(name, std::move(piece));
     }
-    // The parameters themselves, not the state dict's values: AdamW keys its
-    // state by the parameter's tensor.
     for (const auto& item : stage->named_parameters(/*recurse=*/true)) {
-      HP_CHECK_ARG(held.by_name.emplace(item.key(), item.value()).second, what, ": '", item.key(),
+      auto it = pieces.find(item.key());
+      HP_CHECK_ARG(it != pieces.end(), what, ": parameter '", item.key(), "' of stage ",
+                   stage->stage(), " is missing from its state dict");
+      it->second.param = item.value();
+      HP_CHECK_ARG(held.by_name.emplace(item.key(), it->second).second, what, ": '", item.key(),
                    "' is held by two of this rank's stages");
     }
   }
   HP_CHECK_ARG(dtype.has_value(), what, ": this rank's stages hold no parameter");
   held.dtype = *dtype;
   return held;
+}
+
+// A piece `local` of a tensor held as `held` is, as a checkpoint entry,
+// the whole tensor on each of the stage's ranks: gathered now over the
+// layout's mesh (collective: the stage's ranks add the same keys in the
+// same order), and after a load this rank's piece of it copied back.
+void add_gathered(State& state, const std::string& key, const at::Tensor& local,
+                  const HeldParameter& held, const std::vector<int>& holders) {
+  FromLocalOptions shape;
+  shape.shape = held.shape;  // uneven shards: the global shape, not inferred
+  torch::NoGradGuard no_grad;
+  at::Tensor whole = from_local(local, held.layout, shape).full_tensor().contiguous().clone();
+  state.add_held_by(key, whole, holders);
+  state.on_loaded([whole, local, layout = held.layout] {
+    torch::NoGradGuard no_grad;
+    local.copy_(distribute_tensor(whole, layout).local());
+  });
+}
+
+// An optimizer state tensor of `held`'s parameter as this rank's piece.
+at::Tensor piece_of(const at::Tensor& state_tensor) {
+  return is_dtensor(state_tensor) ? local_of(state_tensor) : state_tensor;
 }
 
 }  // namespace
@@ -100,8 +139,10 @@ void add_pipeline_model(State& state, const std::vector<pp::StageModule>& stages
   const HeldParameters held = held_parameters(stages, whole_model, "add_pipeline_model");
   for (const nn::ParameterShape& p : whole_model) {
     auto it = held.by_name.find(p.name);
-    if (it != held.by_name.end()) {
-      state.add_held_by(prefix + p.name, it->second, holders.of(p.name));
+    if (it != held.by_name.end() && it->second.sharded()) {
+      add_gathered(state, prefix + p.name, it->second.local, it->second, holders.of(p.name));
+    } else if (it != held.by_name.end()) {
+      state.add_held_by(prefix + p.name, it->second.param, holders.of(p.name));
     } else {
       state.declare_held_by(prefix + p.name, p.shape, held.dtype, holders.of(p.name));
     }
@@ -126,10 +167,17 @@ void add_pipeline_adamw(State& state, torch::optim::AdamW& optimizer,
       state.declare_held_by(base + ".step", {}, at::kLong, ranks);
       continue;
     }
-    auto& s = adamw_param_state(optimizer, it->second, amsgrad);
-    state.add_held_by(base + ".exp_avg", s.exp_avg(), ranks);
-    state.add_held_by(base + ".exp_avg_sq", s.exp_avg_sq(), ranks);
-    if (amsgrad) state.add_held_by(base + ".max_exp_avg_sq", s.max_exp_avg_sq(), ranks);
+    const HeldParameter& h = it->second;
+    auto& s = adamw_param_state(optimizer, h.param, amsgrad);
+    if (h.sharded()) {
+      add_gathered(state, base + ".exp_avg", piece_of(s.exp_avg()), h, ranks);
+      add_gathered(state, base + ".exp_avg_sq", piece_of(s.exp_avg_sq()), h, ranks);
+      if (amsgrad) add_gathered(state, base + ".max_exp_avg_sq", piece_of(s.max_exp_avg_sq()), h, ranks);
+    } else {
+      state.add_held_by(base + ".exp_avg", s.exp_avg(), ranks);
+      state.add_held_by(base + ".exp_avg_sq", s.exp_avg_sq(), ranks);
+      if (amsgrad) state.add_held_by(base + ".max_exp_avg_sq", s.max_exp_avg_sq(), ranks);
+    }
     at::Tensor step = torch::tensor(s.step(), torch::kLong);
     state.add_held_by(base + ".step", step, ranks);
     steps.emplace_back(&s, step);

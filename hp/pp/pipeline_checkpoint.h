@@ -15,9 +15,14 @@
 //
 // Every rank builds the state from the same plan, holders and shapes, in
 // the same order, so the states agree key for key (save and load check it,
-// agreed). A stage's tensors are held whole by each of its ranks: a stage
-// sharded by fully_shard or tensor parallelism (DTensor parameters) is
-// refused with hp::ArgumentError. Every parameter of the whole model has the
+// agreed). A stage sharded by fully_shard or tensor parallelism (DTensor
+// parameters, or both) is saved as whole tensors too: adding its keys
+// gathers each tensor over the stage's mesh (collective: every rank of the
+// stage adds them in the same order), the lowest holder writes it, and
+// after a load each rank copies its own piece back into its shard; the
+// holders of such a stage are all the ranks that hold a piece of it (every
+// dp and tp rank of its pipeline rank), and the gathered copies cost this
+// rank's stages' whole size while the state lives. Every parameter of the whole model has the
 // dtype of this rank's stages' parameters (one dtype; else ArgumentError).
 // The model has no buffers (the GPT and the Llama have none): a stage's
 // tensor that `whole_model` does not name is an ArgumentError.

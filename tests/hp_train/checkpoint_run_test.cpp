@@ -568,5 +568,45 @@ TEST(HpTrainCheckpoints, PipelineReplicasResumeBitForBit) {
                       "dp 2 x pp 2, resumed after 4");
 }
 
+// Sharded and tensor-parallel stages save whole tensors too (each gathered
+// over the stage's ranks): resumed on their own layout they continue bit
+// for bit, and fully_shard's checkpoint resumes as replicas of the pipeline
+// (--mode ddp), which train bit for bit like fully_shard'ed stages
+// (HpTrain.PipelineShardedStagesTrainLikeReplicas).
+TEST(HpTrainCheckpoints, PipelineShardedStagesResumeBitForBit) {
+  TempDir dir;
+  for (const auto& [mode, mesh] : std::vector<std::pair<std::string, std::string>>{
+           {"fsdp", "2x2"}, {"tp", "2x2"}}) {
+    SCOPED_TRACE("--pp 2 --mode " + mode);
+    const std::string ckpt = dir.file("ckpt_" + mode);
+    const Args run = concat(kCkpt, {"--layers", "4", "--pp", "2", "--mode", mode, "--mesh", mesh,
+                                    "--microbatches", "2"});
+    ProcessResult straight = hp_train(
+        4, concat(run, {"--steps", "8", "--save-dir", ckpt, "--save-every", "4", "--log-json",
+                        dir.file(mode + "_straight.jsonl"), "--export",
+                        dir.file(mode + "_straight.safetensors")}));
+    ASSERT_EQ(straight.exit_code, 0) << describe(straight);
+    std::filesystem::remove_all(ckpt + "/step-00000008");
+    const auto all = read_losses(dir.file(mode + "_straight.jsonl"));
+    std::vector<std::pair<std::string, Args>> resumes = {{mode, run}};
+    if (mode == "fsdp") {
+      resumes.emplace_back("ddp", concat(kCkpt, {"--layers", "4", "--pp", "2", "--mode", "ddp",
+                                                 "--microbatches", "2"}));
+    }
+    for (const auto& [as, args] : resumes) {
+      const std::string tag = mode + "_as_" + as;
+      ProcessResult resumed = hp_train(
+          4, concat(args, {"--steps", "8", "--resume", ckpt, "--log-json",
+                           dir.file(tag + ".jsonl"), "--export", dir.file(tag + ".safetensors")}));
+      ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+      const auto tail = read_losses(dir.file(tag + ".jsonl"));
+      ASSERT_EQ(tail.size(), 4u) << describe(resumed);
+      for (const auto& [step, loss] : tail) EXPECT_EQ(loss, all.at(step)) << tag << " step " << step;
+      expect_same_weights(dir.file(tag + ".safetensors"), dir.file(mode + "_straight.safetensors"),
+                          tag);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace hp::train

@@ -133,9 +133,11 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
     parameters += item.value().numel();
     shapes.push_back({item.key(), item.value().sizes().vec()});
   }
-  // Stage s is held, whole, by pipeline rank stage_rank(s) of every
-  // replica: global rank replica * P + that rank. A checkpoint key is then
-  // written by replica 0's holder and read by every replica's.
+  // Stage s is held by pipeline rank stage_rank(s) of every data-parallel
+  // rank d and tensor-parallel rank t: global rank (d * P + that rank) * T
+  // + t, whole (ddp) or a piece each (fsdp, tp; the checkpoint gathers it:
+  // hp/pp/pipeline_checkpoint.h). A key is written by its lowest holder
+  // and read by every holder.
   pp::StageHolders holders{plan, {}};
   for (int s = 0; s < plan.num_stages(); ++s) {
     std::vector<int> ranks;

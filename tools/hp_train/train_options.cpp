@@ -488,11 +488,6 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
                    "product ", world.size, ")");
     }
     if (sharded || tensor_parallel) {
-      HP_CHECK_ARG(options.save_dir.empty() && options.resume.empty() &&
-                       options.export_path.empty(),
-                   "--save-dir, --resume and --export with --pp ", options.pp, " --mode ",
-                   plan::mode_name(mode), ": checkpoints of sharded or tensor-parallel pipeline "
-                   "stages are not supported yet (--mode ddp or no --mode saves them)");
       HP_CHECK_ARG(options.fully_shard_flags.empty(),
                    fmt::format("{}", fmt::join(options.fully_shard_flags, " ")), " with --pp ",
                    options.pp, " --mode ", plan::mode_name(mode), ": the pipeline's stages are "
