@@ -461,13 +461,25 @@ TEST(HpTrain, InitFromGivesTheFilesModelInEveryMode) {
 // support (see the top): the AdamW steps are checked elementwise in
 // tests/tp/gpt_tp_test.cpp and gpt_fsdp_tp_test.cpp. Here both must train,
 // repeat bit for bit, and write every rank's --trace.
+// The mean over `slices` of each slice's bound above (tensor parallelism's
+// reordered sums, from the loss's measured sensitivity).
+double tensor_parallel_slices_bound(nn::GPT& model, int64_t slices) {
+  const nn::GPTConfig config = model->config();
+  const int64_t n_max = std::max({4 * config.n_embd, kTokens, config.vocab_size});
+  double bound = 0;
+  for (int64_t r = 0; r < slices; ++r) {
+    const Batch batch = first_batch(r, slices);
+    const nn::Sensitivity s = nn::measure_sensitivity(model, config, batch.inputs, batch.targets);
+    bound += test::reordered_sum_bound(s.per_unit.at("loss"), n_max, at::kFloat) / slices;
+  }
+  return bound;
+}
+
 TEST(HpTrain, TensorParallelModesMatchOneProcessAtStepZero) {
   TempDir dir;
   nn::GPT model = tiny_model(99);
   const std::string weights = write_weights(dir, model);
   const Args args = concat(kTiny, {"--init-from", weights});
-  const nn::GPTConfig config = model->config();
-  const int64_t n_max = std::max({4 * config.n_embd, kTokens, config.vocab_size});
 
   for (const auto& [mode, mesh, ranks, dp] :
        std::vector<std::tuple<std::string, std::string, int, int64_t>>{
@@ -477,14 +489,8 @@ TEST(HpTrain, TensorParallelModesMatchOneProcessAtStepZero) {
                                    dir.file(mode + ".json")});
     const std::vector<double> curve = losses(ranks, run, dir, mode);
     ASSERT_EQ(curve.size(), 5u);
-    double bound = 0;
-    for (int64_t r = 0; r < dp; ++r) {
-      const Batch batch = first_batch(r, dp);
-      const nn::Sensitivity s = nn::measure_sensitivity(model, config, batch.inputs, batch.targets);
-      bound += test::reordered_sum_bound(s.per_unit.at("loss"), n_max, at::kFloat) / dp;
-    }
     const double expected = first_loss(model, dp);
-    bound += first_loss_bound(expected, dp);
+    const double bound = tensor_parallel_slices_bound(model, dp) + first_loss_bound(expected, dp);
     EXPECT_TRUE(test::within_bound(curve[0], expected, bound)) << "step 0";
     EXPECT_LT(curve[4], curve[0] - 0.5) << "trains";
     EXPECT_EQ(losses(ranks, run, dir, mode + "_again"), curve) << "repeats";
@@ -545,8 +551,6 @@ TEST(HpTrain, PipelineTensorParallelStagesMatchOneProcessAtStepZero) {
   TempDir dir;
   nn::GPT model = tiny_model(99);
   const std::string weights = write_weights(dir, model);
-  const nn::GPTConfig config = model->config();
-  const int64_t n_max = std::max({4 * config.n_embd, kTokens, config.vocab_size});
   const Args args = concat(kTiny, {"--init-from", weights, "--pp", "2", "--microbatches", "2",
                                    "--sample-tokens", "8"});
   for (const auto& [mode, mesh, ranks, slices] :
@@ -556,14 +560,9 @@ TEST(HpTrain, PipelineTensorParallelStagesMatchOneProcessAtStepZero) {
     const std::vector<double> curve =
         losses(ranks, concat(args, {"--mode", mode, "--mesh", mesh}), dir, "pp_" + mode);
     ASSERT_EQ(curve.size(), 5u);
-    double bound = 0;
-    for (int64_t r = 0; r < slices; ++r) {
-      const Batch batch = first_batch(r, slices);
-      const nn::Sensitivity s = nn::measure_sensitivity(model, config, batch.inputs, batch.targets);
-      bound += test::reordered_sum_bound(s.per_unit.at("loss"), n_max, at::kFloat) / slices;
-    }
     const double expected = first_loss(model, slices);
-    bound += first_loss_bound(expected, slices) + std::ldexp(expected, -24);
+    const double bound = tensor_parallel_slices_bound(model, slices) +
+                         first_loss_bound(expected, slices) + std::ldexp(expected, -24);
     EXPECT_TRUE(test::within_bound(curve[0], expected, bound)) << "step 0";
     EXPECT_LT(curve[4], curve[0] - 0.5) << "trains";
   }

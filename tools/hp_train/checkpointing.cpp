@@ -19,6 +19,7 @@
 #include "hp/checkpoint/training_state.h"
 #include "hp/util/error.h"
 #include "tools/hp_train/progress.h"
+#include "tools/hp_train/step_log.h"
 
 namespace hp::train {
 
@@ -151,6 +152,26 @@ checkpoint::State TrainCheckpoints::run_state(int64_t& steps_done) {
 }
 
 TrainCheckpoints::~TrainCheckpoints() = default;
+
+TrainCheckpoints::Start TrainCheckpoints::start(const std::optional<ResumePoint>& point,
+                                                StepLog* step_log, ProgressMeter& meter) {
+  Start start;
+  if (!point) {
+    if (options_.resume == kResumeAuto) {
+      start.line = fmt::format("--resume auto: no complete checkpoint in {} yet; starting from "
+                               "step 0", options_.save_dir);
+    }
+    return start;
+  }
+  const Resumed resumed = resume(*point);
+  start.line = resumed.line;
+  start.first_step = resumed.step;
+  // The checked checkpoint's data failed its checks: an older one was
+  // loaded, and the run (and its log) continues from there.
+  if (resumed.step != point->step && step_log) step_log->restart_at(resumed.step);
+  meter.start_at(resumed.step);
+  return start;
+}
 
 bool TrainCheckpoints::due(int64_t steps_done) const {
   if (options_.save_dir.empty()) return false;

@@ -32,6 +32,9 @@ class State;
 
 namespace hp::train {
 
+class ProgressMeter;
+class StepLog;
+
 // Flag combinations, before any collective: --save-every and --save-async
 // need --save-dir,
 // --export names a .safetensors file, and --mode tp takes none of the
@@ -113,6 +116,15 @@ class TrainCheckpoints {
   // data fails its checks, the newest older one that passes them
   // (checkpoint.h's load from a root): `step` says which.
   Resumed resume(const ResumePoint& point);
+  // The run's first step: 0, or under --resume the step of the checkpoint
+  // resume() loaded (an older one when `point`'s data failed its checks:
+  // `step_log` then restarts there); `meter` starts there. `line` is what
+  // to print: resume()'s, or --resume auto's "no checkpoint yet".
+  struct Start {
+    int64_t first_step = 0;
+    std::string line;
+  };
+  Start start(const std::optional<ResumePoint>& point, StepLog* step_log, ProgressMeter& meter);
 
  private:
   // A state of the model, the optimizer and the train.* keys; `steps_done`

@@ -251,21 +251,9 @@ int run(TrainOptions options) {
   }
   TrainCheckpoints checkpoints(model, trainer.optimizer(), options);
   trainer.set_before_optimizer_step([&checkpoints] { checkpoints.wait_for_staging(); });
-  int64_t first_step = resume_point ? resume_point->step : 0;
-  if (resume_point) {
-    const TrainCheckpoints::Resumed resumed = checkpoints.resume(*resume_point);
-    say(root, resumed.line);
-    if (resumed.step != first_step) {
-      // The checked checkpoint's data failed its checks: an older one was
-      // loaded, and the run (and its log) continues from there.
-      first_step = resumed.step;
-      if (step_log) step_log->restart_at(first_step);
-    }
-    meter.start_at(first_step);
-  } else if (options.resume == kResumeAuto) {
-    say(root, fmt::format("--resume auto: no complete checkpoint in {} yet; starting from step 0",
-                          options.save_dir));
-  }
+  const TrainCheckpoints::Start beginning = checkpoints.start(resume_point, step_log.get(), meter);
+  if (!beginning.line.empty()) say(root, beginning.line);
+  const int64_t first_step = beginning.first_step;
   std::vector<int64_t> rank_peaks(world.size, 0);
   std::vector<int64_t> rank_cuda_allocated, rank_cuda_reserved;
   if (device.is_cuda()) {

@@ -287,21 +287,9 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
   if (!init_line.empty()) say(root, init_line);
 
   ProgressMeter meter(options.steps, options.batch * options.seq);
-  int64_t first_step = resume_point ? resume_point->step : 0;
-  if (resume_point) {
-    const TrainCheckpoints::Resumed resumed = checkpoints.resume(*resume_point);
-    say(root, resumed.line);
-    if (resumed.step != first_step) {
-      // The checked checkpoint's data failed its checks: an older one was
-      // loaded, and the run (and its log) continues from there.
-      first_step = resumed.step;
-      if (step_log) step_log->restart_at(first_step);
-    }
-    meter.start_at(first_step);
-  } else if (options.resume == kResumeAuto) {
-    say(root, fmt::format("--resume auto: no complete checkpoint in {} yet; starting from step 0",
-                          options.save_dir));
-  }
+  const TrainCheckpoints::Start beginning = checkpoints.start(resume_point, step_log.get(), meter);
+  if (!beginning.line.empty()) say(root, beginning.line);
+  const int64_t first_step = beginning.first_step;
   const int last_rank = pp::stage_rank(spec, num_stages(spec) - 1);
   std::vector<int64_t> rank_peaks(world.size, 0);
   double first_loss = 0, last_loss = 0;
