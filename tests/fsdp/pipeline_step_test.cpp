@@ -11,6 +11,7 @@
 
 #include "hp/distributed/world.h"
 #include "hp/fsdp/fully_shard.h"
+#include "hp/mesh/device_mesh.h"
 #include "hp/util/error.h"
 #include "tests/fsdp/toy_model.h"
 #include "tests/support/tensor_checks.h"
@@ -26,10 +27,13 @@ constexpr int64_t kMicroBatches = 3;
 struct Sharded {
   test::ToyModel model = test::make_toy_model();
   FSDPModule root;
-  Sharded() : root(shard(model)) {}
-  static FSDPModule shard(test::ToyModel& m) {
-    for (auto& block : m->block_list) fully_shard(block.ptr());
-    return fully_shard(m.ptr());
+  // `mesh`: null for FSDP over the world, a 2-D one for HSDP.
+  explicit Sharded(DeviceMeshPtr mesh = nullptr) : root(shard(model, std::move(mesh))) {}
+  static FSDPModule shard(test::ToyModel& m, DeviceMeshPtr mesh) {
+    FullyShardOptions options;
+    options.mesh = std::move(mesh);
+    for (auto& block : m->block_list) fully_shard(block.ptr(), options);
+    return fully_shard(m.ptr(), options);
   }
 };
 
@@ -93,6 +97,20 @@ TEST(PipelineStep, EqualsOrdinaryAccumulation) {
     sgd_piped.step();
     sgd_plain.step();
     expect_same(piped.model, plain.model, "after the optimizer step");
+  }
+}
+
+// HSDP (2 replicas x 2 shards): the step's one reduction is a
+// reduce-scatter over the shards and an all-reduce over the replicas, as
+// the synchronised backward's.
+TEST(PipelineStep, HybridShardingEqualsOrdinaryAccumulation) {
+  if (test::world_size() != 4) GTEST_SKIP() << "needs 4 ranks (2 x 2)";
+  auto mesh = init_device_mesh("cpu", {2, 2}, {"replicate", "shard"});
+  Sharded piped(mesh), plain(mesh);
+  for (int step = 0; step <= 1; ++step) {
+    pipeline_step(piped, step);
+    accumulate(plain, step);
+    expect_same(piped.model, plain.model, "HSDP");
   }
 }
 
