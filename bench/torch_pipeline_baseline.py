@@ -10,7 +10,8 @@ the PyTorch twin of our pipeline rows (bench/pipeline_worker.cpp), the same
 in everything but the executor:
 
 - the model: the GPT of tests/nn/gpt_reference.py with --pp-layers blocks,
-  built whole from the seed on every rank (the weights of hp::nn::GPT), then
+  built whole on every rank from the same random seed (--seed: the weights
+  hp::nn::GPT draws from it), then
   cut into ranks x stages-per-rank stages at hp::pp::plan_stages's balanced
   boundaries (plan_stages() below; stage s on rank s mod ranks) and the other
   stages dropped;

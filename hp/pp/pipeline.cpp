@@ -28,7 +28,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Rethrows the exception in flight with `where` in front, keeping its kind.
 // What crosses a stage boundary: a plain tensor. Under tensor parallelism
 // the hidden states (and their gradients, and the loss) are DTensors
 // replicated over the stage's tensor-parallel ranks; each rank passes its
@@ -41,6 +40,7 @@ at::Tensor boundary_value(const at::Tensor& t) {
   return t.defined() && is_dtensor(t) ? full_tensor(t) : t;
 }
 
+// Rethrows the exception in flight with `where` in front, keeping its kind.
 [[noreturn]] void rethrow_with(const std::string& where) {
   try {
     throw;

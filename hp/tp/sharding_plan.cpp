@@ -1,5 +1,7 @@
 #include "hp/tp/sharding_plan.h"
 
+#include <torch/torch.h>
+
 #include <utility>
 
 #include "hp/util/error.h"
@@ -56,6 +58,27 @@ ForwardLayouts ForwardLayouts::by_name(std::map<std::string, PlanLayout> layouts
   ForwardLayouts result;
   result.by_name_ = std::move(layouts);
   return result;
+}
+
+ShardingPlan plan_for_part(const ShardingPlan& plan, const torch::nn::Module& part) {
+  ShardingPlan share;
+  for (const auto& item : part.named_parameters(/*recurse=*/true)) {
+    if (auto it = plan.plan.find(item.key()); it != plan.plan.end()) share.plan.insert(*it);
+  }
+  const auto modules = part.named_modules("", /*include_self=*/false);
+  // "<module>.input" / "<module>.output" of one of the part's modules.
+  auto of_part = [&](const std::string& key, const std::string& suffix) {
+    return key.size() > suffix.size() &&
+           key.compare(key.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+           modules.contains(key.substr(0, key.size() - suffix.size()));
+  };
+  for (const auto& entry : plan.input_plan)
+    if (of_part(entry.first, ".input")) share.input_plan.insert(entry);
+  for (const auto& entry : plan.output_plan)
+    if (of_part(entry.first, ".output")) share.output_plan.insert(entry);
+  for (const std::string& name : plan.return_local_tensor)
+    if (!name.empty() && modules.contains(name)) share.return_local_tensor.push_back(name);
+  return share;
 }
 
 }  // namespace hp

@@ -32,6 +32,10 @@
 #include "hp/tensor/layout.h"
 #include "hp/tensor/placement.h"
 
+namespace torch::nn {
+class Module;
+}
+
 namespace hp {
 
 // One tensor dim of a layout in the alias form: "tp", "None", {"dp", "tp"}.
@@ -116,5 +120,14 @@ struct ShardingPlan {
   // as local tensors (hp::to_local), after any output_plan layout.
   std::vector<std::string> return_local_tensor;
 };
+
+// The entries of `plan` that apply inside `part`, a module holding some of
+// the modules of the model the plan was written for under that model's
+// names (a pipeline stage, hp/pp/stage_module.h): the layouts of its
+// parameters, the input and output layouts of its submodules and their
+// local returns. shard_module wants every entry it is given found, so a
+// part is sharded with its share of the plan. Entries for the model itself
+// ("input", "output", "") are not a part's.
+ShardingPlan plan_for_part(const ShardingPlan& plan, const torch::nn::Module& part);
 
 }  // namespace hp

@@ -6,11 +6,17 @@
 
 #include <torch/torch.h>
 
+#include <set>
+
 #include "hp/distributed/world.h"
 #include "hp/fsdp/fully_shard.h"
 #include "hp/mesh/device_mesh.h"
+#include "hp/nn/llama.h"
 #include "hp/pp/transport.h"
+#include "hp/tp/llama_plan.h"
+#include "hp/tp/sharding_plan.h"
 #include "tests/pp/pipeline_parity.h"
+#include "tests/support/model_configs.h"
 #include "tests/support/tensor_checks.h"
 
 namespace hp::pp {
@@ -141,6 +147,42 @@ TEST(PipelineRanks, ThreeDimensional) {
         std::make_shared<GroupTransport>(mesh->group_ptr(1)), replica, nullptr, (*mesh)["dp"]);
     parity::expect_rank_matches(c, pipeline_rank, run, reference, replica);
   }
+}
+
+// A stage's share of a tensor-parallel plan (plan_for_part): the layouts
+// of its parameters and the input and output layouts of its modules,
+// nothing of the other stages' (shard_module refuses entries it does not
+// find). The Llama's plan has all three kinds.
+TEST(PipelineRanks, StagesTakeTheirShareOfTheTensorParallelPlan) {
+  auto mesh = init_device_mesh("cpu", {p(), 1}, {"dp", "tp"});
+  nn::LlamaConfig config = hp::test::tiny_llama_config();
+  config.n_layer = 4;
+  nn::Llama whole(config, c10::Device(c10::kMeta));
+  const ShardingPlan plan = llama_tensor_parallel_plan(config, *(*mesh)["tp"]);
+  const StagePlan stages = plan_stages(llama_layout(config), 2);
+  size_t parameters = 0, outputs = 0, inputs = 0;
+  for (int s = 0; s < 2; ++s) {
+    StageModule stage = llama_stage(*whole, stages, s);
+    const ShardingPlan share = plan_for_part(plan, *stage);
+    std::set<std::string> expected;
+    for (const auto& item : stage->named_parameters())
+      if (plan.plan.count(item.key())) expected.insert(item.key());
+    std::set<std::string> got;
+    for (const auto& entry : share.plan) got.insert(entry.first);
+    EXPECT_EQ(got, expected) << "stage " << s;
+    EXPECT_FALSE(got.empty()) << "stage " << s;
+    const auto modules = stage->named_modules("", /*include_self=*/false);
+    for (const auto& [key, layouts] : share.output_plan)
+      EXPECT_TRUE(modules.contains(key.substr(0, key.size() - 7))) << key << ", stage " << s;
+    EXPECT_EQ(share.input_plan.count("model.layers.0.input"), s == 0 ? 1u : 0u);
+    parameters += share.plan.size();
+    outputs += share.output_plan.size();
+    inputs += share.input_plan.size();
+  }
+  // Between them the stages take the whole plan.
+  EXPECT_EQ(parameters, plan.plan.size());
+  EXPECT_EQ(outputs, plan.output_plan.size());
+  EXPECT_EQ(inputs, plan.input_plan.size());
 }
 
 TEST(PipelineRanks, Llama) {

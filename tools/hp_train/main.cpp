@@ -349,16 +349,8 @@ int run(TrainOptions options) {
                                : "",
                           render_tokens(sample[0].cpu(), corpus.vocab_size)));
   }
-  const int64_t steps_run = options.steps - first_step;
-  if (steps_run == 0) {
-    say(root, fmt::format("no step to run: the checkpoint was saved after --steps {}",
-                          options.steps));
-  } else {
-    say(root, summary_line(first_loss, last_loss, steps_run, seconds,
-                           static_cast<double>(options.batch * options.seq * steps_run) /
-                               std::max(seconds, 1e-9),
-                           sample_seconds));
-  }
+  say(root, final_line(first_loss, last_loss, first_step, options.steps, seconds,
+                       options.batch * options.seq, sample_seconds));
   if (distributed) {
     // Rank 0 hosts the rendezvous store: nobody leaves before all are done.
     hp::dist::barrier(*hp::dist::world_group()).wait();

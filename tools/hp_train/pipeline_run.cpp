@@ -201,40 +201,20 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
     trace::enable(world.rank, fmt::format("rank {}", world.rank));
     if (device.is_cuda()) anchor_cuda_trace(device.device);
   }
-  // --mode fsdp: each stage sharded over the data-parallel dim, every block a
-  // unit and the stage the root (the pipeline keeps it gathered through a
-  // step and reduces once: docs/pipeline.md). --mode ddp: the pipeline
-  // averages the replicas' gradients itself.
-  // --mode tp / fsdp_tp: each stage tensor-parallel over the tp dim first
-  // (the whole model's plan, by the whole model's names; the stage's
-  // tensors hold the one-process values, which it splits).
+  // --mode tp / fsdp_tp: each stage tensor-parallel over the tp dim first,
+  // by its share of the whole model's plan (the stage's tensors hold the
+  // one-process values, which it splits).
   if (tp > 1) {
     const DeviceMeshPtr tp_mesh = (*mesh)["tp"];
     const ShardingPlan tp_plan = whole.tensor_parallel_plan(*tp_mesh, "tp");
-    for (const pp::StageModule& stage : stages) {
-      // The stage's part of the plan: shard_module wants every entry found.
-      ShardingPlan stage_plan;
-      for (const auto& item : stage->named_parameters()) {
-        if (auto it = tp_plan.plan.find(item.key()); it != tp_plan.plan.end())
-          stage_plan.plan.insert(*it);
-      }
-      // Input and output layouts ("<module>.input", "<module>.output") of
-      // the stage's modules.
-      const auto modules = stage->named_modules("", /*include_self=*/false);
-      auto of_stage = [&](const std::string& key, const std::string& suffix) {
-        return key.size() > suffix.size() &&
-               modules.contains(key.substr(0, key.size() - suffix.size()));
-      };
-      for (const auto& entry : tp_plan.input_plan)
-        if (of_stage(entry.first, ".input")) stage_plan.input_plan.insert(entry);
-      for (const auto& entry : tp_plan.output_plan)
-        if (of_stage(entry.first, ".output")) stage_plan.output_plan.insert(entry);
-      for (const std::string& name : tp_plan.return_local_tensor)
-        if (modules.contains(name)) stage_plan.return_local_tensor.push_back(name);
-      shard_module(stage.ptr(), tp_mesh, stage_plan);
-    }
+    for (const pp::StageModule& stage : stages)
+      shard_module(stage.ptr(), tp_mesh, plan_for_part(tp_plan, *stage));
   }
   whole = TrainModel(nn::GPT(nullptr));  // the meta model's other stages go
+  // --mode fsdp / fsdp_tp: each stage sharded over the data-parallel dim,
+  // every block a unit and the stage the root (the pipeline keeps it
+  // gathered through a step and reduces once: docs/pipeline.md). --mode ddp:
+  // the pipeline averages the replicas' gradients itself.
   const bool sharded = parallelism.mode == plan::ParallelMode::kFSDP ||
                        parallelism.mode == plan::ParallelMode::kFSDPTP;
   std::vector<FSDPModule> units;  // every unit of this rank's stages, blocks first
@@ -405,16 +385,8 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
                             render_tokens(sample[0], corpus.vocab_size)));
     }
   }
-  const int64_t steps_run = options.steps - first_step;
-  if (steps_run == 0) {
-    say(root, fmt::format("no step to run: the checkpoint was saved after --steps {}",
-                          options.steps));
-  } else {
-    say(root, summary_line(first_loss, last_loss, steps_run, seconds,
-                           static_cast<double>(options.batch * options.seq * steps_run) /
-                               std::max(seconds, 1e-9),
-                           sample_seconds));
-  }
+  say(root, final_line(first_loss, last_loss, first_step, options.steps, seconds,
+                       options.batch * options.seq, sample_seconds));
   dist::barrier(*group).wait();
   dist::destroy_process_group();
   return 0;

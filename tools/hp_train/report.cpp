@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "tools/hp_train/progress.h"
 
 namespace hp::train {
@@ -88,6 +90,16 @@ std::string summary_line(double first_loss, double last_loss, int64_t steps, dou
                                  clock_time(seconds), human_count(tokens_per_s));
   if (sample_seconds > 0) text += fmt::format("; sampling took {:.1f} s", sample_seconds);
   return text;
+}
+
+std::string final_line(double first_loss, double last_loss, int64_t first_step, int64_t steps,
+                       double seconds, int64_t tokens_per_step, double sample_seconds) {
+  const int64_t steps_run = steps - first_step;
+  if (steps_run == 0)
+    return fmt::format("no step to run: the checkpoint was saved after --steps {}", steps);
+  return summary_line(first_loss, last_loss, steps_run, seconds,
+                      static_cast<double>(tokens_per_step * steps_run) / std::max(seconds, 1e-9),
+                      sample_seconds);
 }
 
 }  // namespace hp::train

@@ -40,4 +40,10 @@ std::string render_tokens(const at::Tensor& ids, int64_t vocab_size);
 std::string summary_line(double first_loss, double last_loss, int64_t steps, double seconds,
                          double tokens_per_s, double sample_seconds = 0);
 
+// The run's last line: summary_line over the steps run from `first_step` to
+// `steps` (`tokens_per_step` each), or, when a resumed checkpoint was saved
+// after the last one, that there was no step to run.
+std::string final_line(double first_loss, double last_loss, int64_t first_step, int64_t steps,
+                       double seconds, int64_t tokens_per_step, double sample_seconds);
+
 }  // namespace hp::train
