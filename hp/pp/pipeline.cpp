@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <optional>
@@ -10,6 +11,7 @@
 #include "hp/distributed/collectives.h"
 #include "hp/fsdp/fully_shard.h"
 #include "hp/pp/lower.h"
+#include "hp/pp/send_waits.h"
 #include "hp/pp/split_backward.h"
 #include "hp/tensor/dtensor_tensor.h"
 #include "hp/util/error.h"
@@ -71,8 +73,16 @@ struct Pipeline::StepState {
   std::vector<at::Tensor> inputs, targets;  // per micro-batch
   std::vector<int64_t> hidden_shape;
   std::map<std::pair<int, int>, MicroBatch> micro;
-  // Sends in flight and the tensors they read, waited at the end of the step.
-  std::vector<std::pair<std::unique_ptr<TransferHandle>, at::Tensor>> sends;
+  // Sends in flight and the tensors they read, each waited at its wait
+  // point (send_waits.h: the row index of a compute, or kWaitAtStepEnd), so
+  // a sent buffer goes during the step once the receiver has it.
+  struct Send {
+    std::unique_ptr<TransferHandle> handle;
+    at::Tensor payload;
+    int wait_at;
+  };
+  std::vector<Send> sends;
+  int index = 0;  // the row index of the action running
   at::Tensor loss_sum;
 };
 
@@ -130,6 +140,7 @@ Pipeline::Pipeline(PipelineOptions options, std::vector<StageModule> stages,
                options_.data_parallel ? options_.data_parallel->describe() : std::string(),
                " would average them a second time)");
   rows_ = lower(spec, compute_rows(spec), LowerOptions{sharded_});
+  send_waits_ = send_wait_points(spec, rows_).at(transport_->rank());
 }
 
 Pipeline::~Pipeline() = default;
@@ -187,6 +198,7 @@ at::Tensor Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
 
   const auto& row = rows_.at(rank());
   for (size_t i = 0; i < row.size(); ++i) {
+    state.index = static_cast<int>(i);
     try {
       // Compute and the posting of transfers in lanes of their own; the
       // waits for a transfer inside a compute have theirs (run_action).
@@ -219,7 +231,8 @@ at::Tensor Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
   try {
     trace::Span wait("wait for the sends", std::string(), "wait", "pipeline wait");
     const Clock::time_point start = timed ? Clock::now() : Clock::time_point();
-    for (auto& [handle, tensor] : state.sends) handle->wait();
+    for (StepState::Send& send : state.sends) send.handle->wait();
+    state.sends.clear();
     if (timed) stats_.wait_s += seconds_since(start);
   } catch (...) {
     cancel_sharded_steps();
@@ -272,12 +285,19 @@ void Pipeline::run_action(StepState& state, const Action& action) {
   };
   auto previous_is_local = [&] { return s > 0 && stage_rank(spec, s - 1) == rank(); };
   auto next_is_local = [&] { return s < last_stage && stage_rank(spec, s + 1) == rank(); };
-  // A transfer's wait, timed into stats_.wait_s when the step is timed.
+  // A receive's wait, timed into stats_.wait_s when the step is timed, then
+  // the waits of the sends the receive proves done (they return at once),
+  // whose buffers go.
   auto wait_for = [&](TransferHandle& handle) {
-    if (!record_stats_) return handle.wait();
-    const Clock::time_point start = Clock::now();
+    const Clock::time_point start = record_stats_ ? Clock::now() : Clock::time_point();
     handle.wait();
-    stats_.wait_s += seconds_since(start);
+    auto due = std::stable_partition(state.sends.begin(), state.sends.end(),
+                                     [&](const StepState::Send& send) {
+                                       return send.wait_at != state.index;
+                                     });
+    for (auto it = due; it != state.sends.end(); ++it) it->handle->wait();
+    state.sends.erase(due, state.sends.end());
+    if (record_stats_) stats_.wait_s += seconds_since(start);
   };
   // The gradient of the stage's output, before its backward.
   auto take_grad_output = [&]() -> at::Tensor {
@@ -340,14 +360,17 @@ void Pipeline::run_action(StepState& state, const Action& action) {
     }
     case Op::kSendF: {
       at::Tensor payload = mb.output.detach().contiguous();
-      state.sends.emplace_back(transport_->send(payload, stage_rank(spec, s + 1), kActivationTag),
-                               payload);
+      state.sends.push_back({transport_->send(payload, stage_rank(spec, s + 1), kActivationTag),
+                             payload, send_waits_.at(state.index)});
       return;
     }
     case Op::kBackward: {
       at::Tensor grad = take_grad_output();
       torch::autograd::backward({mb.output}, {grad});
       if (s > 0) mb.grad_input = boundary_value(mb.input.grad());
+      // The received input and the output go now (the output's buffer when
+      // its send is done too): only the input's gradient stays, until sent.
+      mb.input = at::Tensor();
       mb.output = at::Tensor();
       mb.grad_output = at::Tensor();
       return;
@@ -359,6 +382,8 @@ void Pipeline::run_action(StepState& state, const Action& action) {
                                                  stage_params(stage));
       at::Tensor grad_input = mb.split->backward_input(grad);
       if (s > 0) mb.grad_input = boundary_value(grad_input);
+      // The split keeps the input and the output until W.
+      mb.input = at::Tensor();
       mb.output = at::Tensor();
       mb.grad_output = at::Tensor();
       return;
@@ -372,8 +397,8 @@ void Pipeline::run_action(StepState& state, const Action& action) {
       HP_CHECK_ARG(mb.grad_input.defined(), "SEND_B before the backward of the same micro-batch");
       at::Tensor payload = mb.grad_input.contiguous();
       mb.grad_input = at::Tensor();
-      state.sends.emplace_back(transport_->send(payload, stage_rank(spec, s - 1), kGradientTag),
-                               payload);
+      state.sends.push_back({transport_->send(payload, stage_rank(spec, s - 1), kGradientTag),
+                             payload, send_waits_.at(state.index)});
       return;
     }
     case Op::kUnshard:

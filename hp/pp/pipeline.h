@@ -124,6 +124,7 @@ class Pipeline {
   std::shared_ptr<Transport> transport_;
   PipelineLoss loss_;
   Rows rows_;
+  std::vector<int> send_waits_;  // this rank's row: send_wait_points()
   std::string unusable_;  // why a failed step left the pipeline unusable
   bool sharded_ = false;  // the stages are fully_shard roots
   bool record_stats_ = false;

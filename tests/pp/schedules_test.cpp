@@ -10,6 +10,7 @@
 #include "hp/pp/action.h"
 #include "hp/pp/lower.h"
 #include "hp/pp/schedule.h"
+#include "hp/pp/send_waits.h"
 #include "hp/pp/simulate.h"
 #include "hp/util/error.h"
 
@@ -409,6 +410,134 @@ TEST(PpLower, NamesTheStuckActionsOfMalformedRows) {
 }
 
 // ---- simulate ------------------------------------------------------------
+
+// ---- send wait points ----------------------------------------------------
+
+// The sends posted and not yet waited at once, at most, on each rank.
+std::vector<int> most_sends_pending(const Rows& rows, const std::vector<std::vector<int>>& points) {
+  std::vector<int> most(rows.size(), 0);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    std::vector<int> due(rows[r].size(), 0);
+    int pending = 0;
+    for (size_t i = 0; i < rows[r].size(); ++i) {
+      pending -= due[i];
+      const Op op = rows[r][i].op;
+      if (op != Op::kSendF && op != Op::kSendB) continue;
+      ++pending;
+      if (points[r][i] != kWaitAtStepEnd) ++due.at(points[r][i]);
+      most[r] = std::max(most[r], pending);
+    }
+  }
+  return most;
+}
+
+TEST(PpSendWaits, WaitsEachSendAfterTheReceiveThatProvesItArrived) {
+  // 1F1B on 2 ranks, 4 micro-batches, worked by hand: rank 0's SEND_F(k)
+  // is proven by the gradient of the first micro-batch rank 1 sends after
+  // its F(k); rank 1's SEND_B(k) by the next activation rank 0 sends after
+  // its B(k), none after B(2) and B(3).
+  ScheduleSpec spec{ScheduleKind::k1F1B, 2, 1, 4};
+  Rows rows = lower(spec, compute_rows(spec));
+  ASSERT_EQ(to_csv(rows),
+            "0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0F2,0SEND_F2,0RECV_B1,0B1,0F3,0SEND_F3,"
+            "0RECV_B2,0B2,0RECV_B3,0B3\n"
+            "1RECV_F0,1F0,1RECV_F1,1B0,1SEND_B0,1F1,1RECV_F2,1B1,1SEND_B1,1F2,1RECV_F3,1B2,"
+            "1SEND_B2,1F3,1B3,1SEND_B3\n");
+  const int E = kWaitAtStepEnd;
+  EXPECT_THAT(send_wait_points(spec, rows),
+              ElementsAre(ElementsAre(E, 5, E, 9, E, E, E, 13, E, E, E, 15, E, E, E, E),
+                          ElementsAre(E, E, E, E, 9, E, E, E, 13, E, E, E, E, E, E, E)));
+}
+
+TEST(PpSendWaits, EveryPointFollowsThePeersUseOfTheSend) {
+  for (const ScheduleSpec& spec : grid()) {
+    for (bool fsdp : {false, true}) {
+      Rows rows = lower(spec, compute_rows(spec), {fsdp});
+      const std::vector<std::vector<int>> points = send_wait_points(spec, rows);
+      ASSERT_EQ(points.size(), rows.size());
+      // Where in `row` the compute consuming a (stage, micro-batch)'s
+      // receive of `kind` (RECV_F or RECV_B) runs.
+      auto consumer = [](const std::vector<Action>& row, int stage, int mb, bool forward) {
+        for (size_t i = 0; i < row.size(); ++i) {
+          const Action& a = row[i];
+          if (a.stage == stage && a.microbatch == mb &&
+              (forward ? a.op == Op::kForward : is_input_backward(a.op)))
+            return static_cast<int>(i);
+        }
+        return -1;
+      };
+      for (int r = 0; r < spec.ranks; ++r) {
+        ASSERT_EQ(points[r].size(), rows[r].size());
+        for (size_t i = 0; i < rows[r].size(); ++i) {
+          const Action& send = rows[r][i];
+          const bool is_send = send.op == Op::kSendF || send.op == Op::kSendB;
+          if (!is_send || points[r][i] == kWaitAtStepEnd) {
+            EXPECT_TRUE(is_send || points[r][i] == kWaitAtStepEnd) << name(spec) << " " << send;
+            continue;
+          }
+          const int w = points[r][i];
+          ASSERT_GT(w, static_cast<int>(i)) << name(spec) << ": " << send;
+          // The point is a compute of this rank fed by the send's peer ...
+          const bool fwd = send.op == Op::kSendF;
+          const int peer_stage = fwd ? send.stage + 1 : send.stage - 1;
+          const int peer = stage_rank(spec, peer_stage);
+          const Action& at = rows[r][w];
+          const bool at_forward = at.op == Op::kForward;
+          ASSERT_TRUE(at_forward || is_input_backward(at.op)) << name(spec) << ": " << at;
+          const int from_stage = at_forward ? at.stage - 1 : at.stage + 1;
+          ASSERT_EQ(stage_rank(spec, from_stage), peer) << name(spec) << ": " << send << " at " << at;
+          // ... with what the peer sent after it used the send.
+          const int used = consumer(rows[peer], peer_stage, send.microbatch, fwd);
+          int sent = -1;
+          for (size_t j = 0; j < rows[peer].size(); ++j) {
+            const Action& a = rows[peer][j];
+            if (a.stage == from_stage && a.microbatch == at.microbatch &&
+                a.op == (at_forward ? Op::kSendF : Op::kSendB))
+              sent = static_cast<int>(j);
+          }
+          ASSERT_GE(used, 0) << name(spec) << ": " << send;
+          EXPECT_GT(sent, used) << name(spec) << ": " << send << " waited at " << at;
+        }
+      }
+    }
+  }
+}
+
+TEST(PpSendWaits, PendingSendsDoNotGrowWithMicroBatchesButUnderGPipe) {
+  // The buffers a rank has sent and still holds: GPipe holds every
+  // micro-batch's gradient on every rank but the first (no activation comes
+  // back after the backwards); the others hold as many at 4p micro-batches
+  // as at 2p.
+  for (ScheduleKind kind : kAllKinds) {
+    for (int p : {2, 4}) {
+      for (int v : {1, 2}) {
+        if (v == 2 && !looped(kind)) continue;
+        ScheduleSpec fewer{kind, p, v, 2 * p}, more{kind, p, v, 4 * p};
+        const Rows few_rows = lower(fewer, compute_rows(fewer));
+        const Rows more_rows = lower(more, compute_rows(more));
+        const std::vector<int> few = most_sends_pending(few_rows, send_wait_points(fewer, few_rows));
+        const std::vector<int> many =
+            most_sends_pending(more_rows, send_wait_points(more, more_rows));
+        if (kind == ScheduleKind::kGPipe) {
+          for (int r = 1; r < p; ++r) EXPECT_EQ(many[r], 4 * p) << name(more) << " rank " << r;
+        } else {
+          EXPECT_EQ(few, many) << name(more);
+          for (int r = 0; r < p; ++r) EXPECT_LE(many[r], 2 * p * v) << name(more) << " rank " << r;
+        }
+      }
+    }
+  }
+}
+
+TEST(PpSendWaits, RefusesRowsOfAnotherSpec) {
+  ScheduleSpec spec{ScheduleKind::k1F1B, 2, 1, 4};
+  Rows rows = lower(spec, compute_rows(spec));
+  EXPECT_THAT([&] { send_wait_points(ScheduleSpec{ScheduleKind::k1F1B, 3, 1, 4}, rows); },
+              ThrowsMessage<ArgumentError>(HasSubstr("2 rows for a schedule of 3 ranks")));
+  rows[1].erase(rows[1].begin() + 1);  // 1F0: rank 0's SEND_F0 has no consumer
+  EXPECT_THAT([&] { send_wait_points(spec, rows); },
+              ThrowsMessage<ArgumentError>(HasSubstr("0SEND_F0 has no consumer of 1RECV_F0")));
+}
 
 TEST(PpSimulate, LoweredSchedulesNeverDeadlock) {
   for (const ScheduleSpec& spec : grid()) {
