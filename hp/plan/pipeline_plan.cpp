@@ -15,6 +15,7 @@
 #include "hp/plan/step_simulator.h"
 #include "hp/plan/timeline.h"
 #include "hp/pp/lower.h"
+#include "hp/pp/send_waits.h"
 #include "hp/util/error.h"
 
 namespace hp::plan {
@@ -106,7 +107,9 @@ class RankStep {
            bool first_step)
       : o_(o), bytes_(bytes), z_(sizes), first_(first_step) {}
 
-  StepPeak run(const std::vector<pp::Action>& row, bool sharded, bool replicas) {
+  // waits: the row's send_wait_points().
+  StepPeak run(const std::vector<pp::Action>& row, const std::vector<int>& waits, bool sharded,
+               bool replicas) {
     // Between steps: parameters, AdamW's moments and the last step's
     // gradients (steady), live when the step resets the peak.
     for (const StageBytes& b : bytes_) {
@@ -121,7 +124,7 @@ class RankStep {
     t_.free_all(previous_grads_);  // zero_grad(set_to_none)
     t_.at("the batch");
     t_.alloc(Term::kActivations, z_.batch);
-    for (const pp::Action& a : row) act(a, sharded);
+    for (size_t i = 0; i < row.size(); ++i) act(row[i], static_cast<int>(i), waits.at(i), sharded);
     if (replicas) {
       // The replicas' average: the gradients concatenated into one buffer.
       t_.at("averaging the gradients over the replicas");
@@ -129,7 +132,12 @@ class RankStep {
       for (const StageBytes& b : bytes_) all += b.grads;
       t_.spike(Term::kCommunication, all);
     }
-    // The step's state goes: boundary buffers, what the backwards left.
+    // The step's state goes: the sends waited last, what the backwards left.
+    for (auto& [index, ids] : due_) t_.free_all(ids);
+    due_.clear();
+    due_outputs_.clear();
+    for (auto& [key, output] : outputs_) t_.free(output.id);
+    outputs_.clear();
     t_.free_all(kept_);
     if (o_.plan.grad_clip) {
       t_.at("clip_grad_norm_");
@@ -160,7 +168,7 @@ class RankStep {
   }
 
   // A forward's rise above its start and what it leaves saved, the stage's
-  // output (sent, kept to the step's end) apart.
+  // output (held apart: outputs_) included.
   std::pair<int64_t, int64_t> forward(const PipelineStage& stage) const {
     const ActivationParts& p = z_.parts;
     int64_t cur = 0, rise = 0;
@@ -196,17 +204,44 @@ class RankStep {
       rise = std::max(rise, cur + p.embeddings_backward.rise);
       cur += p.embeddings_backward.saved;
     } else {
-      cur += z_.hidden;  // the received input: the executor keeps it to the step's end
+      // The blocks' backwards free the stage's output among their saved
+      // tensors, which the plan holds apart (outputs_): the input's
+      // gradient takes its place.
+      cur += z_.hidden;
     }
     return {rise, cur};
   }
 
-  void act(const pp::Action& a, bool sharded) {
+  // a: the action at `index` of the row; wait_at: its send's wait point.
+  void act(const pp::Action& a, int index, int wait_at, bool sharded) {
     const size_t i = local(a.stage);
     const PipelineStage& stage = o_.stages[i];
     const StageBytes& b = bytes_[i];
     const std::pair<int, int> key{a.stage, a.microbatch};
     t_.at(pp::to_string(a));
+    // The sends this compute's receive proves done: their buffers go
+    // before it computes (the executor waits them right after the receive).
+    if (auto due = due_.find(index); due != due_.end()) {
+      t_.free_all(due->second);
+      due_.erase(due);
+    }
+    if (auto due = due_outputs_.find(index); due != due_outputs_.end()) {
+      for (const auto& output : due->second) release_output(output);
+      due_outputs_.erase(due);
+    }
+    const int last_stage = pp::num_stages(o_.schedule) - 1;
+    auto on_this_rank = [&](int stage) {
+      return stage >= 0 && stage <= last_stage &&
+             pp::stage_rank(o_.schedule, stage) == o_.pipeline_rank;
+    };
+    // Frees `id` at wait point `at`, or at the step's end.
+    auto free_at = [&](int at, Id id) {
+      if (at == pp::kWaitAtStepEnd) {
+        kept_.push_back(id);
+      } else {
+        due_[at].push_back(id);
+      }
+    };
     switch (a.op) {
       case pp::Op::kUnshard:
         if (sharded) gathered_[a.stage] = t_.alloc(Term::kParameters, b.gathered);
@@ -223,20 +258,33 @@ class RankStep {
         }
         return;
       case pp::Op::kRecvF:
-        kept_.push_back(t_.alloc(Term::kActivations, z_.hidden));
+        // The received input: until the backward (or W) of its micro-batch.
+        inputs_[key] = t_.alloc(Term::kActivations, z_.hidden);
         return;
       case pp::Op::kRecvB:
         recv_grad_[key] = t_.alloc(Term::kActivations, z_.hidden);
         return;
-      case pp::Op::kSendF:
+      case pp::Op::kSendF: {
+        // The output's buffer, held by the send too until its wait point.
+        Shared& output = outputs_.at(key);
+        ++output.holders;
+        if (wait_at != pp::kWaitAtStepEnd) due_outputs_[wait_at].push_back(key);
+        return;
+      }
       case pp::Op::kSendB:
-        return;  // the payload is the output or the input's gradient, counted
+        // The input's gradient: the payload, until the send's wait point.
+        free_at(wait_at, take(grads_in_, key));
+        return;
       case pp::Op::kForward: {
         const auto [rise, saved] = forward(stage);
         t_.spike(Term::kActivations, rise);
         const int64_t output = stage.last ? 0 : z_.hidden;
         saved_[key] = t_.alloc(Term::kActivations, saved - output);
-        kept_.push_back(t_.alloc(Term::kActivations, output));
+        // The output, held by the micro-batch until its backward (or W).
+        if (output > 0) outputs_[key] = Shared{t_.alloc(Term::kActivations, output), 1};
+        // The previous stage on this rank handed its output over as this
+        // stage's input, no copy: one more holder.
+        if (on_this_rank(a.stage - 1)) ++outputs_.at({a.stage - 1, a.microbatch}).holders;
         return;
       }
       case pp::Op::kBackward:
@@ -248,7 +296,10 @@ class RankStep {
         Id saved = take(saved_, key);
         Id received_id = take(recv_grad_, key);
         const int64_t saved_bytes = bytes_of(saved);
-        const int64_t received = bytes_of(received_id);
+        // The output's gradient: received, or handed over by the next stage
+        // on this rank (freed with this backward).
+        int64_t received = bytes_of(received_id);
+        for (Id handed : handed_over_[key]) received += bytes_of(handed);
         // What is left: the input's gradient (sent, kept to the step's end).
         const int64_t left = std::max<int64_t>(0, saved_bytes + received + change);
         if (split) {
@@ -260,7 +311,19 @@ class RankStep {
           t_.free(saved);
         }
         t_.free(received_id);
-        kept_.push_back(t_.alloc(Term::kActivations, left));
+        t_.free_all(handed_over_[key]);
+        handed_over_.erase(key);
+        // The input's gradient: sent (SEND_B), handed to the previous stage
+        // on this rank (until its backward), or nothing to keep on stage 0.
+        const Id grad_input = t_.alloc(Term::kActivations, left);
+        if (on_this_rank(a.stage - 1)) {
+          handed_over_[{a.stage - 1, a.microbatch}].push_back(grad_input);
+        } else if (a.stage > 0) {
+          grads_in_[key] = grad_input;
+        } else {
+          kept_.push_back(grad_input);
+        }
+        if (!split) release_inputs(a.stage, key);
         return;
       }
       case pp::Op::kBackwardWeight:
@@ -269,6 +332,7 @@ class RankStep {
         Id captured = take(split_, key), weight_saved = take(weight_saved_, key);
         t_.free(captured);
         t_.free(weight_saved);
+        release_inputs(a.stage, key);  // the split held them until now
         return;
       }
     }
@@ -281,6 +345,26 @@ class RankStep {
     const Id id = it->second;
     ids.erase(it);
     return id;
+  }
+
+  // After a micro-batch's backward (or W): its output and its input go
+  // (the input being the previous stage's output when that stage is on this
+  // rank), each when nothing else holds it.
+  void release_inputs(int stage, const std::pair<int, int>& key) {
+    release_output(key);
+    Id received = take(inputs_, key);
+    t_.free(received);
+    if (stage > 0 && pp::stage_rank(o_.schedule, stage - 1) == o_.pipeline_rank)
+      release_output({stage - 1, key.second});
+  }
+
+  void release_output(const std::pair<int, int>& key) {
+    auto it = outputs_.find(key);
+    if (it == outputs_.end()) return;  // the last stage's: the loss
+    if (--it->second.holders == 0) {
+      t_.free(it->second.id);
+      outputs_.erase(it);
+    }
   }
 
   void allocate_grads(int stage, const StageBytes& b) {
@@ -311,9 +395,20 @@ class RankStep {
   };
   std::map<Id, int64_t> sizes_;
   SizedTimeline t_{Timeline(), &sizes_};
+  // A buffer with several holders (a micro-batch's output: its backward,
+  // its send, the next stage's input on this rank), freed by the last.
+  struct Shared {
+    Id id;
+    int holders;
+  };
   std::vector<Id> adam_, previous_grads_, kept_;
   std::map<int, Id> gathered_, grads_;
-  std::map<std::pair<int, int>, Id> saved_, recv_grad_, split_, weight_saved_;
+  std::map<std::pair<int, int>, Id> saved_, recv_grad_, split_, weight_saved_, inputs_, grads_in_;
+  std::map<std::pair<int, int>, Shared> outputs_;
+  std::map<std::pair<int, int>, std::vector<Id>> handed_over_;
+  // Per wait point (a row index): the sent gradients and outputs it frees.
+  std::map<int, std::vector<Id>> due_;
+  std::map<int, std::vector<std::pair<int, int>>> due_outputs_;
 };
 
 // The most micro-batches a rank holds: from each F until its B (or W).
@@ -370,12 +465,13 @@ PipelineMemoryPlan plan_pipeline_memory(const PipelinePlanOptions& o) {
   const pp::Rows rows =
       pp::lower(o.schedule, pp::compute_rows(o.schedule), pp::LowerOptions{sharded});
   const std::vector<pp::Action>& row = rows.at(o.pipeline_rank);
+  const std::vector<int> waits = pp::send_wait_points(o.schedule, rows).at(o.pipeline_rank);
   const bool gathers = sharded && setup.shards > 1;
 
   PipelineMemoryPlan out;
   out.plan.rank = o.plan.rank;
-  out.plan.steady = RankStep(o, bytes, sizes, false).run(row, gathers, replicas);
-  out.plan.first_step = RankStep(o, bytes, sizes, true).run(row, gathers, replicas);
+  out.plan.steady = RankStep(o, bytes, sizes, false).run(row, waits, gathers, replicas);
+  out.plan.first_step = RankStep(o, bytes, sizes, true).run(row, waits, gathers, replicas);
   out.plan.between_steps_bytes = RankStep(o, bytes, sizes, false).between_steps(gathers);
   out.peak_in_flight = peak_in_flight(pp::compute_rows(o.schedule).at(o.pipeline_rank));
   return out;

@@ -9,8 +9,9 @@
 // (hp/pp/lower.h) on a timeline: a forward adds what one micro-batch leaves
 // saved through the stage's blocks (measured by the plain plan's step
 // simulator, at the micro-batch's size), a backward (or its input half)
-// frees it; received hidden states and the gradients sent back are kept
-// until the step ends, as the executor keeps them; between a zero-bubble
+// frees it; the boundary buffers (received hidden states, outputs and
+// input gradients sent on) live as the executor holds them, a sent one
+// until its send's wait point (hp/pp/send_waits.h); between a zero-bubble
 // I and its W the weight half's saved inputs and captured gradients stay.
 #pragma once
 
