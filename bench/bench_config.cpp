@@ -55,7 +55,8 @@ std::vector<std::string> BenchConfig::worker_args() const {
           "--ckpt-dir",     ckpt_dir,
           "--ckpt-repeats", std::to_string(ckpt_repeats),
           "--pp-layers",    std::to_string(pp_layers),
-          "--pp-microbatches", std::to_string(pp_microbatches)};
+          "--pp-microbatches", std::to_string(pp_microbatches),
+          "--pp-split",     pp_split};
   args.insert(args.end(), {"--device", device, "--param-dtype", param_dtype});
   if (!reduce_dtype.empty()) args.insert(args.end(), {"--reduce-dtype", reduce_dtype});
   if (!profile_ops_dir.empty()) {

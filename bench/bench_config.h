@@ -44,6 +44,14 @@ struct BenchConfig {
   // pp_microbatches micro-batches (batch a multiple of it).
   int64_t pp_layers = 8;
   int64_t pp_microbatches = 8;
+  // How the pipeline rows cut the GPT into stages: "even" gives every stage
+  // the same number of blocks (earlier stages one more where it does not
+  // divide), so the stages cost about the same, as the schedules' bubble
+  // formulas assume (the embeddings and the head of this GPT cost a fraction
+  // of a block); "balanced" is hp::pp::plan_stages's default, which counts
+  // the embeddings and the head as a block each, as torchtitan does for
+  // large vocabularies.
+  std::string pp_split = "even";
   // Timing. steps / warmup are per worker process (one round of one row).
   int64_t steps = 10;
   int64_t warmup = 3;

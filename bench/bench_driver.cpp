@@ -90,6 +90,7 @@ json config_json(const BenchConfig& c, int rounds) {
       {"hsdp_ranks", c.hsdp_ranks},
       {"hsdp_mesh", hsdp_mesh(c.hsdp_ranks)},
       {"pipeline", {{"layers", c.pp_layers}, {"microbatches", c.pp_microbatches},
+                    {"split", c.pp_split},
                     {"batch", c.batch},
                     {"rows", "pp4* and torch_pp4*: 4 pipeline ranks sharing one batch, no data "
                              "parallelism; dp2_pp2 and torch_dp2_pp2: (dp, pp) = (2, 2), each "

@@ -132,6 +132,12 @@ int main(int argc, char** argv) {
   app.add_option("--pp-microbatches", c.pp_microbatches,
                  "micro-batches per step of the pipeline rows; --batch must be a multiple (8); "
                  "dp2_pp2's replicas take half each");
+  app.add_option("--pp-split", c.pp_split,
+                 "how the pipeline rows cut the GPT into stages, ours and PyTorch's alike: even "
+                 "(the same number of blocks per stage, so the stages cost about the same, as "
+                 "the bubble formulas assume) or balanced (hp::pp::plan_stages's default: the "
+                 "embeddings and the head count as a block each) (even)")
+      ->check(CLI::IsMember({"even", "balanced"}));
   app.add_option("--lr", c.lr, "AdamW learning rate (1e-3)");
   app.add_option("--beta1", c.beta1, "AdamW beta1 (0.9)");
   app.add_option("--beta2", c.beta2, "AdamW beta2 (0.95)");

@@ -31,6 +31,7 @@ json summarize_pipeline(const std::vector<json>& runs) {
   for (const char* key : {"schedule", "stages_per_rank", "microbatches", "layers", "bubble_method"})
     out[key] = last[key];
   out["data_parallel"] = last.value("data_parallel", 1);  // pp alone when absent
+  out["split"] = last.value("split", json(nullptr));  // how the stages were cut
   std::vector<double> by_round, each_rank;
   for (const json& run : runs) {
     const json& p = run["pipeline"];

@@ -26,7 +26,7 @@ MeasuredBubble measured_bubble(const std::vector<std::vector<double>>& compute_s
 
 // The report row's "pipeline" object from a pipeline row's rounds: the
 // schedule (the last round's, with its data_parallel degree, 1 when the
-// worker gave none), the measured bubble (each round's, their
+// worker gave none, and its stage split, null when none), the measured bubble (each round's, their
 // mean, and per rank the mean over the rounds), the method, and ours'
 // theoretical and simulated bubble.
 nlohmann::json summarize_pipeline(const std::vector<nlohmann::json>& runs);

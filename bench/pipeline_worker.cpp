@@ -4,8 +4,9 @@
 // hp-train --pp 2 --mode fsdp on 4 ranks), timed as bench_worker.cpp times
 // the other GPT rows.
 //
-// Each rank cuts its stages from the whole GPT built on meta (the stage plan
-// hp-train uses: balanced, pp_layers blocks) and initialises them alone with
+// Each rank cuts its stages from the whole GPT built on meta (pp_layers
+// blocks, cut by --pp-split: even by default, or hp-train's balanced plan)
+// and initialises them alone with
 // the whole model's draws, so every rank holds the eager model's values, the
 // other rows' weights from the same seed. A step (timed, no barrier): drop the
 // gradients, every rank reads the one shared batch, Pipeline::step over
@@ -57,6 +58,23 @@
 namespace hp::bench {
 
 namespace {
+
+// The first block of each stage but the first under --pp-split: none for
+// "balanced" (plan_stages's own), else the blocks dealt out evenly, earlier
+// stages taking one more where they do not divide
+// (bench_config.h, BenchConfig::pp_split).
+std::vector<std::string> split_points(const pp::ModelLayout& layout, int stages,
+                                      const std::string& how) {
+  if (how == "balanced") return {};
+  const int blocks = static_cast<int>(layout.blocks.size());
+  std::vector<std::string> points;
+  int first = 0;
+  for (int s = 0; s + 1 < stages; ++s) {
+    first += blocks / stages + (s < blocks % stages ? 1 : 0);
+    points.push_back(layout.blocks.at(first));
+  }
+  return points;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -112,7 +130,9 @@ int run_pipeline_worker(const std::string& row, const BenchConfig& c) {
   const nn::GPTConfig config = c.gpt_config(c.pp_layers, c.d);
   torch::manual_seed(c.seed);
   nn::GPT whole(config, c10::Device(c10::kMeta));
-  const pp::StagePlan plan = pp::plan_stages(pp::gpt_layout(config), pp::num_stages(spec));
+  const pp::ModelLayout layout = pp::gpt_layout(config);
+  const pp::StagePlan plan =
+      pp::plan_stages(layout, pp::num_stages(spec), split_points(layout, num_stages(spec), c.pp_split));
   const nn::InitPlan whole_init = whole->init_plan();
   int64_t parameters = 0;
   for (const auto& p : whole->parameters()) parameters += p.numel();
@@ -298,6 +318,7 @@ int run_pipeline_worker(const std::string& row, const BenchConfig& c) {
         {"microbatches", spec.microbatches},
         {"data_parallel", replicas},
         {"layers", c.pp_layers},
+        {"split", c.pp_split},
         {"stage_plan", pp::describe(plan)},
         {"compute_s_per_rank_per_step", compute_each},
         {"step_s_per_rank_per_step", pipeline_each},

@@ -12,9 +12,10 @@ in everything but the executor:
 - the model: the GPT of tests/nn/gpt_reference.py with --pp-layers blocks,
   built whole on every rank from the same random seed (--seed: the weights
   hp::nn::GPT draws from it), then
-  cut into ranks x stages-per-rank stages at hp::pp::plan_stages's balanced
-  boundaries (plan_stages() below; stage s on rank s mod ranks) and the other
-  stages dropped;
+  cut into ranks x stages-per-rank stages as our rows cut it (--pp-split:
+  even, the same number of blocks per stage, or hp::pp::plan_stages's
+  balanced boundaries; plan_stages() below; stage s on rank s mod ranks) and
+  the other stages dropped;
 - the data: the one shared batch of --batch samples per step (hp-train's
   batch rule, as our pipeline rows read it), cut into --pp-microbatches;
 - the schedule: PipelineStage for each of the rank's stages with
@@ -79,14 +80,20 @@ def add_arguments(p):
     p.add_argument("--pp-layers", type=int, default=8)
     p.add_argument("--pp-microbatches", type=int, default=8)
     p.add_argument("--pp-data-parallel", type=int, default=1)
+    p.add_argument("--pp-split", default="even", choices=("even", "balanced"))
 
 
-def plan_stages(blocks, num_stages):
-    """hp::pp::plan_stages's balanced split: each stage's first block index.
-    Every stage starts with one block, the prologue and the epilogue count as
+def plan_stages(blocks, num_stages, split="balanced"):
+    """Each stage's first block index: hp-bench's even cut (split="even"), or
+    hp::pp::plan_stages's balanced split. Balanced: every stage starts with one block, the prologue and the epilogue count as
     one block each on the first and last stage, and each further block goes
     to the least-loaded stage, the earliest on a tie."""
     assert 1 <= num_stages <= blocks, (num_stages, blocks)
+    if split == "even":
+        # hp-bench's even cut: earlier stages one block more where it does
+        # not divide (bench/pipeline_worker.cpp, split_points).
+        return [s * (blocks // num_stages) + min(s, blocks % num_stages)
+                for s in range(num_stages)]
     count = [1] * num_stages
     load = [1] * num_stages
     load[0] += 1
@@ -241,7 +248,7 @@ def main():
     torch.manual_seed(args.seed)
     model = ref.GPT(cfg)
     parameters = sum(p.numel() for p in model.parameters())
-    begins = plan_stages(args.pp_layers, num_stages) + [args.pp_layers]
+    begins = plan_stages(args.pp_layers, num_stages, args.pp_split) + [args.pp_layers]
     mine = list(range(pp_rank, num_stages, pp_ranks))
     modules = [Stage(model, s, num_stages, range(begins[s], begins[s + 1])) for s in mine]
     del model
@@ -341,6 +348,7 @@ def main():
                 "microbatches": m,
                 "data_parallel": dp,
                 "layers": args.pp_layers,
+                "split": args.pp_split,
                 "stage_begins": begins[:-1],
                 "compute_s_per_rank_per_step": allr[:, 2 * n:3 * n].tolist(),
                 "step_s_per_rank_per_step": allr[:, 3 * n:4 * n].tolist(),

@@ -81,10 +81,11 @@ TEST(PipelineRows, DpTimesPpRowAndItsTorchTwinAreTwoReplicasOfATwoStagePipeline)
   EXPECT_THAT(find_row_spec("pp4").note(c), HasSubstr("dp2_pp2"));
 }
 
-TEST(PipelineRows, TheWorkersAreToldTheLayersAndMicroBatches) {
+TEST(PipelineRows, TheWorkersAreToldTheLayersMicroBatchesAndSplit) {
   BenchConfig c;
   c.pp_layers = 12;
   c.pp_microbatches = 4;
+  c.pp_split = "balanced";
   const std::vector<std::string> args = c.worker_args();
   auto value_of = [&](const std::string& flag) {
     for (size_t i = 0; i + 1 < args.size(); ++i)
@@ -93,6 +94,8 @@ TEST(PipelineRows, TheWorkersAreToldTheLayersAndMicroBatches) {
   };
   EXPECT_EQ(value_of("--pp-layers"), "12");
   EXPECT_EQ(value_of("--pp-microbatches"), "4");
+  EXPECT_EQ(value_of("--pp-split"), "balanced");
+  EXPECT_EQ(BenchConfig{}.pp_split, "even");  // equal stages, as the bubble formulas assume
   EXPECT_EQ(BenchConfig{}.pp_layers, 8);  // the targets' 8-block GPT
   EXPECT_EQ(BenchConfig{}.pp_microbatches, 8);
 }
@@ -184,13 +187,15 @@ TEST(PipelineSummary, ReportsTheMeasuredBubbleBesideTheSchedulesOwn) {
   EXPECT_EQ(theirs["peak_bytes_per_rank"], 40);  // the RSS delta, as the other PyTorch rows
 }
 
-TEST(PipelineSummary, CarriesTheDataParallelDegreeOfDpTimesPp) {
+TEST(PipelineSummary, CarriesTheDataParallelDegreeAndTheSplitOfDpTimesPp) {
   json run = pipeline_run("dp2_pp2", 0.3, true);
   run["round"] = 0;
   run["pipeline"]["data_parallel"] = 2;
   run["pipeline"]["microbatches"] = 4;
+  run["pipeline"]["split"] = "even";
   const json row = summarize_row(find_row_spec("dp2_pp2"), {run}, BenchConfig{});
   EXPECT_EQ(row["pipeline"]["data_parallel"], 2);
+  EXPECT_EQ(row["pipeline"]["split"], "even");
   EXPECT_EQ(row["pipeline"]["microbatches"], 4);
   EXPECT_DOUBLE_EQ(row["pipeline"]["measured_bubble"].get<double>(), 0.25);
   EXPECT_EQ(row["peak_bytes_each_rank"], json({5, 6, 7, 8}));  // every rank's peak

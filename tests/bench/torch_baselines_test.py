@@ -133,6 +133,9 @@ def check_pipeline(hprun, flags, tokens_path):
     # over 4 stages give 2, 3, 2, 1).
     assert pipeline.plan_stages(8, 4) == [0, 2, 5, 7], pipeline.plan_stages(8, 4)
     assert pipeline.plan_stages(8, 8) == list(range(8))
+    # hp-bench's default even cut (bench/pipeline_worker.cpp, split_points).
+    assert pipeline.plan_stages(8, 4, "even") == [0, 2, 4, 6]
+    assert pipeline.plan_stages(10, 4, "even") == [0, 3, 6, 8]
     reference = reference_pipeline_loss(tokens_path)
     pp_flags = flags + [str(v) for kv in PP_FLAGS.items() for v in kv]
     # (row, schedule, stages per rank, data-parallel ranks): dp 2 makes a
@@ -153,7 +156,8 @@ def check_pipeline(hprun, flags, tokens_path):
         assert p["schedule"] == schedule and p["stages_per_rank"] == v, p
         assert p["data_parallel"] == dp, p
         assert p["microbatches"] == PP_FLAGS["--pp-microbatches"] // dp, p
-        assert p["stage_begins"] == pipeline.plan_stages(8, 4 // dp * v), p
+        assert p["split"] == "even", p
+        assert p["stage_begins"] == pipeline.plan_stages(8, 4 // dp * v, "even"), p
         if dp > 1:
             # FSDP2 reduces each unit of rank 0's stage (its 4 blocks and the
             # stage) once per step under the pipeline, and gathers each at
