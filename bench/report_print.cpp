@@ -87,13 +87,22 @@ void print_pipeline(const json& rows) {
                  "actions, mean over ranks and steps):\n{:<24} {:<12} {:>3} {:>3} {:>3} {:>10} "
                  "{:>10} {:>10} {:>10} {:>10}  {}\n",
                  "row", "schedule", "dp", "v", "m", "step_s", "measured", "theory", "simulated",
-                 "peak_MiB", "each rank MiB");
+                 "peak_MiB", "each rank MiB: peak (the step's own)");
       header = true;
     }
     const json& p = r["pipeline"];
+    // Per rank, the peak and what the step holds above the state kept
+    // between steps (parameters, gradients, AdamW's moments: the memory at
+    // the end of the last step), which is all the schedules differ in.
     std::string each;
-    for (const auto& b : r.value("peak_bytes_each_rank", json::array()))
-      each += fmt::format("{}{:.1f}", each.empty() ? "" : " ", b.get<double>() / (1 << 20));
+    const json peaks = r.value("peak_bytes_each_rank", json::array());
+    const json ends = r.value("end_bytes_per_rank", json::array());
+    for (size_t i = 0; i < peaks.size(); ++i) {
+      const double peak = peaks[i].get<double>() / (1 << 20);
+      each += fmt::format("{}{:.1f}", each.empty() ? "" : " ", peak);
+      if (ends.is_array() && i < ends.size())
+        each += fmt::format(" ({:.1f})", peak - ends[i].get<double>() / (1 << 20));
+    }
     fmt::print("{:<24} {:<12} {:>3} {:>3} {:>3} {:>10.4f} {:>10} {:>10} {:>10} {:>10.1f}  {}\n",
                r["name"].get<std::string>(), p["schedule"].get<std::string>(),
                p.value("data_parallel", 1), p["stages_per_rank"].get<int>(),
