@@ -196,6 +196,16 @@ at::Tensor Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
   if (has_first) state.inputs = inputs.chunk(M, 0);
   if (has_last) state.targets = targets.chunk(M, 0);
 
+  try {
+    agree_on_boundaries(state);
+  } catch (...) {
+    // The neighbours' steps cannot be told apart from this one's any more.
+    unusable_ = hp::cat("pipeline rank ", rank(),
+                        " failed to agree on its boundaries with its neighbours in an earlier "
+                        "step; rebuild the pipeline (restart the job)");
+    rethrow_with(hp::cat("Pipeline::step: pipeline rank ", rank(), " (global rank ",
+                         transport_->global_rank(rank()), "): "));
+  }
   const auto& row = rows_.at(rank());
   for (size_t i = 0; i < row.size(); ++i) {
     state.index = static_cast<int>(i);
@@ -271,6 +281,62 @@ void Pipeline::average_gradients_over_replicas() {
       g.copy_(flat.narrow(0, offset, g.numel()).view(g.sizes()));
       offset += g.numel();
     }
+  }
+}
+
+// Every neighbour this rank transfers to or from gets its boundary header:
+// [B / M, T, hidden_size, hidden_dtype] as this rank derives them from its
+// own inputs and options; each neighbour's must be the same, or the step
+// stops here, before any activation moves, naming both ranks' shapes. A
+// send's data and a receive's buffer would otherwise disagree in size (a
+// transport error, or worse, a buffer read as another shape). The headers
+// go both ways, so both ranks of a mismatched boundary fail with the same
+// message; they travel under their own tag, so they never pair with an
+// activation or a gradient. The waits here find the neighbours mostly
+// there already: a pipeline rank later in the schedule ends its step
+// earlier.
+void Pipeline::agree_on_boundaries(StepState& state) {
+  const ScheduleSpec& spec = options_.schedule;
+  const int last_stage = num_stages(spec) - 1;
+  std::vector<int> peers;
+  for (const StageModule& stage : stages_) {
+    for (int neighbour : {stage->stage() - 1, stage->stage() + 1}) {
+      if (neighbour < 0 || neighbour > last_stage) continue;
+      const int peer = stage_rank(spec, neighbour);
+      if (peer != rank() && std::find(peers.begin(), peers.end(), peer) == peers.end())
+        peers.push_back(peer);
+    }
+  }
+  if (peers.empty()) return;
+  std::vector<int64_t> mine = state.hidden_shape;
+  mine.push_back(static_cast<int64_t>(options_.hidden_dtype));
+  const at::Tensor header = at::tensor(mine, at::kLong).to(options_.device);
+  std::vector<std::pair<int, at::Tensor>> theirs;
+  std::vector<std::unique_ptr<TransferHandle>> receives;
+  for (int peer : peers) {
+    theirs.emplace_back(peer, at::empty_like(header));
+    receives.push_back(transport_->recv(theirs.back().second, peer, kHeaderTag));
+    state.sends.push_back({transport_->send(header, peer, kHeaderTag), header, kWaitAtStepEnd});
+  }
+  auto describe = [](const at::Tensor& h) {
+    const at::Tensor cpu = h.cpu();
+    const int64_t* v = cpu.data_ptr<int64_t>();
+    const int64_t dtype = v[3];
+    const bool known = dtype >= 0 && dtype < static_cast<int64_t>(at::ScalarType::NumOptions);
+    return hp::cat("[", v[0], ", ", v[1], ", ", v[2], "] ",
+                   known ? std::string(c10::toString(static_cast<at::ScalarType>(dtype)))
+                         : hp::cat("(dtype code ", dtype, ")"));
+  };
+  for (size_t i = 0; i < peers.size(); ++i) {
+    receives[i]->wait();
+    HP_CHECK_ARG(at::equal(theirs[i].second, header), "its micro-batches' hidden states are ",
+                 describe(header), " ([B / M, T, hidden_size] hidden_dtype, from inputs [",
+                 state.hidden_shape[0] * spec.microbatches, ", ", state.hidden_shape[1], "] in ",
+                 spec.microbatches, " micro-batches) but its neighbour, pipeline rank ", peers[i],
+                 " (global rank ", transport_->global_rank(peers[i]), "), expects ",
+                 describe(theirs[i].second),
+                 "; every pipeline rank's step takes inputs of the same [B, T] and its "
+                 "PipelineOptions the same hidden_size and hidden_dtype");
   }
 }
 

@@ -113,6 +113,7 @@ class Pipeline {
  private:
   struct StepState;
   void run_action(StepState& state, const Action& action);
+  void agree_on_boundaries(StepState& state);
   void average_gradients_over_replicas();
   StageModuleImpl& local_stage(int stage);
   StageModule& local_stage_module(int stage);

@@ -29,6 +29,9 @@ namespace hp::pp {
 
 constexpr int kActivationTag = 0;
 constexpr int kGradientTag = 1;
+// Once per step, the boundary's shape and dtype each neighbour expects
+// (Pipeline::step), apart from both.
+constexpr int kHeaderTag = 2;
 
 class TransferHandle {
  public:

@@ -24,6 +24,7 @@
 namespace hp::pp {
 namespace {
 
+using testing::AllOf;
 using testing::HasSubstr;
 using testing::ThrowsMessage;
 
@@ -163,16 +164,59 @@ TEST(Pipeline, AFailedTransferNamesItsActionAndLeavesThePipelineUnusable) {
   const nn::GPTConfig config = test::small_gpt_config(4);
   nn::GPT whole(config);
   const StagePlan plan = plan_stages(gpt_layout(config), 2);
-  // Rank 1 never runs: rank 0's first receive of a gradient times out.
+  // Rank 1's loss throws in its first forward: rank 0's first receive of a
+  // gradient times out.
   auto transports = LoopbackTransport::make(2, std::chrono::milliseconds(200));
-  Pipeline pipeline(
-      {{ScheduleKind::k1F1B, 2, 1, 2}, config.n_embd}, {gpt_stage(*whole, plan, 0)}, transports[0],
-      [](const at::Tensor& l, const at::Tensor& t) { return nn::cross_entropy(l, t); });
+  std::vector<StageModule> stages = {gpt_stage(*whole, plan, 0), gpt_stage(*whole, plan, 1)};
   const at::Tensor ids = test::random_tokens({2, 8}, config.vocab_size, 1);
-  EXPECT_THAT([&] { pipeline.step(ids, ids); },
-              ThrowsMessage<CollectiveError>(HasSubstr("action 0B0 (#")));
-  EXPECT_THAT([&] { pipeline.step(ids, ids); },
-              ThrowsMessage<UnusableError>(HasSubstr("rebuild the pipeline")));
+  on_threads(2, [&](int rank) {
+    Pipeline pipeline({{ScheduleKind::k1F1B, 2, 1, 2}, config.n_embd}, {stages[rank]},
+                      transports[rank], [](const at::Tensor&, const at::Tensor&) -> at::Tensor {
+                        throw std::runtime_error("the loss failed");
+                      });
+    if (rank == 0) {
+      EXPECT_THAT([&] { pipeline.step(ids, ids); },
+                  ThrowsMessage<CollectiveError>(HasSubstr("action 0B0 (#")));
+    } else {
+      EXPECT_THAT([&] { pipeline.step(ids, ids); },
+                  ThrowsMessage<std::runtime_error>(
+                      AllOf(HasSubstr("action 1F0 (#"), HasSubstr("the loss failed"))));
+    }
+    EXPECT_THAT([&] { pipeline.step(ids, ids); },
+                ThrowsMessage<UnusableError>(HasSubstr("rebuild the pipeline")));
+  });
+}
+
+// Neighbours whose boundaries differ (here rank 1's sequences are shorter)
+// both stop at the step's start, naming both shapes, before any activation
+// moves; the pipeline is unusable after.
+TEST(Pipeline, NeighboursAgreeOnTheBoundaryShapeBeforeAnyActivationMoves) {
+  const nn::GPTConfig config = test::small_gpt_config(4);
+  nn::GPT whole(config);
+  const StagePlan plan = plan_stages(gpt_layout(config), 2);
+  auto transports = LoopbackTransport::make(2, std::chrono::milliseconds(2000));
+  std::vector<StageModule> stages = {gpt_stage(*whole, plan, 0), gpt_stage(*whole, plan, 1)};
+  const std::string shape = "[2, 8, " + std::to_string(config.n_embd) + "] Float";
+  const std::string shorter = "[2, 4, " + std::to_string(config.n_embd) + "] Float";
+  std::vector<int> forwards(2, 0);
+  on_threads(2, [&](int rank) {
+    const at::Tensor ids = test::random_tokens({4, rank == 0 ? 8 : 4}, config.vocab_size, 1);
+    Pipeline pipeline({{ScheduleKind::k1F1B, 2, 1, 2}, config.n_embd}, {stages[rank]},
+                      transports[rank], [&](const at::Tensor& l, const at::Tensor& t) {
+                        ++forwards[rank];
+                        return nn::cross_entropy(l, t);
+                      });
+    const std::string mine = rank == 0 ? shape : shorter, theirs = rank == 0 ? shorter : shape;
+    EXPECT_THAT([&] { pipeline.step(ids, ids); },
+                ThrowsMessage<ArgumentError>(AllOf(
+                    HasSubstr("pipeline rank " + std::to_string(rank)),
+                    HasSubstr("hidden states are " + mine),
+                    HasSubstr("pipeline rank " + std::to_string(1 - rank) + " (global rank " +
+                              std::to_string(1 - rank) + "), expects " + theirs))));
+    EXPECT_THAT([&] { pipeline.step(ids, ids); },
+                ThrowsMessage<UnusableError>(HasSubstr("agree on its boundaries")));
+  });
+  EXPECT_EQ(forwards[1], 0) << "the last stage computed a loss";
 }
 
 }  // namespace
