@@ -50,17 +50,22 @@ struct Sizes {
 
 // The gradients W needs that I computed (hp/pp/split_backward.h): each
 // linear's output gradient, each norm's, per block; the head's logits'.
+// Under tensor parallelism the column-parallel outputs are this rank's
+// heads' or MLP width's; the row-parallel outputs and the norms' are whole.
 int64_t captured_per_block(const detail::StepSetup& s, int64_t tokens) {
   const int64_t h = tokens * s.hidden * kFp32;
-  if (!s.llama) return 11 * h;  // c_attn 3h, attn.c_proj h, c_fc 4h, mlp.c_proj h, two norms
-  const int64_t kv = h * s.kv_heads / s.heads;
-  const int64_t mlp = tokens * s.intermediate * kFp32;
-  return 5 * h + 2 * kv + 2 * mlp;  // q, k, v, o, gate, up, down, two norms
+  if (!s.llama) return 7 * h / s.tp + 4 * h;  // c_attn 3h, c_fc 4h; both c_proj, two norms
+  const int64_t kv = h * s.kv_heads / s.heads / s.tp;
+  const int64_t mlp = tokens * detail::tp_piece(s.intermediate, s.tp, s.tp_rank) * kFp32;
+  return h / s.tp + 2 * kv + 2 * mlp + 4 * h;  // q, k, v, gate, up; o, down, two norms
 }
 
 std::vector<StageBytes> stage_bytes(const PipelinePlanOptions& o, const detail::StepSetup& s,
                                     int64_t tokens) {
+  // The parameters as this rank holds them: its tensor-parallel pieces,
+  // which fully_shard (fsdp_tp) then splits over the data-parallel ranks.
   detail::ModelParameters model = detail::model_parameters(o.plan.model);
+  if (s.tp > 1) detail::apply_tensor_parallel_plan(model, s.tp, s.tp_rank);
   const bool sharded = o.plan.layout.uses_fully_shard() && s.shards > 1;
   const int64_t D = s.shards;
   std::vector<StageBytes> out;
@@ -94,7 +99,8 @@ std::vector<StageBytes> stage_bytes(const PipelinePlanOptions& o, const detail::
     }
     b.captured = static_cast<int64_t>(stage.blocks.size()) * captured_per_block(s, tokens);
     if (stage.first) b.captured += 2 * tokens * s.hidden * kFp32;
-    if (stage.last) b.captured += tokens * (s.vocab + s.hidden) * kFp32;
+    if (stage.last)
+      b.captured += tokens * (detail::tp_piece(s.vocab, s.tp, s.tp_rank) + s.hidden) * kFp32;
     out.push_back(b);
   }
   return out;
@@ -433,10 +439,8 @@ PipelineMemoryPlan plan_pipeline_memory(const PipelinePlanOptions& o) {
                o.pipeline_rank, " holds ", stage_ids.size(), " stages but ", o.stages.size(),
                " were described");
   const ParallelMode mode = o.plan.layout.mode;
-  HP_CHECK_ARG(mode == ParallelMode::kNone || mode == ParallelMode::kDDP ||
-                   mode == ParallelMode::kFSDP,
-               "plan_pipeline_memory: mode ", mode_name(mode),
-               " inside pipeline stages is not planned (none, ddp or fsdp)");
+  HP_CHECK_ARG(mode != ParallelMode::kHSDP, "plan_pipeline_memory: mode ", mode_name(mode),
+               " inside pipeline stages is not planned (none, ddp, fsdp, tp or fsdp_tp)");
   HP_CHECK_ARG(o.plan.layout.param_dtype == Dtype::kFloat32,
                "plan_pipeline_memory: pipeline stages compute in fp32");
   const detail::StepSetup setup = detail::make_step_setup(o.plan);
@@ -445,12 +449,18 @@ PipelineMemoryPlan plan_pipeline_memory(const PipelinePlanOptions& o) {
                o.plan.batch_per_rank, " is not divisible by the ", M, " micro-batches");
 
   // One micro-batch through the whole model, planned as one process runs
-  // it: its activations part by part.
+  // it (or, in a tensor-parallel stage, as its tp rank runs it under --mode
+  // tp: split widths, vocabulary-sharded logits, the all-reduces' buffers):
+  // its activations part by part. fully_shard adds none of its own here:
+  // the stages stay gathered through the step (the gathers are planned
+  // below).
   Sizes sizes;
   sizes.micro = o.plan.batch_per_rank / M;
   PlanOptions micro = o.plan;
-  micro.layout = ParallelLayout();
-  micro.rank = 0;
+  micro.layout = o.plan.layout.tensor_parallel()
+                     ? ParallelLayout(ParallelMode::kTP, {setup.tp})
+                     : ParallelLayout();
+  micro.rank = setup.tp_rank;
   micro.batch_per_rank = sizes.micro;
   const detail::StepSetup micro_setup = detail::make_step_setup(micro);
   sizes.parts = detail::StepSimulator(micro_setup, /*first_step=*/false).activation_parts();
@@ -460,7 +470,7 @@ PipelineMemoryPlan plan_pipeline_memory(const PipelinePlanOptions& o) {
   sizes.batch = 2 * o.plan.batch_per_rank * o.plan.seq * kInt64;
 
   const std::vector<StageBytes> bytes = stage_bytes(o, setup, tokens);
-  const bool sharded = mode == ParallelMode::kFSDP;
+  const bool sharded = mode == ParallelMode::kFSDP || mode == ParallelMode::kFSDPTP;
   const bool replicas = mode == ParallelMode::kDDP && o.plan.layout.dp_size() > 1;
   const pp::Rows rows =
       pp::lower(o.schedule, pp::compute_rows(o.schedule), pp::LowerOptions{sharded});

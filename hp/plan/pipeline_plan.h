@@ -3,16 +3,20 @@
 // the schedule's rows, nothing allocated or communicated.
 //
 // A pipeline rank holds its stages' parameters, their gradients and AdamW's
-// moments (under --mode fsdp: their shards, and through the step the
-// gathered parameters and whole gradients), and the activations of the
-// micro-batches in flight. The plan replays the rank's lowered row
-// (hp/pp/lower.h) on a timeline: a forward adds what one micro-batch leaves
-// saved through the stage's blocks (measured by the plain plan's step
-// simulator, at the micro-batch's size), a backward (or its input half)
-// frees it; the boundary buffers (received hidden states, outputs and
-// input gradients sent on) live as the executor holds them, a sent one
-// until its send's wait point (hp/pp/send_waits.h); between a zero-bubble
-// I and its W the weight half's saved inputs and captured gradients stay.
+// moments (under --mode tp and fsdp_tp: its tensor-parallel pieces of them,
+// the plain plan's local shapes; under fsdp and fsdp_tp: their shards over
+// the data-parallel ranks, and through the step the gathered parameters and
+// whole gradients), and the activations of the micro-batches in flight.
+// The plan replays the rank's lowered row (hp/pp/lower.h) on a timeline: a
+// forward adds what one micro-batch leaves saved through the stage's blocks
+// (measured by the plain plan's step simulator, at the micro-batch's size,
+// under --mode tp on the stage's tp ranks for a tensor-parallel stage: split
+// widths, vocabulary-sharded logits and the all-reduces' buffers), a
+// backward (or its input half) frees it; the boundary buffers (received
+// hidden states, outputs and input gradients sent on: whole on every tp
+// rank) live as the executor holds them, a sent one until its send's wait
+// point (hp/pp/send_waits.h); between a zero-bubble I and its W the weight
+// half's saved inputs and captured gradients stay.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +38,9 @@ struct PipelineStage {
 
 struct PipelinePlanOptions {
   // The model, seq, dtypes; layout: none, ddp ([D, 1]) or fsdp ([D]) over
-  // the data-parallel ranks; batch_per_rank: one replica's batch (B / D).
+  // the data-parallel ranks, tp ([T]) or fsdp_tp ([D, T]) (hsdp is not
+  // planned); rank: this rank on that mesh (dp rank * T + tp rank), without
+  // the pipeline's dim; batch_per_rank: one replica's batch (B / D).
   PlanOptions plan;
   pp::ScheduleSpec schedule;
   int pipeline_rank = 0;

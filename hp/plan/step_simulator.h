@@ -111,9 +111,10 @@ class StepSimulator {
 
   int64_t between_steps_bytes();
 
-  // One forward and backward of this setup's batch (mode none), its
-  // activations measured part by part: what the pipeline's plan of a stage
-  // adds up (hp/plan/pipeline_plan.h).
+  // One forward and backward of this setup's batch (mode none, or tp for
+  // a tensor-parallel stage), its activations measured part by part, each
+  // part's rise with tensor parallelism's all-reduce buffers: what the
+  // pipeline's plan of a stage adds up (hp/plan/pipeline_plan.h).
   ActivationParts activation_parts();
 
  private:

@@ -29,7 +29,8 @@ class Timeline {
     live_.bytes[static_cast<int>(term)] += bytes;
     const int64_t total = live_.total();
     if (total > peak_.terms.total()) peak_ = {live_, where_, in_flight_};
-    activations_high_ = std::max(activations_high_, live_[Term::kActivations]);
+    activations_high_ =
+        std::max(activations_high_, live_[Term::kActivations] + live_[Term::kCommunication]);
     return id;
   }
   void free(Id& id) {
@@ -70,8 +71,13 @@ class Timeline {
   void start_peak() { peak_ = {live_, where_, in_flight_}; }
   // The activations' own high-water mark since start_activations_phase():
   // how far one part of the step (a block's forward, its backward) rises
-  // above what was live when it began (hp/plan/pipeline_plan.cpp).
-  void start_activations_phase() { activations_high_ = live_[Term::kActivations]; }
+  // above what was live when it began (hp/plan/pipeline_plan.cpp). It
+  // counts the communication term too: a step without fully_shard holds
+  // there only tensor parallelism's transient all-reduce buffers, which
+  // add to a part's rise as they add to the plain plan's peak.
+  void start_activations_phase() {
+    activations_high_ = live_[Term::kActivations] + live_[Term::kCommunication];
+  }
   int64_t activations_high() const { return activations_high_; }
   int64_t live_activations() const { return live_[Term::kActivations]; }
   const StepPeak& peak() const { return peak_; }

@@ -11,14 +11,16 @@
 //
 // The bound. The plan replays the rank's lowered row from the shapes: each
 // micro-batch's activations are the plain plan's step simulator's (which
-// matches a one-process step to the byte where activations set the peak),
-// the boundary buffers and the gradients are exact sizes. What it cannot
-// see is the executor's and the backend's own tensors (the autograd
-// engine's buffers, Gloo's staging of a send); on these shapes the plans
-// land within 4% of the measured peaks (1F1B and zero bubble within 1.5%,
-// GPipe up to 3.5% above), so 10% leaves room without hiding a missing
-// micro-batch: one more micro-batch in flight here is 10-20% of a rank's
-// peak.
+// matches a one-process step to the byte where activations set the peak;
+// in a tensor-parallel stage, a --mode tp rank's step), the boundary
+// buffers and the gradients are exact sizes. What it cannot see is the
+// executor's and the backend's own tensors (the autograd engine's buffers,
+// Gloo's staging of a send); on these shapes the plans land within 4% of
+// the measured peaks (1F1B and zero bubble within 1.6% below, GPipe 3.3%
+// above; tensor-parallel stages, tp on 2 x 2 ranks and fsdp_tp on
+// 2 x 2 x 2, 1.4% below on pipeline rank 0 and 0.3% below on rank 1), so
+// 10% leaves room without hiding a missing micro-batch: one more
+// micro-batch in flight here is 10-20% of a rank's peak.
 //
 // The shapes: 4 blocks of d 64 over 64-token sequences, a batch of 16 per
 // replica in 8 micro-batches of 2: activations are most of each rank's peak
@@ -149,6 +151,20 @@ TEST(PipelineDryRun, ReplicasOnFourRanksWithinTenPercentOfARealRun) {
   check_against_a_run(4, concat(shape(2), {"--mode", "ddp", "--pp-schedule", "gpipe"}));
 }
 
+// Each stage tensor-parallel over 2 ranks (P x T = 2 x 2): the stage's
+// pieces of the parameters, a micro-batch's activations as --mode tp's
+// rank computes them (split widths, vocabulary-sharded logits), the
+// boundary buffers whole on every tp rank.
+TEST(PipelineDryRun, TensorParallelStagesOnFourRanksWithinTenPercentOfARealRun) {
+  check_against_a_run(4, concat(shape(1), {"--mode", "tp"}));
+}
+
+// The same pieces fully_shard'ed over 2 data-parallel ranks (D x P x T =
+// 2 x 2 x 2): gathered and whole gradients through the step, as under fsdp.
+TEST(PipelineDryRun, ShardedTensorParallelStagesOnEightRanksWithinTenPercentOfARealRun) {
+  check_against_a_run(8, concat(shape(2), {"--mode", "fsdp_tp", "--mesh", "2x2x2"}));
+}
+
 // The printed plan names each rank's stages and what its schedule keeps in flight.
 TEST(PipelineDryRun, NamesEachRanksStagesAndMicroBatchesInFlight) {
   const ProcessResult r = hp_train(2, concat(shape(1), {"--dry-run"}));
@@ -186,6 +202,38 @@ TEST(PipelinePlan, GPipePeaksAbove1F1BAtEightMicroBatches) {
       plan_of(concat(shape(1), {"--pp-schedule", "interleaved", "--pp-stages-per-rank", "2"}), 1);
   EXPECT_THAT(plan::describe_pipeline_rank(looped, plan),
               HasSubstr("rank 1: stages 1, 3 (h.1 h.3 ln_f lm_head)"));
+}
+
+// hp-train's mesh under --pp is (dp, pp, tp), row-major: global rank
+// (d * P + p) * T + t (tools/hp_train/pipeline_run.cpp). Each rank's plan
+// takes its pipeline rank and its place on the layout's (dp, tp) mesh from
+// that, and holds its tensor-parallel pieces: between steps a tp rank's
+// stage is about half the whole stage (the norms and wpe are replicated).
+TEST(PipelinePlan, TensorParallelRanksTakeTheirPipelineRankAndPieces) {
+  auto options_of = [](const Args& args, int world_size, int rank) {
+    const CommandLine command_line = parse_command_line(args);
+    const Parallelism parallelism =
+        resolve_parallelism(command_line.options, World{true, 0, world_size});
+    validate_options(command_line.options, parallelism);
+    return pipeline_plan_options(command_line.options, parallelism, kVocab, rank);
+  };
+  const Args fsdp_tp = concat(shape(2), {"--mode", "fsdp_tp", "--mesh", "2x2x2"});
+  for (int rank = 0; rank < 8; ++rank) {
+    const plan::PipelinePlanOptions o = options_of(fsdp_tp, 8, rank);
+    EXPECT_EQ(o.pipeline_rank, rank / 2 % 2) << "rank " << rank;
+    EXPECT_EQ(o.plan.layout.shard_rank(o.plan.rank), rank / 4) << "rank " << rank;
+    EXPECT_EQ(o.plan.layout.tp_rank(o.plan.rank), rank % 2) << "rank " << rank;
+    EXPECT_EQ(o.plan.batch_per_rank, 16) << "rank " << rank;
+  }
+  for (int rank = 0; rank < 4; ++rank) {
+    const plan::PipelinePlanOptions tp = options_of(concat(shape(1), {"--mode", "tp"}), 4, rank);
+    EXPECT_EQ(tp.pipeline_rank, rank / 2);
+    const plan::PipelinePlanOptions whole = options_of(shape(1), 2, rank / 2);
+    const int64_t pieces = plan::plan_pipeline_memory(tp).plan.between_steps_bytes;
+    const int64_t stage = plan::plan_pipeline_memory(whole).plan.between_steps_bytes;
+    EXPECT_GT(pieces, stage / 2) << "rank " << rank;
+    EXPECT_LT(pieces, stage * 6 / 10) << "rank " << rank;
+  }
 }
 
 }  // namespace

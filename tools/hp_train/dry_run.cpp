@@ -39,14 +39,17 @@ plan::PipelinePlanOptions pipeline_plan_options(const TrainOptions& options,
                                                 int64_t vocab_size, int rank) {
   const PipelineSchedule schedule = pipeline_schedule(options);
   plan::PipelinePlanOptions p;
-  // The mesh is (replicas or shards, pipeline ranks), row-major
-  // (pipeline_run.cpp): the replica's index is its data-parallel rank.
-  const int replica = static_cast<int>(rank / schedule.ranks);
-  p.plan = plan_options(options, parallelism, vocab_size, replica);
+  // The mesh is (dp, pp, tp), row-major (pipeline_run.cpp): global rank
+  // (replica * P + pipeline rank) * T + tp rank. The layout has no pp dim,
+  // so its rank is (replica, tp rank) on its (dp, tp) mesh.
+  const int64_t tp = parallelism.tensor_parallel() ? parallelism.tp_size() : 1;
+  const int replica = static_cast<int>(rank / (schedule.ranks * tp));
+  p.plan = plan_options(options, parallelism, vocab_size,
+                        static_cast<int>(replica * tp + rank % tp));
   p.schedule = {pp::parse_schedule_kind(schedule.kind), static_cast<int>(schedule.ranks),
                 static_cast<int>(schedule.stages_per_rank),
                 static_cast<int>(schedule.microbatches)};
-  p.pipeline_rank = static_cast<int>(rank % schedule.ranks);
+  p.pipeline_rank = static_cast<int>(rank / tp % schedule.ranks);
   const pp::ModelLayout layout =
       std::holds_alternative<nn::LlamaConfig>(p.plan.model)
           ? pp::llama_layout(std::get<nn::LlamaConfig>(p.plan.model))

@@ -110,12 +110,14 @@ int dry_run(const TrainOptions& options, const Parallelism& parallelism, const W
       plan = planned.plan;
       plan.rank = r;
       const int64_t dp = parallelism.dp_size();
+      const int64_t tp = parallelism.tensor_parallel() ? parallelism.tp_size() : 1;
       header = fmt::format(
-          "{} pipeline over {} ranks{}, {} micro-batches of {} x {} tokens\npipeline {}",
+          "{} pipeline over {} ranks{}{}, {} micro-batches of {} x {} tokens\npipeline {}",
           options.pp_schedule, options.pp,
           dp > 1 ? fmt::format(" x {} data-parallel ranks ({})", dp,
                                hp::plan::mode_name(parallelism.mode))
                  : std::string(),
+          tp > 1 ? fmt::format(" x {} tensor-parallel ranks per stage", tp) : std::string(),
           pipeline.schedule.microbatches,
           pipeline.plan.batch_per_rank / pipeline.schedule.microbatches, options.seq,
           hp::plan::describe_pipeline_rank(pipeline, planned));
