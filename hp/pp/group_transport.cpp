@@ -36,4 +36,16 @@ std::unique_ptr<TransferHandle> GroupTransport::recv(const at::Tensor& tensor, i
   return std::make_unique<WorkHandle>(dist::recv(*group_, tensor, peer, tag));
 }
 
+std::vector<std::unique_ptr<TransferHandle>> GroupTransport::post(
+    const std::vector<Transfer>& transfers) {
+  std::vector<dist::P2PRequest> requests;
+  requests.reserve(transfers.size());
+  for (const Transfer& t : transfers)
+    requests.push_back({t.send ? dist::P2POp::kSend : dist::P2POp::kRecv, t.tensor, t.peer, t.tag});
+  std::vector<std::unique_ptr<TransferHandle>> handles;
+  for (dist::Work& work : dist::batch_p2p(*group_, requests))
+    handles.push_back(std::make_unique<WorkHandle>(std::move(work)));
+  return handles;
+}
+
 }  // namespace hp::pp

@@ -42,6 +42,10 @@ at::Tensor boundary_value(const at::Tensor& t) {
   return t.defined() && is_dtensor(t) ? full_tensor(t) : t;
 }
 
+bool is_transfer(Op op) {
+  return op == Op::kSendF || op == Op::kRecvF || op == Op::kSendB || op == Op::kRecvB;
+}
+
 // Rethrows the exception in flight with `where` in front, keeping its kind.
 [[noreturn]] void rethrow_with(const std::string& where) {
   try {
@@ -209,6 +213,29 @@ at::Tensor Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
   const auto& row = rows_.at(rank());
   for (size_t i = 0; i < row.size(); ++i) {
     state.index = static_cast<int>(i);
+    if (is_transfer(row[i].op)) {
+      // A run of transfers is posted as one batch (coalesced on NCCL).
+      size_t end = i;
+      while (end < row.size() && is_transfer(row[end].op)) ++end;
+      try {
+        post_transfers(state, row, i, end);
+      } catch (...) {
+        std::string actions;
+        for (size_t k = i; k < end; ++k) actions += (k > i ? ", " : "") + to_string(row[k]);
+        const std::string where = hp::cat(
+            "pipeline rank ", rank(), " (global rank ", transport_->global_rank(rank()),
+            "), posting ", end - i == 1 ? "action " : "actions ", actions, " (#", i,
+            end - i == 1 ? std::string() : hp::cat("-", end - 1), " of its ", row.size(),
+            " actions): ");
+        cancel_sharded_steps();
+        unusable_ = where +
+                    "failed in an earlier step; the ranks' schedules no longer agree, "
+                    "rebuild the pipeline (restart the job)";
+        rethrow_with(where);
+      }
+      i = end - 1;
+      continue;
+    }
     try {
       // Compute and the posting of transfers in lanes of their own; the
       // waits for a transfer inside a compute have theirs (run_action).
@@ -340,15 +367,72 @@ void Pipeline::agree_on_boundaries(StepState& state) {
   }
 }
 
+at::Tensor Pipeline::hidden_buffer(const StepState& state) const {
+  return at::empty(state.hidden_shape,
+                   at::TensorOptions(options_.hidden_dtype).device(options_.device));
+}
+
+// The transfers row[begin, end) posted together: a receive allocates its
+// buffer (kept by its micro-batch, whose compute waits for it), a send
+// takes its payload (the output, or the input's gradient, which its
+// micro-batch lets go) and joins the sends in flight with its wait point.
+void Pipeline::post_transfers(StepState& state, const std::vector<Action>& row, size_t begin,
+                              size_t end) {
+  const ScheduleSpec& spec = options_.schedule;
+  std::vector<Transfer> batch;
+  std::vector<std::unique_ptr<TransferHandle>*> receive_slots;  // null for a send
+  std::vector<std::unique_ptr<TransferHandle>> handles;
+  for (size_t i = begin; i < end; ++i) {
+    const Action& a = row[i];
+    // Each action's span on the p2p lane, as --trace shows the row; the
+    // batch is posted inside the last one.
+    std::optional<trace::Span> span;
+    if (trace::enabled()) span.emplace(to_string(a), "comm", "pipeline p2p");
+    MicroBatch& mb = state.micro[{a.stage, a.microbatch}];
+    switch (a.op) {
+      case Op::kRecvF:
+        mb.input = hidden_buffer(state);
+        batch.push_back({false, mb.input, stage_rank(spec, a.stage - 1), kActivationTag});
+        receive_slots.push_back(&mb.recv_input);
+        break;
+      case Op::kRecvB:
+        mb.grad_output = hidden_buffer(state);
+        batch.push_back({false, mb.grad_output, stage_rank(spec, a.stage + 1), kGradientTag});
+        receive_slots.push_back(&mb.recv_grad);
+        break;
+      case Op::kSendF:
+        batch.push_back({true, mb.output.detach().contiguous(), stage_rank(spec, a.stage + 1),
+                         kActivationTag});
+        receive_slots.push_back(nullptr);
+        break;
+      case Op::kSendB:
+        HP_CHECK_ARG(mb.grad_input.defined(),
+                     "SEND_B before the backward of the same micro-batch");
+        batch.push_back({true, mb.grad_input.contiguous(), stage_rank(spec, a.stage - 1),
+                         kGradientTag});
+        mb.grad_input = at::Tensor();
+        receive_slots.push_back(nullptr);
+        break;
+      default:
+        throw std::logic_error(hp::cat("Pipeline: ", to_string(a), " is no transfer"));
+    }
+    if (i + 1 == end) handles = transport_->post(batch);
+  }
+  for (size_t k = 0; k < batch.size(); ++k) {
+    if (receive_slots[k] != nullptr) {
+      *receive_slots[k] = std::move(handles.at(k));
+    } else {
+      state.sends.push_back({std::move(handles.at(k)), batch[k].tensor,
+                             send_waits_.at(begin + k)});
+    }
+  }
+}
+
 void Pipeline::run_action(StepState& state, const Action& action) {
   const ScheduleSpec& spec = options_.schedule;
   const int s = action.stage, k = action.microbatch;
   const int last_stage = num_stages(spec) - 1;
   MicroBatch& mb = state.micro[{s, k}];
-  auto hidden = [&] {
-    return at::empty(state.hidden_shape,
-                     at::TensorOptions(options_.hidden_dtype).device(options_.device));
-  };
   auto previous_is_local = [&] { return s > 0 && stage_rank(spec, s - 1) == rank(); };
   auto next_is_local = [&] { return s < last_stage && stage_rank(spec, s + 1) == rank(); };
   // A receive's wait, timed into stats_.wait_s when the step is timed, then
@@ -390,13 +474,11 @@ void Pipeline::run_action(StepState& state, const Action& action) {
 
   switch (action.op) {
     case Op::kRecvF:
-      mb.input = hidden();
-      mb.recv_input = transport_->recv(mb.input, stage_rank(spec, s - 1), kActivationTag);
-      return;
     case Op::kRecvB:
-      mb.grad_output = hidden();
-      mb.recv_grad = transport_->recv(mb.grad_output, stage_rank(spec, s + 1), kGradientTag);
-      return;
+    case Op::kSendF:
+    case Op::kSendB:
+      throw std::logic_error(hp::cat("Pipeline: ", to_string(action),
+                                     " runs in a batch of transfers (post_transfers)"));
     case Op::kForward: {
       StageModuleImpl& stage = local_stage(s);
       at::Tensor input;
@@ -422,12 +504,6 @@ void Pipeline::run_action(StepState& state, const Action& action) {
       } else {
         mb.output = boundary_value(output);
       }
-      return;
-    }
-    case Op::kSendF: {
-      at::Tensor payload = mb.output.detach().contiguous();
-      state.sends.push_back({transport_->send(payload, stage_rank(spec, s + 1), kActivationTag),
-                             payload, send_waits_.at(state.index)});
       return;
     }
     case Op::kBackward: {
@@ -459,14 +535,6 @@ void Pipeline::run_action(StepState& state, const Action& action) {
       mb.split->backward_weight();
       mb.split.reset();
       return;
-    case Op::kSendB: {
-      HP_CHECK_ARG(mb.grad_input.defined(), "SEND_B before the backward of the same micro-batch");
-      at::Tensor payload = mb.grad_input.contiguous();
-      mb.grad_input = at::Tensor();
-      state.sends.push_back({transport_->send(payload, stage_rank(spec, s - 1), kGradientTag),
-                             payload, send_waits_.at(state.index)});
-      return;
-    }
     case Op::kUnshard:
       // Gathered until REDUCE_GRAD, across the step's micro-batches.
       FSDPModule(local_stage_module(s).ptr()).begin_pipeline_step();

@@ -114,6 +114,8 @@ class Pipeline {
   struct StepState;
   void run_action(StepState& state, const Action& action);
   void agree_on_boundaries(StepState& state);
+  void post_transfers(StepState& state, const std::vector<Action>& row, size_t begin, size_t end);
+  at::Tensor hidden_buffer(const StepState& state) const;
   void average_gradients_over_replicas();
   StageModuleImpl& local_stage(int stage);
   StageModule& local_stage_module(int stage);

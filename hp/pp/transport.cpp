@@ -76,6 +76,15 @@ std::vector<std::shared_ptr<LoopbackTransport>> LoopbackTransport::make(
   return transports;
 }
 
+std::vector<std::unique_ptr<TransferHandle>> Transport::post(
+    const std::vector<Transfer>& transfers) {
+  std::vector<std::unique_ptr<TransferHandle>> handles;
+  handles.reserve(transfers.size());
+  for (const Transfer& t : transfers)
+    handles.push_back(t.send ? send(t.tensor, t.peer, t.tag) : recv(t.tensor, t.peer, t.tag));
+  return handles;
+}
+
 LoopbackTransport::LoopbackTransport(int rank, int size, std::shared_ptr<Mailboxes> boxes)
     : rank_(rank), size_(size), boxes_(std::move(boxes)) {}
 

@@ -39,6 +39,14 @@ class TransferHandle {
   virtual void wait() = 0;
 };
 
+// One send or receive of a batch (Transport::post).
+struct Transfer {
+  bool send;          // else a receive
+  at::Tensor tensor;  // sent from, or received into
+  int peer;
+  int tag;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -46,6 +54,12 @@ class Transport {
   virtual int size() const = 0;
   virtual std::unique_ptr<TransferHandle> send(const at::Tensor& tensor, int peer, int tag) = 0;
   virtual std::unique_ptr<TransferHandle> recv(const at::Tensor& tensor, int peer, int tag) = 0;
+  // Posts `transfers` together, in order, one handle each (result[i] for
+  // transfers[i]), as send() and recv() would post them one by one: the
+  // default does just that. GroupTransport coalesces them into one group
+  // call where c10d can (NCCL), where waiting for any handle of the batch
+  // waits for all of it.
+  virtual std::vector<std::unique_ptr<TransferHandle>> post(const std::vector<Transfer>& transfers);
   // The global rank of pipeline rank `peer`, for messages.
   virtual int global_rank(int peer) const { return peer; }
 };
@@ -58,6 +72,8 @@ class GroupTransport : public Transport {
   int size() const override;
   std::unique_ptr<TransferHandle> send(const at::Tensor& tensor, int peer, int tag) override;
   std::unique_ptr<TransferHandle> recv(const at::Tensor& tensor, int peer, int tag) override;
+  // Through hp::dist::batch_p2p: one coalesced call on NCCL, one by one on Gloo.
+  std::vector<std::unique_ptr<TransferHandle>> post(const std::vector<Transfer>& transfers) override;
   int global_rank(int peer) const override;
 
  private:

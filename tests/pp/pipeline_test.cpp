@@ -9,6 +9,7 @@
 
 #include <exception>
 #include <thread>
+#include <utility>
 
 #include "hp/nn/activation_checkpoint.h"
 #include "hp/nn/gpt.h"
@@ -130,6 +131,75 @@ TEST(Pipeline, StepStatsSplitEachRanksStepIntoComputeAndWaits) {
     EXPECT_GT(timed[rank].compute_s, 0.0);
     EXPECT_GE(timed[rank].wait_s, 0.0);
     EXPECT_LE(timed[rank].compute_s + timed[rank].wait_s, timed[rank].step_s);
+  }
+}
+
+// A transport that records each batch Pipeline posts, then posts it
+// through a loopback transport.
+class RecordingTransport : public Transport {
+ public:
+  explicit RecordingTransport(std::shared_ptr<Transport> inner) : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::unique_ptr<TransferHandle> send(const at::Tensor& t, int peer, int tag) override {
+    return inner_->send(t, peer, tag);
+  }
+  std::unique_ptr<TransferHandle> recv(const at::Tensor& t, int peer, int tag) override {
+    return inner_->recv(t, peer, tag);
+  }
+  std::vector<std::unique_ptr<TransferHandle>> post(const std::vector<Transfer>& batch) override {
+    std::vector<std::string> kinds;
+    for (const Transfer& t : batch)
+      kinds.push_back(std::string(t.send ? "send" : "recv") + (t.tag == kGradientTag ? "_b" : "_f"));
+    batches.push_back(kinds);
+    return inner_->post(batch);
+  }
+  std::vector<std::vector<std::string>> batches;
+
+ private:
+  std::shared_ptr<Transport> inner_;
+};
+
+// Each run of consecutive transfers in a rank's row is posted as one batch
+// (one coalesced call on NCCL), in the row's order.
+TEST(Pipeline, PostsEachRunOfTransfersAsOneBatch) {
+  const nn::GPTConfig config = test::small_gpt_config(4);
+  nn::GPT whole(config);
+  const StagePlan plan = plan_stages(gpt_layout(config), 2);
+  auto loopback = LoopbackTransport::make(2);
+  std::vector<std::shared_ptr<RecordingTransport>> transports;
+  for (int rank = 0; rank < 2; ++rank)
+    transports.push_back(std::make_shared<RecordingTransport>(loopback[rank]));
+  std::vector<StageModule> stages = {gpt_stage(*whole, plan, 0), gpt_stage(*whole, plan, 1)};
+  const at::Tensor ids = test::random_tokens({4, 8}, config.vocab_size, 1);
+  std::vector<Rows> rows(2);
+  on_threads(2, [&](int rank) {
+    Pipeline pipeline({{ScheduleKind::k1F1B, 2, 1, 4}, config.n_embd}, {stages[rank]},
+                      transports[rank], [](const at::Tensor& l, const at::Tensor& t) {
+                        return nn::cross_entropy(l, t);
+                      });
+    pipeline.step(ids, ids);
+    rows[rank] = pipeline.rows();
+  });
+  // Rank 0's row: 0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,... (PpSendWaits).
+  using V = std::vector<std::string>;
+  EXPECT_THAT(transports[0]->batches,
+              testing::ElementsAre(V{"send_f"}, V{"send_f", "recv_b"}, V{"send_f", "recv_b"},
+                                   V{"send_f", "recv_b"}, V{"recv_b"}));
+  // Every rank: one batch per run of transfers in its row.
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<size_t> runs;
+    size_t run = 0;
+    for (const Action& a : rows[rank][rank]) {
+      const bool transfer = a.op == Op::kSendF || a.op == Op::kRecvF || a.op == Op::kSendB ||
+                            a.op == Op::kRecvB;
+      if (transfer) ++run;
+      if (!transfer && run > 0) runs.push_back(std::exchange(run, 0));
+    }
+    if (run > 0) runs.push_back(run);
+    std::vector<size_t> posted;
+    for (const auto& batch : transports[rank]->batches) posted.push_back(batch.size());
+    EXPECT_EQ(posted, runs) << "rank " << rank;
   }
 }
 
