@@ -204,8 +204,8 @@ TEST(Flags, BadValuesNameFlagValueAndExpectation) {
       {{"--steps", "99999999999999999999"}, "got '99999999999999999999'"},
       {{"--mode", "zero3"}, "--mode must be one of fsdp, hsdp, ddp, tp, fsdp_tp, none, got 'zero3'"},
       {{"--mesh", "2x"},
-       "--mesh must be N, RxS (R replicas x S shards) or, under --pp, DxPxT with positive "
-       "integers, e.g. 4, 2x2 or 2x2x2, got '2x'"},
+       "--mesh must be N, RxS (R replicas x S shards) or, under --pp, DxPxT or RxSxP with "
+       "positive integers, e.g. 4, 2x2 or 2x2x2, got '2x'"},
       {{"--mesh", "0"}, "got '0'"},
       {{"--mesh", "2x2x1x1"}, "got '2x2x1x1'"},
       {{"--log-json", ""}, "--log-json must name a file, got ''"},
