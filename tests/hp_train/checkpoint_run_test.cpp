@@ -572,11 +572,14 @@ TEST(HpTrainCheckpoints, PipelineReplicasResumeBitForBit) {
 // over the stage's ranks): resumed on their own layout they continue bit
 // for bit, and fully_shard's checkpoint resumes as replicas of the pipeline
 // (--mode ddp), which train bit for bit like fully_shard'ed stages
-// (HpTrain.PipelineShardedStagesTrainLikeReplicas).
+// (HpTrain.PipelineShardedStagesTrainLikeReplicas). HSDP stages of 2
+// replicas (2x1x2: a stage's holders are both replicas' ranks) resume on
+// their own mesh and as 1 replica of 2 shards (1x2x2), which trains bit for
+// bit like it (the same test).
 TEST(HpTrainCheckpoints, PipelineShardedStagesResumeBitForBit) {
   TempDir dir;
   for (const auto& [mode, mesh] : std::vector<std::pair<std::string, std::string>>{
-           {"fsdp", "2x2"}, {"tp", "2x2"}}) {
+           {"fsdp", "2x2"}, {"tp", "2x2"}, {"hsdp", "2x1x2"}}) {
     SCOPED_TRACE("--pp 2 --mode " + mode);
     const std::string ckpt = dir.file("ckpt_" + mode);
     const Args run = concat(kCkpt, {"--layers", "4", "--pp", "2", "--mode", mode, "--mesh", mesh,
@@ -592,6 +595,11 @@ TEST(HpTrainCheckpoints, PipelineShardedStagesResumeBitForBit) {
     if (mode == "fsdp") {
       resumes.emplace_back("ddp", concat(kCkpt, {"--layers", "4", "--pp", "2", "--mode", "ddp",
                                                  "--microbatches", "2"}));
+    }
+    if (mode == "hsdp") {
+      resumes.emplace_back("hsdp_1x2x2", concat(kCkpt, {"--layers", "4", "--pp", "2", "--mode",
+                                                        "hsdp", "--mesh", "1x2x2",
+                                                        "--microbatches", "2"}));
     }
     for (const auto& [as, args] : resumes) {
       const std::string tag = mode + "_as_" + as;
