@@ -38,8 +38,9 @@ struct PipelineStage {
 
 struct PipelinePlanOptions {
   // The model, seq, dtypes; layout: none, ddp ([D, 1]) or fsdp ([D]) over
-  // the data-parallel ranks, tp ([T]) or fsdp_tp ([D, T]) (hsdp is not
-  // planned); rank: this rank on that mesh (dp rank * T + tp rank), without
+  // the data-parallel ranks, tp ([T]) or fsdp_tp ([D, T]) (not hsdp: a
+  // rank of an hsdp stage holds what one of fsdp over its S shard ranks
+  // does, as hp-train plans it); rank: this rank on that mesh (dp rank * T + tp rank), without
   // the pipeline's dim; batch_per_rank: one replica's batch (B / D).
   PlanOptions plan;
   pp::ScheduleSpec schedule;

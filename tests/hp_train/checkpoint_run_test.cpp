@@ -572,11 +572,13 @@ TEST(HpTrainCheckpoints, PipelineReplicasResumeBitForBit) {
 // over the stage's ranks): resumed on their own layout they continue bit
 // for bit, and fully_shard's checkpoint resumes as replicas of the pipeline
 // (--mode ddp), which train bit for bit like fully_shard'ed stages
-// (HpTrain.PipelineShardedStagesTrainLikeReplicas).
+// (HpTrain.PipelineShardedStagesTrainLikeReplicas). HSDP stages of 2
+// replicas (2x1x2: a stage's holders are both replicas' ranks) resume on
+// their own mesh.
 TEST(HpTrainCheckpoints, PipelineShardedStagesResumeBitForBit) {
   TempDir dir;
   for (const auto& [mode, mesh] : std::vector<std::pair<std::string, std::string>>{
-           {"fsdp", "2x2"}, {"tp", "2x2"}}) {
+           {"fsdp", "2x2"}, {"tp", "2x2"}, {"hsdp", "2x1x2"}}) {
     SCOPED_TRACE("--pp 2 --mode " + mode);
     const std::string ckpt = dir.file("ckpt_" + mode);
     const Args run = concat(kCkpt, {"--layers", "4", "--pp", "2", "--mode", mode, "--mesh", mesh,

@@ -204,8 +204,8 @@ TEST(Flags, BadValuesNameFlagValueAndExpectation) {
       {{"--steps", "99999999999999999999"}, "got '99999999999999999999'"},
       {{"--mode", "zero3"}, "--mode must be one of fsdp, hsdp, ddp, tp, fsdp_tp, none, got 'zero3'"},
       {{"--mesh", "2x"},
-       "--mesh must be N, RxS (R replicas x S shards) or, under --pp, DxPxT with positive "
-       "integers, e.g. 4, 2x2 or 2x2x2, got '2x'"},
+       "--mesh must be N, RxS (R replicas x S shards) or, under --pp, DxPxT or RxSxP with "
+       "positive integers, e.g. 4, 2x2 or 2x2x2, got '2x'"},
       {{"--mesh", "0"}, "got '0'"},
       {{"--mesh", "2x2x1x1"}, "got '2x2x1x1'"},
       {{"--log-json", ""}, "--log-json must name a file, got ''"},
@@ -305,6 +305,43 @@ TEST(Flags, CombinationsAreCheckedAgainstTheWorld) {
   EXPECT_THAT(check({"--resume", "auto"}, launched(2)),
               HasSubstr("--resume auto needs --save-dir DIR"));
   EXPECT_EQ(check({"--resume", "auto", "--save-dir", "ckpt"}, launched(2)), "");
+}
+
+// --pp P --mode hsdp: --mesh RxSxP, each stage sharded over S ranks and
+// replicated R times; its data-parallel size R x S is fsdp's D.
+TEST(Flags, PipelineHsdpTakesAReplicasShardsPipelineMesh) {
+  const Args pp = {"--pp", "2", "--mode", "hsdp", "--layers", "2", "--batch", "8",
+                   "--microbatches", "2"};
+  auto concat = [](Args a, const Args& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  const Parallelism h = resolve_parallelism(
+      parse_command_line(concat(pp, {"--mesh", "2x2x2"})).options, launched(8));
+  EXPECT_EQ(h.mode, plan::ParallelMode::kHSDP);
+  EXPECT_EQ(h.mesh_shape, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(h.replicate_size(), 2);
+  EXPECT_EQ(h.shard_size(), 2);
+  EXPECT_EQ(h.dp_size(), 4);
+  EXPECT_EQ(check(concat(pp, {"--mesh", "2x2x2"}), launched(8)), "");
+  EXPECT_THAT(check(pp, launched(4)),
+              HasSubstr("--mode hsdp with --pp 2 needs --mesh RxSxP (replicas x shards x "
+                        "pipeline ranks, P = 2, product 4)"));
+  EXPECT_THAT(check(concat(pp, {"--mesh", "2x2"}), launched(4)),
+              HasSubstr("--mesh 2x2 with --pp 2 --mode hsdp: the mesh is R x S x P (replicas x "
+                        "shards x pipeline ranks), three dims, but it has 2"));
+  EXPECT_EQ(check(concat(pp, {"--mesh", "1x2x2"}), launched(4)), "");
+  EXPECT_THAT(check(concat(pp, {"--mesh", "2x2x1"}), launched(4)),
+              HasSubstr("--mesh 2x2x1 with --pp 2 --mode hsdp: the mesh is R x S x P with P the "
+                        "pipeline ranks, so its last dim must be --pp 2, got 1"));
+  EXPECT_THAT(check(concat(pp, {"--mesh", "2x2x2"}), launched(4)),
+              HasSubstr("--mesh 2x2x2 with --pp 2 --mode hsdp holds 8 ranks, but the world has "
+                        "4 (WORLD_SIZE); R x S x P must equal the world size"));
+  EXPECT_THAT(check(concat(pp, {"--mesh", "2x2x2", "--batch", "6"}), launched(8)),
+              HasSubstr("--batch 6 (the global batch) must be divisible by the data-parallel "
+                        "size 4"));
+  EXPECT_THAT(check(concat(pp, {"--mesh", "1x2x2", "--no-prefetch"}), launched(4)),
+              HasSubstr("--no-prefetch with --pp 2 --mode hsdp"));
 }
 
 TEST(Flags, CountsAgreeWithTheirNouns) {

@@ -147,6 +147,14 @@ TEST(PipelineDryRun, ShardedStagesOnFourRanksWithinTenPercentOfARealRun) {
   check_against_a_run(4, concat(shape(2), {"--mode", "fsdp"}));
 }
 
+// HSDP stages of 2 replicas, each of one shard (--mesh 2x1x2): planned as
+// stages sharded over their shard group (dry_run.cpp), each rank holding
+// its stages whole and gathered through the step; the replicas' all-reduce
+// is in place.
+TEST(PipelineDryRun, HsdpStagesOnFourRanksWithinTenPercentOfARealRun) {
+  check_against_a_run(4, concat(shape(2), {"--mode", "hsdp", "--mesh", "2x1x2"}));
+}
+
 TEST(PipelineDryRun, ReplicasOnFourRanksWithinTenPercentOfARealRun) {
   check_against_a_run(4, concat(shape(2), {"--mode", "ddp", "--pp-schedule", "gpipe"}));
 }
@@ -233,6 +241,40 @@ TEST(PipelinePlan, TensorParallelRanksTakeTheirPipelineRankAndPieces) {
     const int64_t stage = plan::plan_pipeline_memory(whole).plan.between_steps_bytes;
     EXPECT_GT(pieces, stage / 2) << "rank " << rank;
     EXPECT_LT(pieces, stage * 6 / 10) << "rank " << rank;
+  }
+}
+
+// In-process: an hsdp stage's rank holds what a rank of the stage sharded
+// over its S shard ranks holds, with hsdp's batch per rank: one replica of
+// 2 shards plans as fsdp over 2 byte for byte, 2 replicas of one shard as
+// stages whole on each rank.
+TEST(PipelinePlan, HsdpStagesArePlannedAsTheirShardGroup) {
+  World world{true, 0, 4};
+  auto plan_of = [&](const Args& args, int rank) {
+    const CommandLine command_line = parse_command_line(args);
+    const Parallelism parallelism = resolve_parallelism(command_line.options, world);
+    validate_options(command_line.options, parallelism);
+    return pipeline_plan_options(command_line.options, parallelism, kVocab, rank);
+  };
+  for (int rank = 0; rank < 4; ++rank) {
+    const plan::PipelinePlanOptions fsdp =
+        plan_of(concat(shape(2), {"--mode", "fsdp", "--mesh", "2x2"}), rank);
+    const plan::PipelinePlanOptions one_replica =
+        plan_of(concat(shape(2), {"--mode", "hsdp", "--mesh", "1x2x2"}), rank);
+    EXPECT_EQ(one_replica.plan.layout.mesh_shape, fsdp.plan.layout.mesh_shape);
+    EXPECT_EQ(one_replica.plan.rank, fsdp.plan.rank);
+    EXPECT_EQ(plan::plan_pipeline_memory(one_replica).plan.peak_bytes(),
+              plan::plan_pipeline_memory(fsdp).plan.peak_bytes())
+        << "rank " << rank;
+    const plan::PipelinePlanOptions two_replicas =
+        plan_of(concat(shape(2), {"--mode", "hsdp", "--mesh", "2x1x2"}), rank);
+    EXPECT_EQ(two_replicas.plan.layout.mode, plan::ParallelMode::kFSDP);
+    EXPECT_EQ(two_replicas.plan.layout.shard_size(), 1);
+    EXPECT_EQ(two_replicas.plan.batch_per_rank, 16);
+    EXPECT_EQ(two_replicas.pipeline_rank, rank % 2);
+    EXPECT_GT(plan::plan_pipeline_memory(two_replicas).plan.peak_bytes(),
+              plan::plan_pipeline_memory(fsdp).plan.peak_bytes())
+        << "rank " << rank << ": the stages whole";
   }
 }
 

@@ -316,13 +316,25 @@ TEST(HpTrain, PipelineReplicasTrainTheOneProcessModel) {
 // two replicas' whole gradients, accumulated over the same micro-batches
 // in the same order (a sum of two halved: exact, whichever collective);
 // clipping is off, since its norm sums over shards in one and over whole
-// tensors in the other.
+// tensors in the other. HSDP stages (--mesh RxSxP) with R x S = 2 read
+// fsdp's slices and do the same: 1x2x2 shards each stage over 2 ranks with
+// one replica (fsdp's reduce-scatter, nothing to all-reduce), 2x1x2 keeps
+// it whole in 2 replicas whose gradients are all-reduced (two halved
+// terms again): bit for bit fsdp's losses.
 TEST(HpTrain, PipelineShardedStagesTrainLikeReplicas) {
   TempDir dir;
   const Args pipeline = concat(kTiny, concat(kNoClip, {"--pp", "2", "--microbatches", "2"}));
   const std::vector<double> replicas = losses(4, concat(pipeline, {"--mode", "ddp"}), dir, "ddp");
   ASSERT_EQ(replicas.size(), 5u);
-  EXPECT_EQ(losses(4, concat(pipeline, {"--mode", "fsdp"}), dir, "fsdp"), replicas);
+  const std::vector<double> sharded =
+      losses(4, concat(pipeline, {"--mode", "fsdp", "--mesh", "2x2"}), dir, "fsdp");
+  EXPECT_EQ(sharded, replicas);
+  for (const char* mesh : {"1x2x2", "2x1x2"}) {
+    EXPECT_EQ(losses(4, concat(pipeline, {"--mode", "hsdp", "--mesh", mesh}), dir,
+                     std::string("hsdp_") + mesh),
+              sharded)
+        << "--mode hsdp --mesh " << mesh;
+  }
   // Zero bubble (two stages per rank, so four blocks): split backwards
   // inside the sharded stages' pipeline steps.
   const Args split = concat(pipeline, {"--layers", "4", "--pp-schedule", "zero-bubble"});
@@ -341,7 +353,10 @@ TEST(HpTrain, PipelineFlagsAreCheckedBeforeAnyCollective) {
       {2, concat(pipeline, {"--batch", "6", "--microbatches", "4"}),
        "--batch 6 must be a multiple of the 4 micro-batches"},
       {2, concat(pipeline, {"--pp-split", "h.7"}), "split point 'h.7' names no block"},
-      {2, concat(pipeline, {"--mode", "hsdp"}), "--mode hsdp with --pp 2"},
+      {2, concat(pipeline, {"--mode", "hsdp"}), "--mode hsdp with --pp 2 needs --mesh RxSxP"},
+      {2, concat(pipeline, {"--mode", "hsdp", "--mesh", "1x2"}),
+       "--mesh 1x2 with --pp 2 --mode hsdp: the mesh is R x S x P (replicas x shards x pipeline "
+       "ranks), three dims, but it has 2"},
       {4, concat(pipeline, {"--mode", "fsdp_tp"}), "--mode fsdp_tp with --pp 2 needs --mesh"},
       {8, concat(pipeline, {"--mode", "fsdp_tp", "--mesh", "2x4x1"}),
        "the mesh is D x P x T with P = 2 and a product of WORLD_SIZE 8"},

@@ -39,13 +39,29 @@ plan::PipelinePlanOptions pipeline_plan_options(const TrainOptions& options,
                                                 int64_t vocab_size, int rank) {
   const PipelineSchedule schedule = pipeline_schedule(options);
   plan::PipelinePlanOptions p;
-  // The mesh is (dp, pp, tp), row-major (pipeline_run.cpp): global rank
-  // (replica * P + pipeline rank) * T + tp rank. The layout has no pp dim,
-  // so its rank is (replica, tp rank) on its (dp, tp) mesh.
+  // The mesh is (dp, pp, tp), row-major (pipeline_run.cpp; hsdp's R x S
+  // data-parallel ranks in place of dp): global rank (replica * P +
+  // pipeline rank) * T + tp rank. The layout has no pp dim, so its rank is
+  // (replica, tp rank) on its (dp, tp) mesh.
   const int64_t tp = parallelism.tensor_parallel() ? parallelism.tp_size() : 1;
   const int replica = static_cast<int>(rank / (schedule.ranks * tp));
   p.plan = plan_options(options, parallelism, vocab_size,
                         static_cast<int>(replica * tp + rank % tp));
+  if (parallelism.mode == plan::ParallelMode::kHSDP) {
+    // A rank of an hsdp stage holds what a rank of the stage sharded over
+    // its S shard ranks holds: 1/S of the parameters, gradients and AdamW
+    // state, the whole stage gathered through the step. Its one addition,
+    // the all-reduce of the reduced gradient shards over the R replicas, is
+    // in place (as the plain plan counts hsdp: hp/plan/fsdp_buffers.cpp).
+    // So the stage is planned as fsdp over S, with hsdp's batch per rank
+    // (B / (R x S), set above), the pipeline planner planning fsdp stages.
+    plan::ParallelLayout shards(plan::ParallelMode::kFSDP, {parallelism.shard_size()});
+    shards.param_dtype = parallelism.param_dtype;
+    p.plan.layout = shards;
+    // Its place among the S ranks its stage is sharded over (which rows of
+    // an uneven tensor it holds).
+    p.plan.rank = static_cast<int>(parallelism.shard_rank(replica));
+  }
   p.schedule = {pp::parse_schedule_kind(schedule.kind), static_cast<int>(schedule.ranks),
                 static_cast<int>(schedule.stages_per_rank),
                 static_cast<int>(schedule.microbatches)};

@@ -20,7 +20,8 @@ plan::PlanOptions plan_options(const TrainOptions& options, const Parallelism& p
 
 // Under --pp: the plan of global rank `rank`'s pipeline rank (its stages,
 // the schedule's row), its replica's share of the batch (docs/pipeline.md,
-// "Memory plan").
+// "Memory plan"). --mode hsdp's stages are planned as sharded over their S
+// shard ranks (fsdp over S: the replicas' all-reduce is in place).
 plan::PipelinePlanOptions pipeline_plan_options(const TrainOptions& options,
                                                 const Parallelism& parallelism,
                                                 int64_t vocab_size, int rank);

@@ -103,6 +103,8 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
   const PipelineSchedule schedule = pipeline_schedule(options);
   // The mesh (dp, pp, tp), row-major: a stage's T tensor-parallel ranks
   // are adjacent, then the P pipeline ranks of one data-parallel rank.
+  // Under hsdp the dp dim is (dp_replicate, dp_shard), R x S: the same
+  // global ranks, data-parallel index r * S + s.
   const int64_t replicas = parallelism.dp_size();
   const int64_t tp = parallelism.tensor_parallel() ? parallelism.tp_size() : 1;
   const int replica = static_cast<int>(world.rank / (schedule.ranks * tp));
@@ -134,10 +136,10 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
     shapes.push_back({item.key(), item.value().sizes().vec()});
   }
   // Stage s is held by pipeline rank stage_rank(s) of every data-parallel
-  // rank d and tensor-parallel rank t: global rank (d * P + that rank) * T
-  // + t, whole (ddp) or a piece each (fsdp, tp; the checkpoint gathers it:
-  // hp/pp/pipeline_checkpoint.h). A key is written by its lowest holder
-  // and read by every holder.
+  // rank d (hsdp: d = r * S + s) and tensor-parallel rank t: global rank
+  // (d * P + that rank) * T + t, whole (ddp) or a piece each (fsdp, hsdp,
+  // tp; the checkpoint gathers it: hp/pp/pipeline_checkpoint.h). A key is
+  // written by its lowest holder and read by every holder.
   pp::StageHolders holders{plan, {}};
   for (int s = 0; s < plan.num_stages(); ++s) {
     std::vector<int> ranks;
@@ -191,9 +193,18 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
                             options.init_from,
                             human_bytes(static_cast<int64_t>(loaded.bytes_read)));
   }
-  const DeviceMeshPtr mesh =
-      init_device_mesh(device.type, {replicas, schedule.ranks, tp}, {"dp", "pp", "tp"});
-  dist::GroupPtr pipeline_group = mesh->group_ptr(1);
+  const bool hsdp = parallelism.mode == plan::ParallelMode::kHSDP;
+  std::vector<int64_t> mesh_shape{replicas};
+  std::vector<std::string> dp_dims{"dp"};
+  if (hsdp) {
+    mesh_shape = {parallelism.replicate_size(), parallelism.shard_size()};
+    dp_dims = {"dp_replicate", "dp_shard"};
+  }
+  std::vector<std::string> mesh_names = dp_dims;
+  mesh_shape.insert(mesh_shape.end(), {schedule.ranks, tp});
+  mesh_names.insert(mesh_names.end(), {"pp", "tp"});
+  const DeviceMeshPtr mesh = init_device_mesh(device.type, mesh_shape, mesh_names);
+  dist::GroupPtr pipeline_group = mesh->group_ptr(mesh->dim_index("pp"));
   if (!options.trace.empty()) {
     at::Tensor origin = torch::tensor({trace::unix_now_us()}, torch::kLong);
     dist::broadcast(*group, origin, 0).wait();
@@ -213,14 +224,16 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
   whole = TrainModel(nn::GPT(nullptr));  // the meta model's other stages go
   // --mode fsdp / fsdp_tp: each stage sharded over the data-parallel dim,
   // every block a unit and the stage the root (the pipeline keeps it
-  // gathered through a step and reduces once: docs/pipeline.md). --mode ddp:
-  // the pipeline averages the replicas' gradients itself.
-  const bool sharded = parallelism.mode == plan::ParallelMode::kFSDP ||
+  // gathered through a step and reduces once: docs/pipeline.md); --mode
+  // hsdp: the same over the 2-D (dp_replicate, dp_shard) sub-mesh, as the
+  // other modes' hsdp (parallelize.cpp). --mode ddp: the pipeline averages
+  // the replicas' gradients itself.
+  const bool sharded = parallelism.mode == plan::ParallelMode::kFSDP || hsdp ||
                        parallelism.mode == plan::ParallelMode::kFSDPTP;
   std::vector<FSDPModule> units;  // every unit of this rank's stages, blocks first
   if (sharded) {
     FullyShardOptions shard;
-    shard.mesh = (*mesh)["dp"];
+    shard.mesh = mesh->sub(dp_dims);
     for (const pp::StageModule& stage : stages) {
       for (const auto& block : stage->blocks()) units.push_back(fully_shard(block, shard));
       units.push_back(fully_shard(stage.ptr(), shard));
@@ -251,6 +264,10 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
       "pipeline over {} ranks{}, {} with {} micro-batches of {} samples, {} stage{} per rank: {}",
       schedule.ranks,
       (replicas <= 1 ? std::string()
+       : hsdp        ? fmt::format(" x {} data-parallel ranks (hsdp: {} of each stage, each "
+                                   "sharded over {}, gathered once per step)",
+                                   replicas, plural(parallelism.replicate_size(), "replica"),
+                                   plural(parallelism.shard_size(), "rank"))
        : sharded     ? fmt::format(" x {} data-parallel ranks (fsdp: each stage sharded over them, "
                                    "gathered once per step)",
                                    replicas)

@@ -112,8 +112,8 @@ std::vector<int64_t> mesh_shape_of(const std::string& value) {
 const CLI::Validator kMesh(
     [](std::string& value) -> std::string {
       if (!mesh_shape_of(value).empty()) return "";
-      return fmt::format("must be N, RxS (R replicas x S shards) or, under --pp, DxPxT with "
-                         "positive integers, e.g. 4, 2x2 or 2x2x2, got '{}'",
+      return fmt::format("must be N, RxS (R replicas x S shards) or, under --pp, DxPxT or RxSxP "
+                         "with positive integers, e.g. 4, 2x2 or 2x2x2, got '{}'",
                          value);
     },
     "", "mesh");
@@ -222,9 +222,9 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
          "M", one_of(plan::mode_names()));
   option("--mesh", o.mesh,
          "mesh shape: N ranks, or RxS = R replicas (data-parallel copies) x S shards each, for "
-         "--mode hsdp, or DxT for --mode fsdp_tp; its product is the world size (default: the "
-         "world size)",
-         "N|RxS|DxT", kMesh);
+         "--mode hsdp, or DxT for --mode fsdp_tp; under --pp P: DxP (fsdp, ddp), RxSxP (hsdp), "
+         "PxT (tp), DxPxT (fsdp_tp); its product is the world size (default: the world size)",
+         "N|RxS|DxT|RxSxP|DxPxT", kMesh);
   option("--init", o.init,
          "meta: build the model on the meta device and give each rank only its shards, "
          "initialised as the eager model would be (or read from --init-from); eager: every "
@@ -319,7 +319,10 @@ CommandLine parse_command_line(const std::vector<std::string>& args) {
   option("--pp", o.pp,
          "pipeline parallelism over P ranks: each runs its stages of the model, activations "
          "and their gradients travel between neighbours (default 1: none); the world is the P "
-         "pipeline ranks, or D x P with --mode ddp (D replicas of the pipeline)",
+         "pipeline ranks, or D x P with --mode ddp (D replicas of the pipeline) or fsdp (each "
+         "stage sharded over D ranks), R x S x P with --mode hsdp --mesh RxSxP (each stage "
+         "sharded over S ranks, R replicas), P x T with --mode tp, D x P x T with --mode "
+         "fsdp_tp",
          "P", integer_in(1, 4096, "an integer in [1, 4096]"));
   option("--pp-schedule", o.pp_schedule,
          "the pipeline schedule (default 1f1b): gpipe (all forwards, then all backwards), 1f1b "
@@ -435,20 +438,17 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
   if (options.pp > 1) {
     // The pipeline's ranks are the world, or D x P x T of it: D replicas of
     // the pipeline (--mode ddp, each stage whole) or D ranks sharding each
-    // stage (--mode fsdp), T ranks splitting each stage's layers (--mode
-    // tp), or both (--mode fsdp_tp). HSDP inside a stage (the library runs
-    // it, docs/pipeline.md) is not wired here yet.
+    // stage (--mode fsdp; --mode hsdp: D = R x S, each stage sharded over S
+    // ranks and replicated R times), T ranks splitting each stage's layers
+    // (--mode tp), or both (--mode fsdp_tp).
     HP_CHECK_ARG(world.launched, "--pp ", options.pp,
                  " needs one process per pipeline rank started by a launcher (hprun -n ",
                  options.pp, " hp-train --pp ", options.pp, " ...)");
     const ParallelMode mode = options.mode_given ? options.mode : ParallelMode::kNone;
-    HP_CHECK_ARG(mode != ParallelMode::kHSDP, "--mode hsdp with --pp ", options.pp,
-                 ": hp-train does not run HSDP inside a pipeline stage yet; use --mode fsdp "
-                 "(each stage sharded over the data-parallel ranks), ddp (replicas of the "
-                 "pipeline), tp or fsdp_tp (tensor parallelism inside each stage), or leave "
-                 "--mode out (each of the ", options.pp, " ranks runs its stages whole)");
     const bool replicas = mode == ParallelMode::kDDP;
-    const bool sharded = mode == ParallelMode::kFSDP || mode == ParallelMode::kFSDPTP;
+    const bool hsdp = mode == ParallelMode::kHSDP;
+    const bool sharded =
+        mode == ParallelMode::kFSDP || hsdp || mode == ParallelMode::kFSDPTP;
     const bool tensor_parallel = mode == ParallelMode::kTP || mode == ParallelMode::kFSDPTP;
     HP_CHECK_ARG(world.size % options.pp == 0 && (mode != ParallelMode::kNone || world.size == options.pp),
                  "--pp ", options.pp,
@@ -463,7 +463,28 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
     const char* dims = mode == ParallelMode::kFSDPTP ? "D x P x T"
                        : tensor_parallel            ? "P x T"
                                                     : "D x P";
-    if (!options.mesh.empty()) {
+    // hsdp's R x S data-parallel ranks of D x P: --mesh RxSxP, the
+    // pipeline dim last as in D x P, so a rank's data-parallel index (r * S
+    // + s: its slice of the batch) and pipeline rank are fsdp's.
+    int64_t hsdp_replicas = 1;
+    if (hsdp) {
+      HP_CHECK_ARG(!options.mesh.empty(), "--mode hsdp with --pp ", options.pp,
+                   " needs --mesh RxSxP (replicas x shards x pipeline ranks, P = ", options.pp,
+                   ", product ", world.size, ")");
+      const std::vector<int64_t> shape = mesh_shape_of(options.mesh);
+      HP_CHECK_ARG(shape.size() == 3, "--mesh ", options.mesh, " with --pp ", options.pp,
+                   " --mode hsdp: the mesh is R x S x P (replicas x shards x pipeline ranks), "
+                   "three dims, but it has ", shape.size());
+      HP_CHECK_ARG(shape[2] == options.pp, "--mesh ", options.mesh, " with --pp ", options.pp,
+                   " --mode hsdp: the mesh is R x S x P with P the pipeline ranks, so its last "
+                   "dim must be --pp ", options.pp, ", got ", shape[2]);
+      const int64_t product = shape[0] * shape[1] * shape[2];
+      HP_CHECK_ARG(product == world.size, "--mesh ", options.mesh, " with --pp ", options.pp,
+                   " --mode hsdp holds ", plural(product, "rank"), ", but the world has ",
+                   world.size, " (WORLD_SIZE); R x S x P must equal the world size");
+      hsdp_replicas = shape[0];
+      dp_size = shape[0] * shape[1];
+    } else if (!options.mesh.empty()) {
       const std::vector<int64_t> shape = mesh_shape_of(options.mesh);
       std::vector<int64_t> expected = mode == ParallelMode::kFSDPTP ? std::vector<int64_t>{}
                                       : tensor_parallel ? std::vector<int64_t>{options.pp, tp_size}
@@ -481,7 +502,8 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
                                  world.size)
                        : hp::cat(" = ", fmt::format("{}", fmt::join(expected, "x"))),
                    " under --mode ", plan::mode_name(mode),
-                   " (ddp and fsdp: D x P, tp: P x T, fsdp_tp: D x P x T), or leave --mesh out");
+                   " (ddp and fsdp: D x P, hsdp: R x S x P, tp: P x T, fsdp_tp: D x P x T), or "
+                   "leave --mesh out");
     } else {
       HP_CHECK_ARG(mode != ParallelMode::kFSDPTP, "--mode fsdp_tp with --pp ", options.pp,
                    " needs --mesh D x P x T (data-parallel x pipeline x tensor-parallel ranks, "
@@ -493,11 +515,13 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
                    options.pp, " --mode ", plan::mode_name(mode), ": the pipeline's stages are "
                    "sharded with fully_shard's defaults (fp32, gathered through each step); "
                    "leave them out");
-      // fully_shard over D ranks per stage (the stages stay gathered through
-      // each step: docs/pipeline.md), tensor parallelism over T.
-      Parallelism p(mode, mode == ParallelMode::kFSDP   ? std::vector<int64_t>{dp_size}
-                          : mode == ParallelMode::kTP   ? std::vector<int64_t>{tp_size}
-                                                        : std::vector<int64_t>{dp_size, tp_size});
+      // fully_shard over D ranks per stage (hsdp: over S, replicated R
+      // times; the stages stay gathered through each step: docs/pipeline.md),
+      // tensor parallelism over T.
+      Parallelism p(mode, mode == ParallelMode::kFSDP ? std::vector<int64_t>{dp_size}
+                          : hsdp ? std::vector<int64_t>{hsdp_replicas, dp_size / hsdp_replicas}
+                          : mode == ParallelMode::kTP ? std::vector<int64_t>{tp_size}
+                                                      : std::vector<int64_t>{dp_size, tp_size});
       p.param_dtype = options.param_dtype;
       return p;
     }

@@ -95,9 +95,10 @@ struct TrainOptions {
   // twice the number of stages), its stages per rank (0: 1 for gpipe and
   // 1f1b, 2 for interleaved and zero-bubble) and the blocks that begin
   // stages 1, 2, ... (empty: balanced). Under --pp the world is the P
-  // pipeline ranks (--mode none), or D x P for D replicas of the pipeline
-  // (--mode ddp); sharding and tensor parallelism inside a stage are not
-  // built yet, and refused.
+  // pipeline ranks (--mode none), D x P for D replicas of the pipeline
+  // (--mode ddp) or D ranks sharding each stage (--mode fsdp), R x S x P
+  // for each stage sharded over S ranks and replicated R times (--mode
+  // hsdp --mesh RxSxP), P x T (--mode tp) or D x P x T (--mode fsdp_tp).
   int64_t pp = 1;
   std::string pp_schedule = "1f1b";
   int64_t microbatches = 0;
