@@ -132,7 +132,8 @@ int run_pipeline_worker(const std::string& row, const BenchConfig& c) {
   nn::GPT whole(config, c10::Device(c10::kMeta));
   const pp::ModelLayout layout = pp::gpt_layout(config);
   const pp::StagePlan plan =
-      pp::plan_stages(layout, pp::num_stages(spec), split_points(layout, num_stages(spec), c.pp_split));
+      pp::plan_stages(layout, pp::num_stages(spec),
+                      split_points(layout, pp::num_stages(spec), c.pp_split));
   const nn::InitPlan whole_init = whole->init_plan();
   int64_t parameters = 0;
   for (const auto& p : whole->parameters()) parameters += p.numel();

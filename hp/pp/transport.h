@@ -73,7 +73,8 @@ class GroupTransport : public Transport {
   std::unique_ptr<TransferHandle> send(const at::Tensor& tensor, int peer, int tag) override;
   std::unique_ptr<TransferHandle> recv(const at::Tensor& tensor, int peer, int tag) override;
   // Through hp::dist::batch_p2p: one coalesced call on NCCL, one by one on Gloo.
-  std::vector<std::unique_ptr<TransferHandle>> post(const std::vector<Transfer>& transfers) override;
+  std::vector<std::unique_ptr<TransferHandle>> post(
+      const std::vector<Transfer>& transfers) override;
   int global_rank(int peer) const override;
 
  private:

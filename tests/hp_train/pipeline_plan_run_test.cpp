@@ -186,17 +186,22 @@ TEST(PipelineDryRun, NamesEachRanksStagesAndMicroBatchesInFlight) {
   }
 }
 
+// In-process: the pipeline plan's options of `rank` as hp-train under a
+// launcher of `world_size` ranks derives them from `args`.
+plan::PipelinePlanOptions options_of(const Args& args, int world_size, int rank) {
+  const CommandLine command_line = parse_command_line(args);
+  const Parallelism parallelism =
+      resolve_parallelism(command_line.options, World{true, 0, world_size});
+  validate_options(command_line.options, parallelism);
+  return pipeline_plan_options(command_line.options, parallelism, kVocab, rank);
+}
+
 // In-process: at 8 micro-batches GPipe's peak exceeds 1F1B's on every rank
 // (it keeps every micro-batch's activations until its backward starts),
 // and the looped schedules name their stages.
 TEST(PipelinePlan, GPipePeaksAbove1F1BAtEightMicroBatches) {
-  World world{true, 0, 2};
   auto plan_of = [&](const Args& args, int rank) {
-    const CommandLine command_line = parse_command_line(args);
-    const Parallelism parallelism = resolve_parallelism(command_line.options, world);
-    validate_options(command_line.options, parallelism);
-    const plan::PipelinePlanOptions options =
-        pipeline_plan_options(command_line.options, parallelism, kVocab, rank);
+    const plan::PipelinePlanOptions options = options_of(args, 2, rank);
     return std::make_pair(options, plan::plan_pipeline_memory(options));
   };
   for (int rank = 0; rank < 2; ++rank) {
@@ -218,13 +223,6 @@ TEST(PipelinePlan, GPipePeaksAbove1F1BAtEightMicroBatches) {
 // that, and holds its tensor-parallel pieces: between steps a tp rank's
 // stage is about half the whole stage (the norms and wpe are replicated).
 TEST(PipelinePlan, TensorParallelRanksTakeTheirPipelineRankAndPieces) {
-  auto options_of = [](const Args& args, int world_size, int rank) {
-    const CommandLine command_line = parse_command_line(args);
-    const Parallelism parallelism =
-        resolve_parallelism(command_line.options, World{true, 0, world_size});
-    validate_options(command_line.options, parallelism);
-    return pipeline_plan_options(command_line.options, parallelism, kVocab, rank);
-  };
   const Args fsdp_tp = concat(shape(2), {"--mode", "fsdp_tp", "--mesh", "2x2x2"});
   for (int rank = 0; rank < 8; ++rank) {
     const plan::PipelinePlanOptions o = options_of(fsdp_tp, 8, rank);
@@ -249,13 +247,7 @@ TEST(PipelinePlan, TensorParallelRanksTakeTheirPipelineRankAndPieces) {
 // 2 shards plans as fsdp over 2 byte for byte, 2 replicas of one shard as
 // stages whole on each rank.
 TEST(PipelinePlan, HsdpStagesArePlannedAsTheirShardGroup) {
-  World world{true, 0, 4};
-  auto plan_of = [&](const Args& args, int rank) {
-    const CommandLine command_line = parse_command_line(args);
-    const Parallelism parallelism = resolve_parallelism(command_line.options, world);
-    validate_options(command_line.options, parallelism);
-    return pipeline_plan_options(command_line.options, parallelism, kVocab, rank);
-  };
+  auto plan_of = [](const Args& args, int rank) { return options_of(args, 4, rank); };
   for (int rank = 0; rank < 4; ++rank) {
     const plan::PipelinePlanOptions fsdp =
         plan_of(concat(shape(2), {"--mode", "fsdp", "--mesh", "2x2"}), rank);

@@ -134,6 +134,14 @@ TEST(Pipeline, StepStatsSplitEachRanksStepIntoComputeAndWaits) {
   }
 }
 
+// A small GPT cut into two stages, stage r for pipeline rank r.
+struct TwoStages {
+  nn::GPTConfig config = test::small_gpt_config(4);
+  nn::GPT whole{config};
+  StagePlan plan = plan_stages(gpt_layout(config), 2);
+  std::vector<StageModule> stages = {gpt_stage(*whole, plan, 0), gpt_stage(*whole, plan, 1)};
+};
+
 // A transport that records each batch Pipeline posts, then posts it
 // through a loopback transport.
 class RecordingTransport : public Transport {
@@ -150,7 +158,8 @@ class RecordingTransport : public Transport {
   std::vector<std::unique_ptr<TransferHandle>> post(const std::vector<Transfer>& batch) override {
     std::vector<std::string> kinds;
     for (const Transfer& t : batch)
-      kinds.push_back(std::string(t.send ? "send" : "recv") + (t.tag == kGradientTag ? "_b" : "_f"));
+      kinds.push_back(std::string(t.send ? "send" : "recv") +
+                      (t.tag == kGradientTag ? "_b" : "_f"));
     batches.push_back(kinds);
     return inner_->post(batch);
   }
@@ -163,18 +172,16 @@ class RecordingTransport : public Transport {
 // Each run of consecutive transfers in a rank's row is posted as one batch
 // (one coalesced call on NCCL), in the row's order.
 TEST(Pipeline, PostsEachRunOfTransfersAsOneBatch) {
-  const nn::GPTConfig config = test::small_gpt_config(4);
-  nn::GPT whole(config);
-  const StagePlan plan = plan_stages(gpt_layout(config), 2);
+  TwoStages two;
+  const nn::GPTConfig& config = two.config;
   auto loopback = LoopbackTransport::make(2);
   std::vector<std::shared_ptr<RecordingTransport>> transports;
   for (int rank = 0; rank < 2; ++rank)
     transports.push_back(std::make_shared<RecordingTransport>(loopback[rank]));
-  std::vector<StageModule> stages = {gpt_stage(*whole, plan, 0), gpt_stage(*whole, plan, 1)};
   const at::Tensor ids = test::random_tokens({4, 8}, config.vocab_size, 1);
   std::vector<Rows> rows(2);
   on_threads(2, [&](int rank) {
-    Pipeline pipeline({{ScheduleKind::k1F1B, 2, 1, 4}, config.n_embd}, {stages[rank]},
+    Pipeline pipeline({{ScheduleKind::k1F1B, 2, 1, 4}, config.n_embd}, {two.stages[rank]},
                       transports[rank], [](const at::Tensor& l, const at::Tensor& t) {
                         return nn::cross_entropy(l, t);
                       });
@@ -231,16 +238,14 @@ TEST(Pipeline, RefusesBadInputBeforeAnyTransfer) {
 }
 
 TEST(Pipeline, AFailedTransferNamesItsActionAndLeavesThePipelineUnusable) {
-  const nn::GPTConfig config = test::small_gpt_config(4);
-  nn::GPT whole(config);
-  const StagePlan plan = plan_stages(gpt_layout(config), 2);
+  TwoStages two;
+  const nn::GPTConfig& config = two.config;
   // Rank 1's loss throws in its first forward: rank 0's first receive of a
   // gradient times out.
   auto transports = LoopbackTransport::make(2, std::chrono::milliseconds(200));
-  std::vector<StageModule> stages = {gpt_stage(*whole, plan, 0), gpt_stage(*whole, plan, 1)};
   const at::Tensor ids = test::random_tokens({2, 8}, config.vocab_size, 1);
   on_threads(2, [&](int rank) {
-    Pipeline pipeline({{ScheduleKind::k1F1B, 2, 1, 2}, config.n_embd}, {stages[rank]},
+    Pipeline pipeline({{ScheduleKind::k1F1B, 2, 1, 2}, config.n_embd}, {two.stages[rank]},
                       transports[rank], [](const at::Tensor&, const at::Tensor&) -> at::Tensor {
                         throw std::runtime_error("the loss failed");
                       });
@@ -261,17 +266,15 @@ TEST(Pipeline, AFailedTransferNamesItsActionAndLeavesThePipelineUnusable) {
 // both stop at the step's start, naming both shapes, before any activation
 // moves; the pipeline is unusable after.
 TEST(Pipeline, NeighboursAgreeOnTheBoundaryShapeBeforeAnyActivationMoves) {
-  const nn::GPTConfig config = test::small_gpt_config(4);
-  nn::GPT whole(config);
-  const StagePlan plan = plan_stages(gpt_layout(config), 2);
+  TwoStages two;
+  const nn::GPTConfig& config = two.config;
   auto transports = LoopbackTransport::make(2, std::chrono::milliseconds(2000));
-  std::vector<StageModule> stages = {gpt_stage(*whole, plan, 0), gpt_stage(*whole, plan, 1)};
   const std::string shape = "[2, 8, " + std::to_string(config.n_embd) + "] Float";
   const std::string shorter = "[2, 4, " + std::to_string(config.n_embd) + "] Float";
   std::vector<int> forwards(2, 0);
   on_threads(2, [&](int rank) {
     const at::Tensor ids = test::random_tokens({4, rank == 0 ? 8 : 4}, config.vocab_size, 1);
-    Pipeline pipeline({{ScheduleKind::k1F1B, 2, 1, 2}, config.n_embd}, {stages[rank]},
+    Pipeline pipeline({{ScheduleKind::k1F1B, 2, 1, 2}, config.n_embd}, {two.stages[rank]},
                       transports[rank], [&](const at::Tensor& l, const at::Tensor& t) {
                         ++forwards[rank];
                         return nn::cross_entropy(l, t);

@@ -485,7 +485,8 @@ TEST(PpSendWaits, EveryPointFollowsThePeersUseOfTheSend) {
           const bool at_forward = at.op == Op::kForward;
           ASSERT_TRUE(at_forward || is_input_backward(at.op)) << name(spec) << ": " << at;
           const int from_stage = at_forward ? at.stage - 1 : at.stage + 1;
-          ASSERT_EQ(stage_rank(spec, from_stage), peer) << name(spec) << ": " << send << " at " << at;
+          ASSERT_EQ(stage_rank(spec, from_stage), peer)
+              << name(spec) << ": " << send << " at " << at;
           // ... with what the peer sent after it used the send.
           const int used = consumer(rows[peer], peer_stage, send.microbatch, fwd);
           int sent = -1;
@@ -515,7 +516,8 @@ TEST(PpSendWaits, PendingSendsDoNotGrowWithMicroBatchesButUnderGPipe) {
         ScheduleSpec fewer{kind, p, v, 2 * p}, more{kind, p, v, 4 * p};
         const Rows few_rows = lower(fewer, compute_rows(fewer));
         const Rows more_rows = lower(more, compute_rows(more));
-        const std::vector<int> few = most_sends_pending(few_rows, send_wait_points(fewer, few_rows));
+        const std::vector<int> few =
+            most_sends_pending(few_rows, send_wait_points(fewer, few_rows));
         const std::vector<int> many =
             most_sends_pending(more_rows, send_wait_points(more, more_rows));
         if (kind == ScheduleKind::kGPipe) {
