@@ -205,7 +205,10 @@ TEST(Flags, BadValuesNameFlagValueAndExpectation) {
       {{"--mode", "zero3"}, "--mode must be one of fsdp, hsdp, ddp, tp, fsdp_tp, none, got 'zero3'"},
       {{"--mesh", "2x"},
        "--mesh must be N, RxS (R replicas x S shards) or, under --pp, DxPxT or RxSxP with "
-       "positive integers, e.g. 4, 2x2 or 2x2x2, got '2x'"},
+       "positive integers (each at most 1048576), e.g. 4, 2x2 or 2x2x2, got '2x'"},
+      // A product that wraps around 2^64 to the world size is no mesh.
+      {{"--mesh", "4611686018427387905x4x1"}, "got '4611686018427387905x4x1'"},
+      {{"--mesh", "1048577"}, "got '1048577'"},
       {{"--mesh", "0"}, "got '0'"},
       {{"--mesh", "2x2x1x1"}, "got '2x2x1x1'"},
       {{"--log-json", ""}, "--log-json must name a file, got ''"},

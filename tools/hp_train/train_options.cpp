@@ -90,7 +90,12 @@ const CLI::Validator kFileName(
     },
     "", "file_name");
 
-// "4" -> {4}, "2x2" -> {2, 2}; empty when `value` is not of that form.
+// The largest mesh dim: far beyond any job, and small enough that the
+// product of three dims, compared with the world size, cannot overflow.
+constexpr int64_t kMaxMeshDim = 1 << 20;
+
+// "4" -> {4}, "2x2" -> {2, 2}; empty when `value` is not of that form (at
+// most 3 dims, each in [1, kMaxMeshDim]).
 std::vector<int64_t> mesh_shape_of(const std::string& value) {
   std::vector<int64_t> shape;
   size_t begin = 0;
@@ -99,7 +104,7 @@ std::vector<int64_t> mesh_shape_of(const std::string& value) {
     const std::string part = value.substr(begin, x == std::string::npos ? x : x - begin);
     int64_t n = 0;
     if (!is_decimal(part, false) || !CLI::detail::lexical_cast(part, n) || !fits(part, n) ||
-        n < 1) {
+        n < 1 || n > kMaxMeshDim) {
       return {};
     }
     shape.push_back(n);
@@ -113,8 +118,9 @@ const CLI::Validator kMesh(
     [](std::string& value) -> std::string {
       if (!mesh_shape_of(value).empty()) return "";
       return fmt::format("must be N, RxS (R replicas x S shards) or, under --pp, DxPxT or RxSxP "
-                         "with positive integers, e.g. 4, 2x2 or 2x2x2, got '{}'",
-                         value);
+                         "with positive integers (each at most {}), e.g. 4, 2x2 or 2x2x2, got "
+                         "'{}'",
+                         kMaxMeshDim, value);
     },
     "", "mesh");
 
