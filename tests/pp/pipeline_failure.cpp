@@ -1,6 +1,6 @@
 // A program for the pipeline's failure test: under hprun on 2 ranks, rank 1
-// hangs (sleeps instead of running its stage) while rank 0 runs a 1F1B
-// step; rank 0's first receive of a gradient must time out within
+// hangs (starts its step, then sleeps in its first loss) while rank 0 runs a
+// 1F1B step; rank 0's first receive of a gradient must time out within
 // HP_TIMEOUT_S and end the job with a message naming the action, the peer
 // and the transfer, never hang.
 // With --fully-shard, on 4 ranks as (dp, pp) = (2, 2): the stages are
@@ -30,12 +30,11 @@ int main(int argc, char** argv) {
   hp::DeviceMeshPtr mesh;
   if (sharded) mesh = hp::init_device_mesh("cpu", {2, 2}, {"dp", "pp"});
   const int pipeline_rank = sharded ? static_cast<int>(mesh->coordinate(1)) : rank;
-  if (pipeline_rank == 1) std::this_thread::sleep_for(std::chrono::hours(1));
   hp::nn::GPTConfig config;  // 2 layers of width 64
   torch::manual_seed(1);
   hp::nn::GPT whole(config);
   const auto plan = hp::pp::plan_stages(hp::pp::gpt_layout(config), 2);
-  hp::pp::StageModule stage = hp::pp::gpt_stage(*whole, plan, 0);
+  hp::pp::StageModule stage = hp::pp::gpt_stage(*whole, plan, pipeline_rank);
   std::vector<int64_t> shard_sizes;
   if (sharded) {
     hp::FullyShardOptions options;
@@ -48,7 +47,12 @@ int main(int argc, char** argv) {
       {{hp::pp::ScheduleKind::k1F1B, 2, 1, 2}, config.n_embd}, {stage},
       std::make_shared<hp::pp::GroupTransport>(sharded ? mesh->group_ptr(1)
                                                        : hp::dist::world_group()),
-      [](const at::Tensor& l, const at::Tensor& t) { return hp::nn::cross_entropy(l, t); });
+      [pipeline_rank](const at::Tensor& l, const at::Tensor& t) {
+        // Past the step's start (the neighbours agreed on their boundary):
+        // pipeline rank 1 hangs in its first forward.
+        if (pipeline_rank == 1) std::this_thread::sleep_for(std::chrono::hours(1));
+        return hp::nn::cross_entropy(l, t);
+      });
   const at::Tensor ids = torch::randint(config.vocab_size, {4, 16}, torch::kLong);
   try {
     pipeline.step(ids, ids);
