@@ -321,7 +321,8 @@ void Pipeline::average_gradients_over_replicas() {
 // message; they travel under their own tag, so they never pair with an
 // activation or a gradient. The waits here find the neighbours mostly
 // there already: a pipeline rank later in the schedule ends its step
-// earlier.
+// earlier. On a GPU the comparison waits for the headers on the host, once
+// per step, not per transfer: the host sizes the receives it posts next.
 void Pipeline::agree_on_boundaries(StepState& state) {
   const ScheduleSpec& spec = options_.schedule;
   const int last_stage = num_stages(spec) - 1;
