@@ -235,11 +235,6 @@ class RankStep {
       for (const auto& output : due->second) release_output(output);
       due_outputs_.erase(due);
     }
-    const int last_stage = pp::num_stages(o_.schedule) - 1;
-    auto on_this_rank = [&](int stage) {
-      return stage >= 0 && stage <= last_stage &&
-             pp::stage_rank(o_.schedule, stage) == o_.pipeline_rank;
-    };
     // Frees `id` at wait point `at`, or at the step's end.
     auto free_at = [&](int at, Id id) {
       if (at == pp::kWaitAtStepEnd) {
@@ -360,8 +355,13 @@ class RankStep {
     release_output(key);
     Id received = take(inputs_, key);
     t_.free(received);
-    if (stage > 0 && pp::stage_rank(o_.schedule, stage - 1) == o_.pipeline_rank)
-      release_output({stage - 1, key.second});
+    if (on_this_rank(stage - 1)) release_output({stage - 1, key.second});
+  }
+
+  // Whether `stage` is one of the schedule's and held by this rank.
+  bool on_this_rank(int stage) const {
+    return stage >= 0 && stage < pp::num_stages(o_.schedule) &&
+           pp::stage_rank(o_.schedule, stage) == o_.pipeline_rank;
   }
 
   void release_output(const std::pair<int, int>& key) {

@@ -43,7 +43,7 @@ plan::PipelinePlanOptions pipeline_plan_options(const TrainOptions& options,
   // data-parallel ranks in place of dp): global rank (replica * P +
   // pipeline rank) * T + tp rank. The layout has no pp dim, so its rank is
   // (replica, tp rank) on its (dp, tp) mesh.
-  const int64_t tp = parallelism.tensor_parallel() ? parallelism.tp_size() : 1;
+  const int64_t tp = parallelism.tp_size();  // 1 without a tp dim
   const int replica = static_cast<int>(rank / (schedule.ranks * tp));
   p.plan = plan_options(options, parallelism, vocab_size,
                         static_cast<int>(replica * tp + rank % tp));

@@ -110,7 +110,7 @@ int dry_run(const TrainOptions& options, const Parallelism& parallelism, const W
       plan = planned.plan;
       plan.rank = r;
       const int64_t dp = parallelism.dp_size();
-      const int64_t tp = parallelism.tensor_parallel() ? parallelism.tp_size() : 1;
+      const int64_t tp = parallelism.tp_size();  // 1 without a tp dim
       header = fmt::format(
           "{} pipeline over {} ranks{}{}, {} micro-batches of {} x {} tokens\npipeline {}",
           options.pp_schedule, options.pp,

@@ -106,7 +106,7 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
   // Under hsdp the dp dim is (dp_replicate, dp_shard), R x S: the same
   // global ranks, data-parallel index r * S + s.
   const int64_t replicas = parallelism.dp_size();
-  const int64_t tp = parallelism.tensor_parallel() ? parallelism.tp_size() : 1;
+  const int64_t tp = parallelism.tp_size();  // 1 without a tp dim
   const int replica = static_cast<int>(world.rank / (schedule.ranks * tp));
   const int pipeline_rank = static_cast<int>(world.rank / tp % schedule.ranks);
   const int tp_rank = static_cast<int>(world.rank % tp);
