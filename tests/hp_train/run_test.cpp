@@ -326,9 +326,23 @@ TEST(HpTrain, PipelineShardedStagesTrainLikeReplicas) {
   const Args pipeline = concat(kTiny, concat(kNoClip, {"--pp", "2", "--microbatches", "2"}));
   const std::vector<double> replicas = losses(4, concat(pipeline, {"--mode", "ddp"}), dir, "ddp");
   ASSERT_EQ(replicas.size(), 5u);
-  const std::vector<double> sharded =
-      losses(4, concat(pipeline, {"--mode", "fsdp", "--mesh", "2x2"}), dir, "fsdp");
-  EXPECT_EQ(sharded, replicas);
+  // Each stage's units gather and reduce over flat buffers by default, as
+  // in the other modes, and per parameter under --no-comm-fusion: the same
+  // two-term sums either way.
+  std::vector<double> sharded;
+  for (const bool fused : {true, false}) {
+    const std::string log = dir.file(fused ? "fsdp.jsonl" : "fsdp_per_parameter.jsonl");
+    Args args = concat(pipeline, {"--mode", "fsdp", "--mesh", "2x2", "--log-json", log});
+    if (!fused) args.push_back("--no-comm-fusion");
+    const ProcessResult r = hp_train(4, args);
+    ASSERT_TRUE(r.exited && r.exit_code == 0) << describe(r);
+    EXPECT_THAT(r.out, HasSubstr(fused ? "gathered once per step, comm fusion on)"
+                                       : "gathered once per step, per-parameter collectives)"));
+    std::vector<double> got;
+    for (const Step& s : read_log(log)) got.push_back(s.loss);
+    EXPECT_EQ(got, replicas) << (fused ? "comm fusion" : "--no-comm-fusion");
+    if (fused) sharded = got;
+  }
   for (const char* mesh : {"1x2x2", "2x1x2"}) {
     EXPECT_EQ(losses(4, concat(pipeline, {"--mode", "hsdp", "--mesh", mesh}), dir,
                      std::string("hsdp_") + mesh),
@@ -361,7 +375,10 @@ TEST(HpTrain, PipelineFlagsAreCheckedBeforeAnyCollective) {
       {8, concat(pipeline, {"--mode", "fsdp_tp", "--mesh", "2x4x1"}),
        "the mesh is D x P x T with P = 2 and a product of WORLD_SIZE 8"},
       {4, concat(pipeline, {"--mode", "fsdp", "--param-dtype", "bf16"}),
-       "--param-dtype with --pp 2 --mode fsdp"},
+       "--param-dtype with --pp 2 --mode fsdp: the pipeline gathers each stage once per step "
+       "and trains it in fp32"},
+      {4, concat(pipeline, {"--mode", "ddp", "--microbatches", "2", "--no-comm-fusion"}),
+       "--no-comm-fusion with --pp 2 --mode ddp configures fully_shard, which does not run"},
       {2, concat(pipeline, {"--save-async"}), "--save-async needs --save-dir DIR"},
       {3, concat(pipeline, {"--mode", "ddp"}), "--pp 2 --mode ddp runs on a multiple of 2 ranks"},
       {4, concat(pipeline, {"--mode", "ddp", "--mesh", "4x1"}), "the mesh is D x P = 2x2"},

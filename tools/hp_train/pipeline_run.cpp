@@ -234,6 +234,9 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
   if (sharded) {
     FullyShardOptions shard;
     shard.mesh = mesh->sub(dp_dims);
+    // As the other modes (parallelize.cpp): one gather and one reduction
+    // per unit by default, per parameter under --no-comm-fusion.
+    shard.comm_fusion = options.comm_fusion;
     for (const pp::StageModule& stage : stages) {
       for (const auto& block : stage->blocks()) units.push_back(fully_shard(block, shard));
       units.push_back(fully_shard(stage.ptr(), shard));
@@ -260,17 +263,18 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
       },
       options);
 
+  const char* fusion = options.comm_fusion ? "comm fusion on" : "per-parameter collectives";
   std::string mode_line = fmt::format(
       "pipeline over {} ranks{}, {} with {} micro-batches of {} samples, {} stage{} per rank: {}",
       schedule.ranks,
       (replicas <= 1 ? std::string()
        : hsdp        ? fmt::format(" x {} data-parallel ranks (hsdp: {} of each stage, each "
-                                   "sharded over {}, gathered once per step)",
+                                   "sharded over {}, gathered once per step, {})",
                                    replicas, plural(parallelism.replicate_size(), "replica"),
-                                   plural(parallelism.shard_size(), "rank"))
+                                   plural(parallelism.shard_size(), "rank"), fusion)
        : sharded     ? fmt::format(" x {} data-parallel ranks (fsdp: each stage sharded over them, "
-                                   "gathered once per step)",
-                                   replicas)
+                                   "gathered once per step, {})",
+                                   replicas, fusion)
                      : fmt::format(" x {} replicas (ddp: gradients averaged after each step)",
                                    replicas)) +
           (tp > 1 ? fmt::format(" x {} tensor-parallel ranks per stage", tp) : std::string()),

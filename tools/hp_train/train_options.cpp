@@ -437,6 +437,25 @@ std::vector<int64_t> resolve_mesh(plan::ParallelMode mode, const TrainOptions& o
   return shape;
 }
 
+// The fully_shard flags a pipeline does not take. Its stages are gathered
+// once per step and reduced once (docs/pipeline.md), so there is no
+// prefetch or reshard after forward to choose, and they train in fp32
+// (mixed precision inside stages is not built); --comm-fusion and
+// --no-comm-fusion choose how a stage's gathers and reductions travel, and
+// apply where fully_shard shards the stages (fsdp, hsdp, fsdp_tp).
+std::vector<std::string> flags_refused_under_pp(const TrainOptions& options,
+                                                plan::ParallelMode mode) {
+  using plan::ParallelMode;
+  const bool sharded =
+      mode == ParallelMode::kFSDP || mode == ParallelMode::kHSDP || mode == ParallelMode::kFSDPTP;
+  std::vector<std::string> refused;
+  for (const std::string& flag : options.fully_shard_flags) {
+    const bool fusion = flag == "--comm-fusion" || flag == "--no-comm-fusion";
+    if (!(fusion && sharded)) refused.push_back(flag);
+  }
+  return refused;
+}
+
 }  // namespace
 
 Parallelism resolve_parallelism(const TrainOptions& options, const World& world) {
@@ -516,11 +535,14 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
                    "product ", world.size, ")");
     }
     if (sharded || tensor_parallel) {
-      HP_CHECK_ARG(options.fully_shard_flags.empty(),
-                   fmt::format("{}", fmt::join(options.fully_shard_flags, " ")), " with --pp ",
-                   options.pp, " --mode ", plan::mode_name(mode), ": the pipeline's stages are "
-                   "sharded with fully_shard's defaults (fp32, gathered through each step); "
-                   "leave them out");
+      const std::vector<std::string> refused = flags_refused_under_pp(options, mode);
+      HP_CHECK_ARG(refused.empty(), fmt::format("{}", fmt::join(refused, " ")), " with --pp ",
+                   options.pp, " --mode ", plan::mode_name(mode),
+                   sharded ? ": the pipeline gathers each stage once per step and trains it in "
+                             "fp32 (--comm-fusion and --no-comm-fusion are the fully_shard flags "
+                             "it takes); leave "
+                           : ": the stages are not fully_shard units; leave ",
+                   refused.size() == 1 ? "it out" : "them out");
       // fully_shard over D ranks per stage (hsdp: over S, replicated R
       // times; the stages stay gathered through each step: docs/pipeline.md),
       // tensor parallelism over T.
@@ -621,8 +643,15 @@ void validate_options(const TrainOptions& o, const Parallelism& parallelism) {
                  " must be a multiple of the ", schedule.microbatches,
                  " micro-batches of a pipeline step (--microbatches)",
                  dp_size > 1 ? fmt::format(" times the {} replicas", dp_size) : std::string());
-    HP_CHECK_ARG(o.fully_shard_flags.empty(), o.fully_shard_flags.front(),
-                 " configures fully_shard, which does not run under --pp; leave it out");
+    const std::vector<std::string> refused = flags_refused_under_pp(o, parallelism.mode);
+    HP_CHECK_ARG(refused.empty(), refused.front(), " with --pp ", o.pp, " --mode ", mode,
+                 " configures fully_shard, which ",
+                 parallelism.mode == ParallelMode::kFSDP || parallelism.mode == ParallelMode::kHSDP ||
+                         parallelism.mode == ParallelMode::kFSDPTP
+                     ? "gathers each stage once per step and trains it in fp32 under --pp "
+                       "(--comm-fusion and --no-comm-fusion are the flags it takes)"
+                     : "does not run under this mode's pipeline",
+                 "; leave it out");
   } else {
     HP_CHECK_ARG(o.microbatches == 0 && o.pp_stages_per_rank == 0 && o.pp_split.empty() &&
                      o.pp_schedule == "1f1b",
