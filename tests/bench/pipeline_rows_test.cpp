@@ -218,9 +218,53 @@ TEST(PipelineTargets, EachScheduleIsOursOverItsTorchTwin) {
   const json& t = targets["pp4_zero_bubble_over_torch_pp4_zero_bubble"];
   EXPECT_DOUBLE_EQ(t["value"].get<double>(), 0.5);
   EXPECT_EQ(t["pass"], true);
+  EXPECT_DOUBLE_EQ(t["limit"].get<double>(), 0.8);
   for (const char* key : {"pp4_over_torch_pp4", "pp4_gpipe_over_torch_pp4_gpipe",
                           "pp4_interleaved_over_torch_pp4_interleaved"})
     EXPECT_TRUE(targets[key]["value"].is_null()) << key;  // their rows did not run
+}
+
+// A pipeline row as the report holds it: its measured and theoretical
+// bubble and every rank's peak.
+json pipeline_row(const std::string& name, double measured, std::vector<double> peaks) {
+  return {{"name", name},
+          {"step_time_s_median", 0.4},
+          {"peak_bytes_each_rank", peaks},
+          {"pipeline", {{"measured_bubble", measured}, {"theoretical_bubble", 0.25}}}};
+}
+
+TEST(PipelineTargets, BubblesAreJudgedAgainstTheTheoryAnd1F1BAndPeaksAgainstGPipeRankByRank) {
+  BenchConfig c;
+  c.batch = 32;
+  const json rows = json::array({pipeline_row("pp4", 0.29, {60, 50, 40, 30}),
+                                 pipeline_row("pp4_gpipe", 0.31, {90, 90, 90, 95}),
+                                 pipeline_row("pp4_interleaved", 0.22, {}),
+                                 pipeline_row("pp4_zero_bubble", 0.30, {})});
+  const json targets = compute_targets(rows, c);
+  const json& bubble = targets["pp4_bubble_over_theory"];
+  EXPECT_DOUBLE_EQ(bubble["value"].get<double>(), 0.29 / 0.25);
+  EXPECT_EQ(bubble["pass"], true);  // 1.16 <= 1.2
+  EXPECT_EQ(bubble["stated_configuration"], true);
+  EXPECT_EQ(bubble["samples_per_microbatch"], 4);
+  EXPECT_EQ(targets["pp4_interleaved_bubble_over_pp4"]["pass"], true);
+  EXPECT_EQ(targets["pp4_zero_bubble_bubble_over_pp4"]["pass"], false);  // 0.30 > 0.29
+  // Rank 0 decides: 60 / 90 = 2/3 passes, the others are lower.
+  const json& peak = targets["pp4_peak_over_pp4_gpipe"];
+  EXPECT_DOUBLE_EQ(peak["value"].get<double>(), 60.0 / 90);
+  EXPECT_EQ(peak["pass"], true);
+  ASSERT_EQ(peak["each_rank"].size(), 4u);
+  EXPECT_DOUBLE_EQ(peak["each_rank"][3].get<double>(), 30.0 / 95);
+
+  json worse = rows;
+  worse[0] = pipeline_row("pp4", 0.31, {61, 50, 40, 30});
+  const json failed = compute_targets(worse, c);
+  EXPECT_EQ(failed["pp4_bubble_over_theory"]["pass"], false);  // 1.24 > 1.2
+  EXPECT_EQ(failed["pp4_peak_over_pp4_gpipe"]["pass"], false);  // 61 / 90 > 2/3
+  c.pp_microbatches = 4;
+  EXPECT_EQ(compute_targets(rows, c)["pp4_bubble_over_theory"]["stated_configuration"], false);
+  // Without GPipe's row the peak target is unmeasured, not passed.
+  EXPECT_TRUE(compute_targets(json::array({rows[0]}), c)["pp4_peak_over_pp4_gpipe"]["pass"]
+                  .is_null());
 }
 
 }  // namespace
