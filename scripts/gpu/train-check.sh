@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # gpu-check's train step: hp-train on the GPU in every mode, both models,
-# the GPU recipe (bf16 parameters, fp32 reduction), and the paths around a
-# run (meta init onto the GPU, checkpoint, resume, export, activation
-# checkpointing, sampling). More ranks than GPUs share them
+# the GPU recipe (bf16 parameters, fp32 reduction), the pipeline (--pp),
+# and the paths around a run (meta init onto the GPU, checkpoint, resume,
+# export, activation checkpointing, sampling). More ranks than GPUs share them
 # (HP_SHARE_GPUS=1): those runs check correctness; their speed says nothing.
 #
 #   train-check.sh BUILD HPRUN LOGS TSV PYTHON
@@ -87,4 +87,11 @@ run tp.n2 2 --mode tp "${gpu_model[@]}" "${recipe[@]}" --steps 10 --sample-token
 run fsdp_tp.n4 4 --mode fsdp_tp --mesh 2x2 "${gpu_model[@]}" "${recipe[@]}" --steps 10
 run llama.fsdp.n2 2 --model llama --kv-heads 4 --mode fsdp "${gpu_model[@]}" "${recipe[@]}" \
   --steps 10
+# The pipeline on the GPU (fp32: --pp takes no mixed precision): 2 stages
+# over the ranks' point-to-point, 1F1B and zero bubble (the backward split
+# in two), and each stage fully_shard'ed over 2 data-parallel ranks.
+run pp2.1f1b.n2 2 --pp 2 --microbatches 4 "${gpu_model[@]}" --steps 10
+run pp2.zero_bubble.n2 2 --pp 2 --pp-schedule zero-bubble --microbatches 4 "${gpu_model[@]}" \
+  --steps 10
+run pp2.fsdp.n4 4 --pp 2 --mode fsdp --microbatches 4 "${gpu_model[@]}" --steps 10
 exit 0

@@ -33,9 +33,12 @@ std::shared_ptr<nn::Module> build_whole(const Case& c) {
   if (c.llama) {
     nn::LlamaConfig config = hp::test::tiny_llama_config();
     config.n_layer = layers_of(c);
-    return nn::Llama(config).ptr();
+    nn::Llama llama(config);
+    llama->to(c.device);
+    return llama.ptr();
   }
   nn::GPT gpt(hp::test::small_gpt_config(layers_of(c)));
+  gpt->to(c.device);
   if (c.tp_mesh) shard_module(gpt, c.tp_mesh, gpt_tensor_parallel_plan(gpt->config(), *c.tp_mesh));
   return gpt.ptr();
 }
@@ -60,7 +63,7 @@ at::Tensor logits_of(const Case& c, nn::Module& whole, const at::Tensor& ids) {
 int64_t rows_of(const Case& c) { return 2 * c.microbatches * c.data_parallel; }
 
 at::Tensor batch(const Case& c, int step, uint64_t salt) {
-  return hp::test::random_tokens({rows_of(c), 8}, vocab_of(c), 100 * step + salt);
+  return hp::test::random_tokens({rows_of(c), 8}, vocab_of(c), 100 * step + salt).to(c.device);
 }
 
 torch::optim::AdamWOptions adamw() { return torch::optim::AdamWOptions(1e-2); }
@@ -85,7 +88,8 @@ std::string name_of(const Case& c) {
                  " p", c.ranks, " v", c.stages_per_rank, " m", c.microbatches,
                  c.split_points.empty() ? "" : " uneven", c.checkpointing ? " checkpointed" : "",
                  c.llama ? " llama" : "", c.fully_shard ? " fully_shard" : "",
-                 c.tp_mesh ? hp::cat(" tp", c.tp_mesh->size()) : "");
+                 c.tp_mesh ? hp::cat(" tp", c.tp_mesh->size()) : "",
+                 c.device.is_cpu() ? "" : hp::cat(" on ", c.device.str()));
 }
 
 Run reference_run(const Case& c) {
@@ -150,7 +154,7 @@ std::vector<StageModule> build_stages(const Case& c, int rank) {
 Run pipeline_run(const Case& c, std::vector<StageModule> stages,
                  std::shared_ptr<Transport> transport, int replica, dist::GroupPtr replicas,
                  DeviceMeshPtr fsdp_mesh) {
-  PipelineOptions options{spec_of(c), width_of(c)};
+  PipelineOptions options{spec_of(c), width_of(c), at::kFloat, c.device};
   if (c.fully_shard) {
     FullyShardOptions shard;
     shard.mesh = std::move(fsdp_mesh);

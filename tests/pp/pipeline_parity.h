@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include "hp/mesh/device_mesh.h"
 #include "hp/pp/pipeline.h"
@@ -41,6 +42,10 @@ struct Case {
   // in one pipeline stage, and parity stays bitwise: cutting stages changes
   // no op.
   DeviceMeshPtr tp_mesh;
+  // Where the model, the reference and the micro-batches live (a GPU: the
+  // CUDA suite, tests/cuda/pipeline_test.cpp). The same kernels run on the
+  // same values there too, so the comparison stays bitwise.
+  c10::Device device{c10::kCPU};
 };
 
 std::string name_of(const Case& c);
