@@ -220,6 +220,14 @@ class FSDPParam {
   at::Tensor take_grad();
   // No-sync accumulation: adds a full gradient (reduce dtype) to the kept one.
   void keep_for_later(at::Tensor full_grad);
+  bool has_kept_grad() const { return kept_grad_.defined(); }
+  // A pipeline step (RootContext::begin_pipeline_step) whose micro-batches
+  // keep their gradients in the reduce dtype: what was kept before it is
+  // remembered (keep_for_later adds out of place, so the tensor stays as it
+  // was), so that a cancelled step drops only its own.
+  void remember_kept_grad() { kept_before_step_ = kept_grad_; }
+  void forget_remembered_kept_grad() { kept_before_step_ = at::Tensor(); }
+  void restore_remembered_kept_grad() { kept_grad_ = std::move(kept_before_step_); }
   // .grad = the reduced shard, cast to the original dtype (+ the stash);
   // with apply_grad_on_fp32_main_grad the reduced shard is added to the main
   // grad as it is (reduce dtype) and .grad keeps only the stash.
@@ -320,6 +328,7 @@ class FSDPParam {
   std::shared_ptr<std::function<void()>> post_accumulate_hook_;
   at::Tensor stashed_grad_;
   at::Tensor kept_grad_;
+  at::Tensor kept_before_step_;
   at::Tensor partial_reduce_;
   at::Tensor main_grad_;
 };

@@ -226,7 +226,10 @@ void RootContext::cancel_pipeline_step() noexcept {
   // gradient must match its parameter's shape), the stashed ones come back
   // after.
   for (auto& unit : units) {
-    for (auto& p : unit->params()) p->param().mutable_grad() = at::Tensor();
+    for (auto& p : unit->params()) {
+      p->param().mutable_grad() = at::Tensor();
+      p->restore_remembered_kept_grad();  // the micro-batches' kept in the reduce dtype go too
+    }
   }
   reset_units(/*drop_grads=*/false);
   for (auto& unit : units) {

@@ -474,9 +474,18 @@ bool Unit::keeps_whole_grads_unreduced() const {
 }
 
 void Unit::post_accumulate(FSDPParam& param) {
-  // A pipeline step's backwards accumulate the whole gradient in .grad,
-  // over micro-batches; finish_pipeline_step reduces it once.
-  if (state_ == State::kPipeline) return;
+  if (state_ == State::kPipeline) {
+    // A pipeline step's backwards accumulate the whole gradient over its
+    // micro-batches; finish_pipeline_step reduces it once. Autograd adds
+    // them in .grad when that is the reduce dtype; a lower compute dtype
+    // (bf16 parameters, fp32 reduction) would sum M micro-batches in bf16,
+    // so each one's is cast and added to a kept gradient in the reduce
+    // dtype instead, as FSDP2 accumulates outside gradient sync.
+    const at::Tensor& grad = param.param().grad();
+    if (grad.defined() && grad.scalar_type() != param.reduce_dtype())
+      param.keep_for_later(param.take_grad());
+    return;
+  }
   in_backward("the gradient reduction", [&] {
     if (grads_.wave() < 0) {
       grads_.set_wave(context_->take_wave());
@@ -585,7 +594,10 @@ void Unit::finish_backward() {
 void Unit::enter_pipeline_step() {
   // Earlier gradients (shard-shaped) wait aside, so autograd accumulates
   // this step's whole ones fresh; finish_backward adds them back.
-  for (auto& p : params_) p->stash_grad();
+  for (auto& p : params_) {
+    p->stash_grad();
+    p->remember_kept_grad();
+  }
   state_ = State::kPipeline;
 }
 
@@ -596,7 +608,9 @@ void Unit::reduce_pipeline_grads() {
   grads_.begin(params_, group_.fused() && flags_.requires_gradient_sync,
                /*pack_whole=*/!keeps_whole_grads_unreduced());
   for (auto& p : params_) {
-    if (p->requires_grad() && p->param().grad().defined()) post_accumulate(*p);
+    p->forget_remembered_kept_grad();
+    if (p->requires_grad() && (p->param().grad().defined() || p->has_kept_grad()))
+      post_accumulate(*p);
   }
 }
 

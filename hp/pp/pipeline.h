@@ -68,7 +68,10 @@ struct PipelineOptions {
 };
 
 // loss(last stage's output for one micro-batch, its targets) -> a scalar,
-// the micro-batch's mean loss.
+// the micro-batch's mean loss. The output comes in the stage's compute
+// dtype: the Pipeline calls a stage's forward itself, so a fully_shard
+// root's output_dtype does not apply to it; under bf16 mixed precision the
+// loss casts the logits to fp32 (logits.to(at::kFloat)) before reducing.
 using PipelineLoss = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& targets)>;
 
 // Where one rank's wall time went in one step (Pipeline::record_step_stats):

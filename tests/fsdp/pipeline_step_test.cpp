@@ -27,11 +27,17 @@ constexpr int64_t kMicroBatches = 3;
 struct Sharded {
   test::ToyModel model = test::make_toy_model();
   FSDPModule root;
-  // `mesh`: null for FSDP over the world, a 2-D one for HSDP.
-  explicit Sharded(DeviceMeshPtr mesh = nullptr) : root(shard(model, std::move(mesh))) {}
-  static FSDPModule shard(test::ToyModel& m, DeviceMeshPtr mesh) {
+  // `mesh`: null for FSDP over the world, a 2-D one for HSDP. `mixed`: bf16
+  // parameters and compute, fp32 reduction.
+  explicit Sharded(DeviceMeshPtr mesh = nullptr, bool mixed = false)
+      : root(shard(model, std::move(mesh), mixed)) {}
+  static FSDPModule shard(test::ToyModel& m, DeviceMeshPtr mesh, bool mixed) {
     FullyShardOptions options;
     options.mesh = std::move(mesh);
+    if (mixed) {
+      options.mp_policy.param_dtype = at::kBFloat16;
+      options.mp_policy.reduce_dtype = at::kFloat;
+    }
     for (auto& block : m->block_list) fully_shard(block.ptr(), options);
     return fully_shard(m.ptr(), options);
   }
@@ -112,6 +118,42 @@ TEST(PipelineStep, HybridShardingEqualsOrdinaryAccumulation) {
     accumulate(plain, step);
     expect_same(piped.model, plain.model, "HSDP");
   }
+}
+
+// bf16 compute, fp32 reduction: each micro-batch's bf16 gradient is added
+// to an fp32 sum, as a no-sync backward keeps it, not summed in bf16 by
+// autograd; so the step equals the ordinary accumulation bit for bit.
+TEST(PipelineStep, MixedPrecisionAccumulatesInTheReduceDtype) {
+  Sharded piped(nullptr, /*mixed=*/true), plain(nullptr, /*mixed=*/true);
+  torch::optim::SGD sgd_piped(piped.model->parameters(), 0.1);
+  torch::optim::SGD sgd_plain(plain.model->parameters(), 0.1);
+  for (int step = 0; step <= 1; ++step) {
+    pipeline_step(piped, step);
+    accumulate(plain, step);
+    expect_same(piped.model, plain.model, "bf16, after the step's gradients");
+    sgd_piped.step();
+    sgd_plain.step();
+    sgd_piped.zero_grad();
+    sgd_plain.zero_grad();
+  }
+}
+
+// A cancelled step drops the micro-batches' gradients it kept in the
+// reduce dtype, and only those: a no-sync gradient kept before the step
+// is reduced with the next synchronised backward, as if the step had not
+// begun.
+TEST(PipelineStep, ACancelledMixedPrecisionStepKeepsOnlyWhatCameBefore) {
+  Sharded s(nullptr, /*mixed=*/true), reference(nullptr, /*mixed=*/true);
+  for (Sharded* t : {&s, &reference}) {
+    t->root.set_requires_gradient_sync(false);
+    loss_of(t->model, input(0, 0)).backward();
+    t->root.set_requires_gradient_sync(true);
+  }
+  s.root.begin_pipeline_step();
+  loss_of(s.model, input(1, 0)).backward();
+  s.root.cancel_pipeline_step();
+  for (Sharded* t : {&s, &reference}) loss_of(t->model, input(2, 0)).backward();
+  expect_same(s.model, reference.model, "bf16, after the cancelled step");
 }
 
 TEST(PipelineStep, KeepsTheTreeGatheredUntilItEnds) {

@@ -89,34 +89,66 @@ std::string name_of(const Case& c) {
                  c.split_points.empty() ? "" : " uneven", c.checkpointing ? " checkpointed" : "",
                  c.llama ? " llama" : "", c.fully_shard ? " fully_shard" : "",
                  c.tp_mesh ? hp::cat(" tp", c.tp_mesh->size()) : "",
-                 c.device.is_cpu() ? "" : hp::cat(" on ", c.device.str()));
+                 c.device.is_cpu() ? "" : hp::cat(" on ", c.device.str()),
+                 c.compute_dtype ? hp::cat(" ", *c.compute_dtype) : "");
 }
 
 Run reference_run(const Case& c) {
   std::shared_ptr<nn::Module> whole = build_whole(c);
   torch::optim::AdamW optimizer(whole->parameters(), adamw());
+  // Mixed precision: the micro-batches run on this copy, refreshed from the
+  // fp32 parameters before each step.
+  std::shared_ptr<nn::Module> low;
+  if (c.compute_dtype) {
+    low = build_whole(c);
+    low->to(*c.compute_dtype);
+  }
+  nn::Module& computes = low ? *low : *whole;
   Run run;
   for (int step = 0; step < kSteps; ++step) {
     const auto ids = batch(c, step, 1).chunk(c.data_parallel);
     const auto targets = batch(c, step, 2).chunk(c.data_parallel);
+    if (low) {
+      torch::NoGradGuard no_grad;
+      auto from = whole->parameters();
+      auto to = low->parameters();
+      for (size_t i = 0; i < from.size(); ++i) to[i].copy_(from[i]);
+    }
     std::vector<std::vector<at::Tensor>> replica_grads;
     for (int r = 0; r < c.data_parallel; ++r) {
       optimizer.zero_grad();
       const auto mb_ids = ids[r].chunk(c.microbatches);
       const auto mb_targets = targets[r].chunk(c.microbatches);
       at::Tensor replica_total;
+      std::vector<at::Tensor> sums;  // mixed precision: the micro-batches' gradients in fp32
       for (int k = 0; k < c.microbatches; ++k) {
-        at::Tensor loss =
-            nn::cross_entropy(logits_of(c, *whole, mb_ids[k]), mb_targets[k]) / c.microbatches;
+        if (low) low->zero_grad();
+        at::Tensor loss = nn::cross_entropy(logits_of(c, computes, mb_ids[k]).to(at::kFloat),
+                                            mb_targets[k]) /
+                          c.microbatches;
         loss.backward();
         replica_total = replica_total.defined() ? replica_total + loss.detach() : loss.detach();
+        if (!low) continue;
+        auto params = low->parameters();
+        for (size_t i = 0; i < params.size(); ++i) {
+          at::Tensor g = params[i].grad().to(at::kFloat);
+          if (sums.size() <= i) {
+            sums.push_back(g);
+          } else {
+            sums[i] = g + sums[i];  // as the units add each one to the kept sum
+          }
+        }
       }
       if (is_dtensor(replica_total)) replica_total = full_tensor(replica_total);
       if (r == 0) run.losses.push_back(replica_total);
       if (run.replica_losses.size() <= static_cast<size_t>(r)) run.replica_losses.emplace_back();
       run.replica_losses[r].push_back(replica_total);
       std::vector<at::Tensor> grads;
-      for (const auto& p : whole->parameters()) grads.push_back(p.grad().clone());
+      if (low) {
+        grads = std::move(sums);
+      } else {
+        for (const auto& p : whole->parameters()) grads.push_back(p.grad().clone());
+      }
       replica_grads.push_back(std::move(grads));
     }
     auto params = whole->parameters();
@@ -154,10 +186,15 @@ std::vector<StageModule> build_stages(const Case& c, int rank) {
 Run pipeline_run(const Case& c, std::vector<StageModule> stages,
                  std::shared_ptr<Transport> transport, int replica, dist::GroupPtr replicas,
                  DeviceMeshPtr fsdp_mesh) {
-  PipelineOptions options{spec_of(c), width_of(c), at::kFloat, c.device};
+  PipelineOptions options{spec_of(c), width_of(c), c.compute_dtype.value_or(at::kFloat),
+                          c.device};
   if (c.fully_shard) {
     FullyShardOptions shard;
     shard.mesh = std::move(fsdp_mesh);
+    if (c.compute_dtype) {
+      shard.mp_policy.param_dtype = *c.compute_dtype;
+      shard.mp_policy.reduce_dtype = at::kFloat;
+    }
     for (const StageModule& stage : stages) {
       for (const auto& block : stage->blocks()) fully_shard(block, shard);
       fully_shard(stage.ptr(), shard);
@@ -166,8 +203,10 @@ Run pipeline_run(const Case& c, std::vector<StageModule> stages,
     options.data_parallel = std::move(replicas);
   }
   Pipeline pipeline(options, stages, std::move(transport),
+                    // fp32 logits to the loss, whatever the compute dtype
+                    // (a no-op in fp32), as the reference does.
                     [](const at::Tensor& logits, const at::Tensor& targets) {
-                      return nn::cross_entropy(logits, targets);
+                      return nn::cross_entropy(logits.to(at::kFloat), targets);
                     });
   torch::optim::AdamW optimizer(pipeline.parameters(), adamw());
   Run run;

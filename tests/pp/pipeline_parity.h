@@ -13,6 +13,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,13 @@ struct Case {
   // The data-parallel ranks shard each stage (fully_shard over their mesh:
   // every block a unit, then the stage) instead of holding it whole.
   bool fully_shard = false;
+  // With fully_shard: mixed precision, parameters and compute in this dtype
+  // (the stages' units' param_dtype; the loss casts the logits to fp32),
+  // gradients reduced in fp32. The reference computes
+  // each micro-batch on a copy of its fp32 parameters cast to it, its
+  // logits cast to fp32, and adds the micro-batches' gradients in fp32 in
+  // order: what the units do, so the comparison stays bitwise.
+  std::optional<at::ScalarType> compute_dtype;
   // Tensor parallelism inside every stage (GPT only): the whole model, the
   // reference included, sharded by its tensor-parallel plan over this mesh
   // before the stages are cut from it. The reference is then that TP model

@@ -79,7 +79,7 @@ TEST(PipelineRanks, DataParallelReplicas) {
 }
 
 // The stages sharded by fully_shard over the data-parallel dim of a
-// (dp, pp) = (2, 2) mesh: each stage gathered across the step's
+// (dp, pp) = (2, 2) mesh, in fp32 and in bf16: each stage gathered across the step's
 // micro-batches, its gradients reduce-scattered once per step. Bit for bit:
 // the gathered parameters are copies, each rank's micro-batch gradients
 // accumulate in micro-batch order as the reference's replica does, and the
@@ -98,7 +98,16 @@ TEST(PipelineRanks, FullyShardedStages) {
       {ScheduleKind::k1F1B, 2, 1, 2, {}, /*checkpointing=*/true},
       {ScheduleKind::kZeroBubble, 2, 2, 2, {}, /*checkpointing=*/true},
   };
-  for (Case c : cases) {
+  std::vector<Case> all = cases;
+  // Mixed precision (bf16 parameters and compute, fp32 reduction): each
+  // micro-batch's bf16 gradient added to an fp32 sum, in order, as the
+  // reference adds them (pipeline_parity.h); the split backward's W too.
+  for (ScheduleKind kind : {ScheduleKind::k1F1B, ScheduleKind::kZeroBubble}) {
+    Case c{kind, 2, kind == ScheduleKind::k1F1B ? 1 : 2, 4};
+    c.compute_dtype = at::kBFloat16;
+    all.push_back(c);
+  }
+  for (Case c : all) {
     c.data_parallel = 2;
     c.fully_shard = true;
     const parity::Run reference = parity::reference_run(c);
