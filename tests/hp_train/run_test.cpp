@@ -356,6 +356,37 @@ TEST(HpTrain, PipelineShardedStagesTrainLikeReplicas) {
             losses(4, concat(split, {"--mode", "ddp"}), dir, "ddp_zb"));
 }
 
+// Sharded stages in mixed precision (bf16 parameters and compute, fp32
+// reduction), dp 2 x pp 2: step 0 against the model cast to bf16 here, on
+// the four 1-sample slices first_loss takes for 4 ranks (each micro-batch
+// runs the reference's ops on the same bf16 weights; the logits go to the
+// loss in fp32), within PipelineReplicasTrainTheOneProcessModel's bound;
+// it trains; and hsdp's 1x2x2, the same units over the same shard group,
+// gives fsdp's losses bit for bit.
+TEST(HpTrain, PipelineShardedStagesTrainInBf16) {
+  TempDir dir;
+  const Args pipeline =
+      concat(kTiny, concat(kNoClip, {"--pp", "2", "--microbatches", "2", "--param-dtype", "bf16",
+                                     "--reduce-dtype", "fp32"}));
+  const std::string log = dir.file("fsdp_bf16.jsonl");
+  const ProcessResult r =
+      hp_train(4, concat(pipeline, {"--mode", "fsdp", "--mesh", "2x2", "--log-json", log}));
+  ASSERT_TRUE(r.exited && r.exit_code == 0) << describe(r);
+  EXPECT_THAT(r.out, HasSubstr("comm fusion on, bf16 compute with fp32 reduction)"));
+  std::vector<double> curve;
+  for (const Step& s : read_log(log)) curve.push_back(s.loss);
+  ASSERT_EQ(curve.size(), 5u);
+  nn::GPT model = tiny_model(kDefaultSeed);
+  model->to(torch::kBFloat16);
+  const double expected = first_loss(model, 4);
+  EXPECT_TRUE(test::within_bound(curve[0], expected,
+                                 first_loss_bound(expected, 4) + std::ldexp(expected, -24)))
+      << "step 0";
+  EXPECT_LT(curve[4], curve[0] - 0.5) << "trains";
+  EXPECT_EQ(losses(4, concat(pipeline, {"--mode", "hsdp", "--mesh", "1x2x2"}), dir, "hsdp_bf16"),
+            curve);
+}
+
 // What the pipeline refuses, on every rank, before any collective.
 TEST(HpTrain, PipelineFlagsAreCheckedBeforeAnyCollective) {
   const Args pipeline = concat(kTiny, {"--pp", "2"});
@@ -374,9 +405,13 @@ TEST(HpTrain, PipelineFlagsAreCheckedBeforeAnyCollective) {
       {4, concat(pipeline, {"--mode", "fsdp_tp"}), "--mode fsdp_tp with --pp 2 needs --mesh"},
       {8, concat(pipeline, {"--mode", "fsdp_tp", "--mesh", "2x4x1"}),
        "the mesh is D x P x T with P = 2 and a product of WORLD_SIZE 8"},
-      {4, concat(pipeline, {"--mode", "fsdp", "--param-dtype", "bf16"}),
-       "--param-dtype with --pp 2 --mode fsdp: the pipeline gathers each stage once per step "
-       "and trains it in fp32"},
+      {4, concat(pipeline, {"--mode", "fsdp", "--no-prefetch"}),
+       "--no-prefetch with --pp 2 --mode fsdp: the pipeline gathers each stage once per step"},
+      {8, concat(pipeline, {"--mode", "fsdp_tp", "--mesh", "2x2x2", "--param-dtype", "bf16"}),
+       "--param-dtype with --pp 2 --mode fsdp_tp"},
+      {4, concat(pipeline, {"--mode", "fsdp", "--microbatches", "2", "--param-dtype", "bf16",
+                             "--dry-run"}),
+       "--dry-run with --pp 2 plans stages in fp32; --param-dtype bf16 is not planned"},
       {4, concat(pipeline, {"--mode", "ddp", "--microbatches", "2", "--no-comm-fusion"}),
        "--no-comm-fusion with --pp 2 --mode ddp configures fully_shard, which does not run"},
       {2, concat(pipeline, {"--save-async"}), "--save-async needs --save-dir DIR"},

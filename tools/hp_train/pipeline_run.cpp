@@ -23,6 +23,7 @@
 #include "hp/nn/activation_checkpoint.h"
 #include "hp/nn/loss.h"
 #include "hp/optim/fused_adamw.h"
+#include "hp/plan/parallel_layout.h"
 #include "hp/pp/pipeline.h"
 #include "hp/pp/pipeline_checkpoint.h"
 #include "hp/tensor/dtensor_tensor.h"
@@ -237,17 +238,26 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
     // As the other modes (parallelize.cpp): one gather and one reduction
     // per unit by default, per parameter under --no-comm-fusion.
     shard.comm_fusion = options.comm_fusion;
+    // Mixed precision as in the other modes (parallelize.cpp), but for the
+    // logits: the loss below casts them to fp32, since the pipeline calls a
+    // stage's forward itself (a root's output_dtype would not apply).
+    const at::ScalarType param = plan::scalar_type(parallelism.param_dtype);
+    if (param != at::kFloat) shard.mp_policy.param_dtype = param;
+    if (parallelism.reduce_dtype)
+      shard.mp_policy.reduce_dtype = plan::scalar_type(*parallelism.reduce_dtype);
     for (const pp::StageModule& stage : stages) {
       for (const auto& block : stage->blocks()) units.push_back(fully_shard(block, shard));
       units.push_back(fully_shard(stage.ptr(), shard));
     }
   }
-  pp::PipelineOptions pipeline_options{spec, options.d, at::kFloat, device.device};
+  // Stage boundaries carry hidden states in the compute dtype.
+  pp::PipelineOptions pipeline_options{spec, options.d,
+                                       plan::scalar_type(parallelism.param_dtype), device.device};
   if (replicas > 1 && !sharded) pipeline_options.data_parallel = mesh->group_ptr(0);
   pp::Pipeline pipeline(pipeline_options, stages,
                         std::make_shared<pp::GroupTransport>(pipeline_group),
                         [](const at::Tensor& logits, const at::Tensor& targets) {
-                          return nn::cross_entropy(logits, targets);
+                          return nn::cross_entropy(logits.to(at::kFloat), targets);
                         });
   optim::FusedAdamW optimizer(pipeline.parameters(), torch::optim::AdamWOptions(options.lr)
                                                          .betas({0.9, 0.95})
@@ -263,7 +273,12 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
       },
       options);
 
-  const char* fusion = options.comm_fusion ? "comm fusion on" : "per-parameter collectives";
+  std::string fusion = options.comm_fusion ? "comm fusion on" : "per-parameter collectives";
+  if (parallelism.param_dtype != plan::Dtype::kFloat32) {
+    fusion += fmt::format(", {} compute with {} reduction",
+                          plan::dtype_name(parallelism.param_dtype),
+                          plan::dtype_name(parallelism.effective_reduce_dtype()));
+  }
   std::string mode_line = fmt::format(
       "pipeline over {} ranks{}, {} with {} micro-batches of {} samples, {} stage{} per rank: {}",
       schedule.ranks,

@@ -439,19 +439,21 @@ std::vector<int64_t> resolve_mesh(plan::ParallelMode mode, const TrainOptions& o
 
 // The fully_shard flags a pipeline does not take. Its stages are gathered
 // once per step and reduced once (docs/pipeline.md), so there is no
-// prefetch or reshard after forward to choose, and they train in fp32
-// (mixed precision inside stages is not built); --comm-fusion and
+// prefetch or reshard after forward to choose. --comm-fusion and
 // --no-comm-fusion choose how a stage's gathers and reductions travel, and
-// apply where fully_shard shards the stages (fsdp, hsdp, fsdp_tp).
+// apply where fully_shard shards the stages (fsdp, hsdp, fsdp_tp); mixed
+// precision (--param-dtype, --reduce-dtype) to the stages of fsdp and hsdp
+// (not built with tensor parallelism inside them).
 std::vector<std::string> flags_refused_under_pp(const TrainOptions& options,
                                                 plan::ParallelMode mode) {
   using plan::ParallelMode;
-  const bool sharded =
-      mode == ParallelMode::kFSDP || mode == ParallelMode::kHSDP || mode == ParallelMode::kFSDPTP;
+  const bool data_parallel = mode == ParallelMode::kFSDP || mode == ParallelMode::kHSDP;
+  const bool sharded = data_parallel || mode == ParallelMode::kFSDPTP;
   std::vector<std::string> refused;
   for (const std::string& flag : options.fully_shard_flags) {
     const bool fusion = flag == "--comm-fusion" || flag == "--no-comm-fusion";
-    if (!(fusion && sharded)) refused.push_back(flag);
+    const bool precision = flag == "--param-dtype" || flag == "--reduce-dtype";
+    if (!(fusion && sharded) && !(precision && data_parallel)) refused.push_back(flag);
   }
   return refused;
 }
@@ -538,9 +540,9 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
       const std::vector<std::string> refused = flags_refused_under_pp(options, mode);
       HP_CHECK_ARG(refused.empty(), fmt::format("{}", fmt::join(refused, " ")), " with --pp ",
                    options.pp, " --mode ", plan::mode_name(mode),
-                   sharded ? ": the pipeline gathers each stage once per step and trains it in "
-                             "fp32 (--comm-fusion and --no-comm-fusion are the fully_shard flags "
-                             "it takes); leave "
+                   sharded ? ": the pipeline gathers each stage once per step (--comm-fusion, "
+                             "--no-comm-fusion and, under fsdp and hsdp, --param-dtype and "
+                             "--reduce-dtype are the fully_shard flags it takes); leave "
                            : ": the stages are not fully_shard units; leave ",
                    refused.size() == 1 ? "it out" : "them out");
       // fully_shard over D ranks per stage (hsdp: over S, replicated R
@@ -551,6 +553,7 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
                           : mode == ParallelMode::kTP ? std::vector<int64_t>{tp_size}
                                                       : std::vector<int64_t>{dp_size, tp_size});
       p.param_dtype = options.param_dtype;
+      p.reduce_dtype = options.reduce_dtype;
       return p;
     }
     if (replicas) {
@@ -643,13 +646,20 @@ void validate_options(const TrainOptions& o, const Parallelism& parallelism) {
                  " must be a multiple of the ", schedule.microbatches,
                  " micro-batches of a pipeline step (--microbatches)",
                  dp_size > 1 ? fmt::format(" times the {} replicas", dp_size) : std::string());
+    // The pipeline's memory plan covers fp32 stages (docs/pipeline.md,
+    // "Memory plan").
+    HP_CHECK_ARG(!o.dry_run || parallelism.param_dtype == plan::Dtype::kFloat32,
+                 "--dry-run with --pp ", o.pp, " plans stages in fp32; --param-dtype ",
+                 plan::dtype_name(parallelism.param_dtype),
+                 " is not planned under a pipeline (leave out one of the two)");
     const std::vector<std::string> refused = flags_refused_under_pp(o, parallelism.mode);
     HP_CHECK_ARG(refused.empty(), refused.front(), " with --pp ", o.pp, " --mode ", mode,
                  " configures fully_shard, which ",
                  parallelism.mode == ParallelMode::kFSDP || parallelism.mode == ParallelMode::kHSDP ||
                          parallelism.mode == ParallelMode::kFSDPTP
-                     ? "gathers each stage once per step and trains it in fp32 under --pp "
-                       "(--comm-fusion and --no-comm-fusion are the flags it takes)"
+                     ? "gathers each stage once per step under --pp (--comm-fusion, "
+                       "--no-comm-fusion and, under fsdp and hsdp, --param-dtype and "
+                       "--reduce-dtype are the flags it takes)"
                      : "does not run under this mode's pipeline",
                  "; leave it out");
   } else {
