@@ -87,11 +87,12 @@ run tp.n2 2 --mode tp "${gpu_model[@]}" "${recipe[@]}" --steps 10 --sample-token
 run fsdp_tp.n4 4 --mode fsdp_tp --mesh 2x2 "${gpu_model[@]}" "${recipe[@]}" --steps 10
 run llama.fsdp.n2 2 --model llama --kv-heads 4 --mode fsdp "${gpu_model[@]}" "${recipe[@]}" \
   --steps 10
-# The pipeline on the GPU (fp32: --pp takes no mixed precision): 2 stages
-# over the ranks' point-to-point, 1F1B and zero bubble (the backward split
-# in two), and each stage fully_shard'ed over 2 data-parallel ranks.
+# The pipeline on the GPU: 2 stages over the ranks' point-to-point, 1F1B
+# and zero bubble (the backward split in two), in fp32 (whole stages take
+# no mixed precision), and each stage fully_shard'ed over 2 data-parallel
+# ranks in the recipe.
 run pp2.1f1b.n2 2 --pp 2 --microbatches 4 "${gpu_model[@]}" --steps 10
 run pp2.zero_bubble.n2 2 --pp 2 --pp-schedule zero-bubble --microbatches 4 "${gpu_model[@]}" \
   --steps 10
-run pp2.fsdp.n4 4 --pp 2 --mode fsdp --microbatches 4 "${gpu_model[@]}" --steps 10
+run pp2.fsdp.n4 4 --pp 2 --mode fsdp --microbatches 4 "${gpu_model[@]}" "${recipe[@]}" --steps 10
 exit 0

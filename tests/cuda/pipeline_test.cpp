@@ -66,16 +66,19 @@ TEST_F(PipelineOnCuda, StagesTrainTheOneProcessModel) {
 
 // (dp, pp) = (2, 2) on 4 ranks: each stage fully_shard'ed over dp on the
 // GPU, gathered once per step (UNSHARD) and reduced once (REDUCE_GRAD) on
-// the streams. Against one process averaging the two replicas' gradients:
-// a sum of two halved, exact whichever collective adds them.
+// the streams, in fp32 and in bf16 (each micro-batch's gradient added to
+// an fp32 sum). Against one process averaging the two replicas'
+// gradients: a sum of two halved, exact whichever collective adds them.
 TEST_F(PipelineOnCuda, ShardedStagesTrainTheOneProcessModel) {
   const int world = dist::get_world_size();
   if (world != 4) GTEST_SKIP() << "needs 4 ranks, has " << world;
   auto mesh = init_device_mesh("cuda", {2, 2}, {"dp", "pp"});
   const int replica = static_cast<int>(mesh->coordinate(0));
   const int pipeline_rank = static_cast<int>(mesh->coordinate(1));
+  Case mixed{ScheduleKind::k1F1B, 2, 1, 4};
+  mixed.compute_dtype = at::kBFloat16;
   for (Case c : std::vector<Case>{{ScheduleKind::k1F1B, 2, 1, 4},
-                                  {ScheduleKind::kZeroBubble, 2, 2, 4}}) {
+                                  {ScheduleKind::kZeroBubble, 2, 2, 4}, mixed}) {
     c.data_parallel = 2;
     c.fully_shard = true;
     c.device = mesh->device();
