@@ -477,10 +477,11 @@ void Unit::post_accumulate(FSDPParam& param) {
   if (state_ == State::kPipeline) {
     // A pipeline step's backwards accumulate the whole gradient over its
     // micro-batches; finish_pipeline_step reduces it once. Autograd adds
-    // them in .grad when that is the reduce dtype; a lower compute dtype
-    // (bf16 parameters, fp32 reduction) would sum M micro-batches in bf16,
-    // so each one's is cast and added to a kept gradient in the reduce
-    // dtype instead, as FSDP2 accumulates outside gradient sync.
+    // them in .grad when that is the reduce dtype. Otherwise each one's is
+    // cast and added to the kept gradient in the reduce dtype, as a no-sync
+    // backward keeps it (and FSDP2 outside gradient sync): with bf16
+    // parameters and fp32 reduction the M micro-batches then add up in
+    // fp32, not in bf16.
     const at::Tensor& grad = param.param().grad();
     if (grad.defined() && grad.scalar_type() != param.reduce_dtype())
       param.keep_for_later(param.take_grad());
