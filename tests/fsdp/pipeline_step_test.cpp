@@ -88,21 +88,27 @@ void expect_same(test::ToyModel& got, test::ToyModel& expected, const char* what
   }
 }
 
+// In fp32 and in mixed precision (bf16 compute, fp32 reduction), where each
+// micro-batch's bf16 gradient is added to an fp32 sum, as a no-sync
+// backward keeps it, not summed in bf16 by autograd.
 TEST(PipelineStep, EqualsOrdinaryAccumulation) {
-  Sharded piped, plain;
-  torch::optim::SGD sgd_piped(piped.model->parameters(), 0.1);
-  torch::optim::SGD sgd_plain(plain.model->parameters(), 0.1);
-  // Step 0 leaves its gradients in .grad (no zero_grad): the pipeline step
-  // adds its own to them, as an accumulating backward does.
-  accumulate(piped, 0);
-  accumulate(plain, 0);
-  for (int step = 1; step <= 2; ++step) {
-    pipeline_step(piped, step);
-    accumulate(plain, step);
-    expect_same(piped.model, plain.model, "after the step's gradients");
-    sgd_piped.step();
-    sgd_plain.step();
-    expect_same(piped.model, plain.model, "after the optimizer step");
+  for (const bool mixed : {false, true}) {
+    SCOPED_TRACE(mixed ? "bf16 compute, fp32 reduction" : "fp32");
+    Sharded piped(nullptr, mixed), plain(nullptr, mixed);
+    torch::optim::SGD sgd_piped(piped.model->parameters(), 0.1);
+    torch::optim::SGD sgd_plain(plain.model->parameters(), 0.1);
+    // Step 0 leaves its gradients in .grad (no zero_grad): the pipeline step
+    // adds its own to them, as an accumulating backward does.
+    accumulate(piped, 0);
+    accumulate(plain, 0);
+    for (int step = 1; step <= 2; ++step) {
+      pipeline_step(piped, step);
+      accumulate(plain, step);
+      expect_same(piped.model, plain.model, "after the step's gradients");
+      sgd_piped.step();
+      sgd_plain.step();
+      expect_same(piped.model, plain.model, "after the optimizer step");
+    }
   }
 }
 
@@ -117,24 +123,6 @@ TEST(PipelineStep, HybridShardingEqualsOrdinaryAccumulation) {
     pipeline_step(piped, step);
     accumulate(plain, step);
     expect_same(piped.model, plain.model, "HSDP");
-  }
-}
-
-// bf16 compute, fp32 reduction: each micro-batch's bf16 gradient is added
-// to an fp32 sum, as a no-sync backward keeps it, not summed in bf16 by
-// autograd; so the step equals the ordinary accumulation bit for bit.
-TEST(PipelineStep, MixedPrecisionAccumulatesInTheReduceDtype) {
-  Sharded piped(nullptr, /*mixed=*/true), plain(nullptr, /*mixed=*/true);
-  torch::optim::SGD sgd_piped(piped.model->parameters(), 0.1);
-  torch::optim::SGD sgd_plain(plain.model->parameters(), 0.1);
-  for (int step = 0; step <= 1; ++step) {
-    pipeline_step(piped, step);
-    accumulate(plain, step);
-    expect_same(piped.model, plain.model, "bf16, after the step's gradients");
-    sgd_piped.step();
-    sgd_plain.step();
-    sgd_piped.zero_grad();
-    sgd_plain.zero_grad();
   }
 }
 

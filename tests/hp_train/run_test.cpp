@@ -413,7 +413,7 @@ TEST(HpTrain, PipelineFlagsAreCheckedBeforeAnyCollective) {
                              "--dry-run"}),
        "--dry-run with --pp 2 plans stages in fp32; --param-dtype bf16 is not planned"},
       {4, concat(pipeline, {"--mode", "ddp", "--microbatches", "2", "--no-comm-fusion"}),
-       "--no-comm-fusion with --pp 2 --mode ddp configures fully_shard, which does not run"},
+       "--no-comm-fusion with --pp 2 --mode ddp: the stages are not fully_shard units"},
       {2, concat(pipeline, {"--save-async"}), "--save-async needs --save-dir DIR"},
       {3, concat(pipeline, {"--mode", "ddp"}), "--pp 2 --mode ddp runs on a multiple of 2 ranks"},
       {4, concat(pipeline, {"--mode", "ddp", "--mesh", "4x1"}), "the mesh is D x P = 2x2"},

@@ -273,9 +273,9 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
       },
       options);
 
-  std::string fusion = options.comm_fusion ? "comm fusion on" : "per-parameter collectives";
+  std::string unit_settings = options.comm_fusion ? "comm fusion on" : "per-parameter collectives";
   if (parallelism.param_dtype != plan::Dtype::kFloat32) {
-    fusion += fmt::format(", {} compute with {} reduction",
+    unit_settings += fmt::format(", {} compute with {} reduction",
                           plan::dtype_name(parallelism.param_dtype),
                           plan::dtype_name(parallelism.effective_reduce_dtype()));
   }
@@ -286,10 +286,10 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
        : hsdp        ? fmt::format(" x {} data-parallel ranks (hsdp: {} of each stage, each "
                                    "sharded over {}, gathered once per step, {})",
                                    replicas, plural(parallelism.replicate_size(), "replica"),
-                                   plural(parallelism.shard_size(), "rank"), fusion)
+                                   plural(parallelism.shard_size(), "rank"), unit_settings)
        : sharded     ? fmt::format(" x {} data-parallel ranks (fsdp: each stage sharded over them, "
                                    "gathered once per step, {})",
-                                   replicas, fusion)
+                                   replicas, unit_settings)
                      : fmt::format(" x {} replicas (ddp: gradients averaged after each step)",
                                    replicas)) +
           (tp > 1 ? fmt::format(" x {} tensor-parallel ranks per stage", tp) : std::string()),

@@ -484,6 +484,14 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
                      : std::string(" runs on exactly "),
                  options.pp, " ranks (", mode != ParallelMode::kNone ? "a multiple of " : "one per ",
                  "pipeline rank), but WORLD_SIZE is ", world.size);
+    const std::vector<std::string> refused = flags_refused_under_pp(options, mode);
+    HP_CHECK_ARG(refused.empty(), fmt::format("{}", fmt::join(refused, " ")), " with --pp ",
+                 options.pp, " --mode ", plan::mode_name(mode),
+                 sharded ? ": the pipeline gathers each stage once per step (--comm-fusion, "
+                           "--no-comm-fusion and, under fsdp and hsdp, --param-dtype and "
+                           "--reduce-dtype are the fully_shard flags it takes); leave "
+                         : ": the stages are not fully_shard units; leave ",
+                 refused.size() == 1 ? "it out" : "them out");
     // The mesh is D x P x T (dp, pp, tp); --mesh names the dims the mode has.
     int64_t dp_size = tensor_parallel ? 1 : world.size / options.pp;
     int64_t tp_size = tensor_parallel ? world.size / options.pp : 1;
@@ -537,14 +545,6 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
                    "product ", world.size, ")");
     }
     if (sharded || tensor_parallel) {
-      const std::vector<std::string> refused = flags_refused_under_pp(options, mode);
-      HP_CHECK_ARG(refused.empty(), fmt::format("{}", fmt::join(refused, " ")), " with --pp ",
-                   options.pp, " --mode ", plan::mode_name(mode),
-                   sharded ? ": the pipeline gathers each stage once per step (--comm-fusion, "
-                             "--no-comm-fusion and, under fsdp and hsdp, --param-dtype and "
-                             "--reduce-dtype are the fully_shard flags it takes); leave "
-                           : ": the stages are not fully_shard units; leave ",
-                   refused.size() == 1 ? "it out" : "them out");
       // fully_shard over D ranks per stage (hsdp: over S, replicated R
       // times; the stages stay gathered through each step: docs/pipeline.md),
       // tensor parallelism over T.
@@ -652,16 +652,6 @@ void validate_options(const TrainOptions& o, const Parallelism& parallelism) {
                  "--dry-run with --pp ", o.pp, " plans stages in fp32; --param-dtype ",
                  plan::dtype_name(parallelism.param_dtype),
                  " is not planned under a pipeline (leave out one of the two)");
-    const std::vector<std::string> refused = flags_refused_under_pp(o, parallelism.mode);
-    HP_CHECK_ARG(refused.empty(), refused.front(), " with --pp ", o.pp, " --mode ", mode,
-                 " configures fully_shard, which ",
-                 parallelism.mode == ParallelMode::kFSDP || parallelism.mode == ParallelMode::kHSDP ||
-                         parallelism.mode == ParallelMode::kFSDPTP
-                     ? "gathers each stage once per step under --pp (--comm-fusion, "
-                       "--no-comm-fusion and, under fsdp and hsdp, --param-dtype and "
-                       "--reduce-dtype are the flags it takes)"
-                     : "does not run under this mode's pipeline",
-                 "; leave it out");
   } else {
     HP_CHECK_ARG(o.microbatches == 0 && o.pp_stages_per_rank == 0 && o.pp_split.empty() &&
                      o.pp_schedule == "1f1b",
