@@ -4,8 +4,12 @@
 # hp-train and those tests instrumented (build directory build-asan/), runs
 # them, and fails if a test fails or any process of any test (hprun's ranks
 # and the subprocesses tests start included) reported an error.
-# scripts/test.sh runs it as its "sanitizers" phase. Extra arguments go to
-# ctest.
+# scripts/test.sh runs it as its "sanitizers" phase, in two steps: the build
+# beside ctest, the tests after it. Extra arguments go to ctest.
+#
+# Usage: scripts/sanitize.sh [--build-only | --tests-only] [ctest args...]
+#   --build-only  builds the instrumented targets and runs nothing
+#   --tests-only  runs the tests of an instrumented build made before
 #
 # libtorch is not instrumented; docs/design.md ("Sanitizers") says what that
 # means for the options below.
@@ -13,6 +17,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export HP_BUILD_DIR=${HP_SANITIZE_BUILD_DIR:-build-asan}
 build=$HP_BUILD_DIR
+steps=all
+case "${1:-}" in
+  --build-only) steps=build; shift ;;
+  --tests-only) steps=tests; shift ;;
+esac
 
 # -fno-omit-frame-pointer: ASan's stack traces (and LeakSanitizer's, taken
 # at every malloc) unwind by frame pointers. -O1 -g1: instrumented code
@@ -22,11 +31,16 @@ build=$HP_BUILD_DIR
 # libstdc++'s own bounds checks abort on it, in every layer (hprun's
 # launcher has them in every build: tools/hprun/CMakeLists.txt).
 flags="-fsanitize=address,undefined -fno-omit-frame-pointer -D_GLIBCXX_ASSERTIONS"
-HP_BUILD_TARGETS="hprun hp-train test_dist_unit test_dist failure_scenarios
-  test_checkpoint test_checkpoint_sharded test_checkpoint_jobs test_checkpoint_async
-  test_checkpoint_pipeline test_pp_ranks pipeline_failure hp_launcher_tests test_hp_train test_hp_train_data test_hp_train_runs" \
-HP_BUILD_JOBS=${HP_BUILD_JOBS:-$(nproc)} \
-  bash scripts/build.sh "-DCMAKE_CXX_FLAGS=$flags" "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -g1 -DNDEBUG"
+if [ $steps != tests ]; then
+  HP_BUILD_TARGETS="hprun hp-train test_dist_unit test_dist failure_scenarios
+    test_checkpoint test_checkpoint_sharded test_checkpoint_jobs test_checkpoint_async
+    test_checkpoint_pipeline test_pp_ranks pipeline_failure hp_launcher_tests test_hp_train test_hp_train_data test_hp_train_runs" \
+  HP_BUILD_JOBS=${HP_BUILD_JOBS:-$(nproc)} \
+    bash scripts/build.sh "-DCMAKE_CXX_FLAGS=$flags" "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -g1 -DNDEBUG"
+fi
+[ $steps != build ] || exit 0
+[ -f "$build/CTestTestfile.cmake" ] ||
+  { echo "sanitize: no instrumented build in $build: run scripts/sanitize.sh --build-only first" >&2; exit 1; }
 
 # halt_on_error: the first error ends the process with exit status 1 (ASan
 # stops at its first error anyway; UBSan would otherwise report and go on),
