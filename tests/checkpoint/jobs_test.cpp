@@ -174,7 +174,11 @@ TEST_F(CheckpointJobs, ARankKilledDuringASaveLeavesThePreviousOneLoadable) {
     EXPECT_NE(killed.exit_code, 0) << point;
     EXPECT_THAT(killed.out + killed.err, HasSubstr("signal 9")) << point;
     // The save of step 3 got as far as its temporary directory, no further.
-    EXPECT_TRUE(std::filesystem::exists(dir.file("ckpt/.tmp-step-00000003"))) << point;
+    // Whether that directory is still there is a race, and either outcome
+    // is right: the surviving ranks' next agreed stage fails at once (their
+    // neighbour's connection closed), and rank 0 removes the failed save's
+    // directory unless hprun has ended it first (seen both ways under the
+    // sanitizers). What must hold is that step 3 never became a checkpoint.
     EXPECT_FALSE(std::filesystem::exists(dir.file("ckpt/step-00000003"))) << point;
     EXPECT_EQ(latest_checkpoint(dir.file("ckpt")), dir.file("ckpt/step-00000002"));
     load_and_compare(dir.path(), "whole");
