@@ -13,7 +13,8 @@
 // GroupTransport on the world group, AdamW (no clipping, as the other rows).
 // dp2_pp2: the ranks are a (dp, pp) = (2, 2) mesh; each stage is
 // fully_shard'ed over dp once initialised (every block a unit, the stage the
-// root: docs/pipeline.md "fully_shard and tensor parallelism inside stages"),
+// root: docs/pipeline.md "fully_shard and tensor parallelism inside stages";
+// comm fusion on, as hp-train's fsdp stages),
 // the pipeline runs over the pp group, and replica r reads its half of the
 // batch (batch_for_step's rank r of 2) in half of the micro-batches.
 // The executor's per-step stats (Pipeline::record_step_stats) give each
@@ -155,6 +156,9 @@ int run_pipeline_worker(const std::string& row, const BenchConfig& c) {
   if (mesh) {
     FullyShardOptions shard;
     shard.mesh = (*mesh)["dp"];
+    // One gather and one reduction per unit, as hp-train's default and as
+    // FSDP2 (the library's CPU default is per parameter).
+    shard.comm_fusion = true;
     for (const pp::StageModule& stage : stages) {
       for (const auto& block : stage->blocks()) fully_shard(block, shard);
       fully_shard(stage.ptr(), shard);
@@ -291,7 +295,7 @@ int run_pipeline_worker(const std::string& row, const BenchConfig& c) {
     out["ranks"] = world;
     out["mesh"] = mesh ? mesh->shape() : std::vector<int64_t>{world};
     out["mesh_names"] = mesh ? mesh->dim_names() : std::vector<std::string>{"pp"};
-    out["comm_fusion"] = false;
+    out["comm_fusion"] = mesh != nullptr;
     out["prefetch"] = false;
     out["activation_checkpointing"] = false;
     out["threads"] = at::get_num_threads();
