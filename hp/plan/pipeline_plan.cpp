@@ -32,9 +32,10 @@ using detail::Timeline;
 // Per stage, in bytes.
 struct StageBytes {
   int64_t held = 0;       // the parameters' storage (their shards under fsdp)
+  int64_t cast = 0;       // fsdp in bf16 with comm fusion: the shards' cast, beside them
   int64_t gathered = 0;   // fsdp: the unsharded parameters through the step
   int64_t grads = 0;      // the whole gradients the micro-batches accumulate
-  int64_t reduced = 0;    // fsdp: the reduced gradient shards
+  int64_t reduced = 0;    // fsdp: the reduced gradient shards (what .grad holds)
   int64_t adam = 0;       // AdamW's two moments
   int64_t largest = 0;    // the largest gradient's elements (clip's fp64 copy)
   int64_t captured = 0;   // zero bubble: the gradients I captures for W, one micro-batch
@@ -42,21 +43,22 @@ struct StageBytes {
 
 struct Sizes {
   int64_t micro = 1;       // samples per micro-batch
-  int64_t hidden = 0;      // one micro-batch's hidden states [B/M, T, d], fp32
-  int64_t logits = 0;      // its logits [B/M, T, V], fp32
+  int64_t hidden = 0;      // one micro-batch's hidden states [B/M, T, d], compute dtype
   int64_t batch = 0;       // the replica's inputs and targets, int64
   ActivationParts parts;   // one micro-batch's activations (step_simulator.h)
 };
 
 // The gradients W needs that I computed (hp/pp/split_backward.h): each
-// linear's output gradient, each norm's, per block; the head's logits'.
-// Under tensor parallelism the column-parallel outputs are this rank's
-// heads' or MLP width's; the row-parallel outputs and the norms' are whole.
+// linear's output gradient, each norm's, per block; the head's logits'; in
+// the compute dtype. Under tensor parallelism the column-parallel outputs
+// are this rank's heads' or MLP width's; the row-parallel outputs and the
+// norms' are whole.
 int64_t captured_per_block(const detail::StepSetup& s, int64_t tokens) {
-  const int64_t h = tokens * s.hidden * kFp32;
+  const int64_t h = tokens * s.hidden * s.compute_dtype_size;
   if (!s.llama) return 7 * h / s.tp + 4 * h;  // c_attn 3h, c_fc 4h; both c_proj, two norms
   const int64_t kv = h * s.kv_heads / s.heads / s.tp;
-  const int64_t mlp = tokens * detail::tp_piece(s.intermediate, s.tp, s.tp_rank) * kFp32;
+  const int64_t mlp =
+      tokens * detail::tp_piece(s.intermediate, s.tp, s.tp_rank) * s.compute_dtype_size;
   return h / s.tp + 2 * kv + 2 * mlp + 4 * h;  // q, k, v, gate, up; o, down, two norms
 }
 
@@ -66,7 +68,18 @@ std::vector<StageBytes> stage_bytes(const PipelinePlanOptions& o, const detail::
   // which fully_shard (fsdp_tp) then splits over the data-parallel ranks.
   detail::ModelParameters model = detail::model_parameters(o.plan.model);
   if (s.tp > 1) detail::apply_tensor_parallel_plan(model, s.tp, s.tp_rank);
+  // Mixed precision (fully_shard's units only): the parameters, their
+  // reduced gradients and AdamW's moments stay fp32; the stage is gathered
+  // in the compute dtype, and each micro-batch's gradient is added in the
+  // reduce dtype into the whole gradient the step reduces (hp/fsdp's
+  // pipeline step, as a no-sync backward keeps it); a reduce dtype other
+  // than fp32 is cast into the parameter's fp32 pieces after the reduction.
+  // With comm fusion over several ranks the shards' cast to the compute
+  // dtype stays beside them (as in the plain plan: hp/plan/fsdp_buffers.cpp).
+  const bool low_precision = s.compute_dtype_size != s.model_dtype_size;
   const bool sharded = o.plan.layout.uses_fully_shard() && s.shards > 1;
+  const bool gathers = o.plan.layout.uses_fully_shard() && (sharded || low_precision);
+  const bool cast_reduced = s.reduce_dtype_size != s.model_dtype_size;
   const int64_t D = s.shards;
   std::vector<StageBytes> out;
   for (const PipelineStage& stage : o.stages) {
@@ -74,12 +87,13 @@ std::vector<StageBytes> stage_bytes(const PipelinePlanOptions& o, const detail::
     auto add = [&](const detail::ParamShape& p) {
       const int64_t held = sharded ? p.padded(D) : p.numel();
       const int64_t local = sharded ? p.local(D, s.shard_rank) : p.numel();
-      b.held += held * kFp32;
-      b.adam += 2 * local * kFp32;
-      b.grads += p.numel() * kFp32;
-      if (sharded) {
-        b.gathered += p.unsharded(D) * kFp32;
-        b.reduced += held * kFp32;
+      b.held += held * s.model_dtype_size;
+      if (low_precision && sharded && o.plan.comm_fusion) b.cast += held * s.compute_dtype_size;
+      b.adam += 2 * local * s.model_dtype_size;
+      b.grads += p.numel() * s.reduce_dtype_size;
+      if (gathers) {
+        b.gathered += p.unsharded(D) * s.compute_dtype_size;
+        b.reduced += cast_reduced ? local * s.model_dtype_size : held * s.reduce_dtype_size;
       }
       b.largest = std::max(b.largest, local);
     };
@@ -98,9 +112,11 @@ std::vector<StageBytes> stage_bytes(const PipelinePlanOptions& o, const detail::
       for (const detail::ParamShape& p : model.blocks[block]) add(p);
     }
     b.captured = static_cast<int64_t>(stage.blocks.size()) * captured_per_block(s, tokens);
-    if (stage.first) b.captured += 2 * tokens * s.hidden * kFp32;
-    if (stage.last)
-      b.captured += tokens * (detail::tp_piece(s.vocab, s.tp, s.tp_rank) + s.hidden) * kFp32;
+    if (stage.first) b.captured += 2 * tokens * s.hidden * s.compute_dtype_size;
+    if (stage.last) {
+      b.captured +=
+          tokens * (detail::tp_piece(s.vocab, s.tp, s.tp_rank) + s.hidden) * s.compute_dtype_size;
+    }
     out.push_back(b);
   }
   return out;
@@ -120,6 +136,7 @@ class RankStep {
     // gradients (steady), live when the step resets the peak.
     for (const StageBytes& b : bytes_) {
       t_.alloc(Term::kParameters, b.held);
+      t_.alloc(Term::kCommunication, b.cast);
       if (!first_) {
         adam_.push_back(t_.alloc(Term::kOptimizer, b.adam));
         previous_grads_.push_back(t_.alloc(Term::kGradients, sharded ? b.reduced : b.grads));
@@ -162,7 +179,8 @@ class RankStep {
 
   int64_t between_steps(bool sharded) const {
     int64_t sum = 0;
-    for (const StageBytes& b : bytes_) sum += b.held + b.adam + (sharded ? b.reduced : b.grads);
+    for (const StageBytes& b : bytes_)
+      sum += b.held + b.cast + b.adam + (sharded ? b.reduced : b.grads);
     return sum;
   }
 
@@ -441,8 +459,14 @@ PipelineMemoryPlan plan_pipeline_memory(const PipelinePlanOptions& o) {
   const ParallelMode mode = o.plan.layout.mode;
   HP_CHECK_ARG(mode != ParallelMode::kHSDP, "plan_pipeline_memory: mode ", mode_name(mode),
                " inside pipeline stages is not planned (none, ddp, fsdp, tp or fsdp_tp)");
-  HP_CHECK_ARG(o.plan.layout.param_dtype == Dtype::kFloat32,
-               "plan_pipeline_memory: pipeline stages compute in fp32");
+  // The stages fully_shard makes units of: fsdp and fsdp_tp, and tp with
+  // units over one data-parallel rank (tp_units, which only cast).
+  const bool units = mode == ParallelMode::kFSDP || mode == ParallelMode::kFSDPTP ||
+                     (mode == ParallelMode::kTP && o.plan.layout.tp_units);
+  HP_CHECK_ARG(o.plan.layout.param_dtype == Dtype::kFloat32 || units,
+               "plan_pipeline_memory: mode ", mode_name(mode), " with param_dtype ",
+               dtype_name(o.plan.layout.param_dtype),
+               ": mixed precision needs fully_shard units (fsdp, fsdp_tp, tp with units)");
   const detail::StepSetup setup = detail::make_step_setup(o.plan);
   const int M = o.schedule.microbatches;
   HP_CHECK_ARG(o.plan.batch_per_rank % M == 0, "plan_pipeline_memory: the batch ",
@@ -453,30 +477,41 @@ PipelineMemoryPlan plan_pipeline_memory(const PipelinePlanOptions& o) {
   // tp: split widths, vocabulary-sharded logits, the all-reduces' buffers):
   // its activations part by part. fully_shard adds none of its own here:
   // the stages stay gathered through the step (the gathers are planned
-  // below).
+  // below). In mixed precision, as one process whose units fully_shard
+  // casts (fsdp over one rank): activations in the compute dtype, the
+  // logits cast to fp32 for the loss (the pipeline's loss casts them as a
+  // root's output_dtype would) and their gradient back.
   Sizes sizes;
   sizes.micro = o.plan.batch_per_rank / M;
   PlanOptions micro = o.plan;
-  micro.layout = o.plan.layout.tensor_parallel()
-                     ? ParallelLayout(ParallelMode::kTP, {setup.tp})
-                     : ParallelLayout();
+  const bool low_precision = setup.compute_dtype_size != setup.model_dtype_size;
+  if (o.plan.layout.tensor_parallel()) {
+    micro.layout = ParallelLayout(ParallelMode::kTP, {setup.tp});
+    micro.layout.tp_units = low_precision;
+  } else if (low_precision) {
+    micro.layout = ParallelLayout(ParallelMode::kFSDP, {1});
+  } else {
+    micro.layout = ParallelLayout();
+  }
+  micro.layout.param_dtype = o.plan.layout.param_dtype;
+  micro.layout.reduce_dtype = o.plan.layout.reduce_dtype;
   micro.rank = setup.tp_rank;
   micro.batch_per_rank = sizes.micro;
   const detail::StepSetup micro_setup = detail::make_step_setup(micro);
   sizes.parts = detail::StepSimulator(micro_setup, /*first_step=*/false).activation_parts();
   const int64_t tokens = sizes.micro * o.plan.seq;
-  sizes.hidden = tokens * setup.hidden * kFp32;
-  sizes.logits = tokens * setup.vocab * kFp32;
+  sizes.hidden = tokens * setup.hidden * setup.compute_dtype_size;  // the boundaries' dtype
   sizes.batch = 2 * o.plan.batch_per_rank * o.plan.seq * kInt64;
 
   const std::vector<StageBytes> bytes = stage_bytes(o, setup, tokens);
-  const bool sharded = mode == ParallelMode::kFSDP || mode == ParallelMode::kFSDPTP;
   const bool replicas = mode == ParallelMode::kDDP && o.plan.layout.dp_size() > 1;
   const pp::Rows rows =
-      pp::lower(o.schedule, pp::compute_rows(o.schedule), pp::LowerOptions{sharded});
+      pp::lower(o.schedule, pp::compute_rows(o.schedule), pp::LowerOptions{units});
   const std::vector<pp::Action>& row = rows.at(o.pipeline_rank);
   const std::vector<int> waits = pp::send_wait_points(o.schedule, rows).at(o.pipeline_rank);
-  const bool gathers = sharded && setup.shards > 1;
+  // fully_shard gathers a stage (and reduces its gradients) when it is
+  // sharded or cast to the compute dtype.
+  const bool gathers = units && (setup.shards > 1 || low_precision);
 
   PipelineMemoryPlan out;
   out.plan.rank = o.plan.rank;

@@ -16,7 +16,10 @@
 // hidden states, outputs and input gradients sent on: whole on every tp
 // rank) live as the executor holds them, a sent one until its send's wait
 // point (hp/pp/send_waits.h); between a zero-bubble I and its W the weight
-// half's saved inputs and captured gradients stay.
+// half's saved inputs and captured gradients stay. In mixed precision
+// (fsdp, fsdp_tp, tp with units: fully_shard's casts) the gathers, the
+// activations and the boundaries are in the compute dtype, the whole
+// gradients in the reduce dtype, the rest fp32.
 #pragma once
 
 #include <cstdint>

@@ -347,6 +347,35 @@ TEST(Flags, PipelineHsdpTakesAReplicasShardsPipelineMesh) {
               HasSubstr("--no-prefetch with --pp 2 --mode hsdp"));
 }
 
+// --pp P: fully_shard's flags apply where the stages are units (fsdp,
+// hsdp, fsdp_tp, and tp given them: units over one data-parallel rank).
+TEST(Flags, PipelineTakesMixedPrecisionWhereItsStagesAreUnits) {
+  const Args pp = {"--pp", "2", "--layers", "2", "--batch", "8", "--microbatches", "2",
+                   "--param-dtype", "bf16", "--reduce-dtype", "fp32"};
+  auto concat = [](Args a, const Args& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  const Parallelism tp = resolve_parallelism(
+      parse_command_line(concat(pp, {"--mode", "tp", "--mesh", "2x2"})).options, launched(4));
+  EXPECT_TRUE(tp.tp_units);
+  EXPECT_EQ(tp.param_dtype, plan::Dtype::kBFloat16);
+  EXPECT_EQ(tp.effective_reduce_dtype(), plan::Dtype::kFloat32);
+  EXPECT_FALSE(resolve_parallelism(parse_command_line({"--pp", "2", "--mode", "tp", "--mesh",
+                                                       "2x2", "--layers", "2"})
+                                       .options,
+                                   launched(4))
+                   .tp_units);
+  EXPECT_EQ(check(concat(pp, {"--mode", "tp", "--mesh", "2x2"}), launched(4)), "");
+  EXPECT_EQ(check(concat(pp, {"--mode", "fsdp_tp", "--mesh", "2x2x2"}), launched(8)), "");
+  EXPECT_EQ(check(concat(pp, {"--mode", "fsdp", "--dry-run"}), launched(4)), "");
+  EXPECT_THAT(check(concat(pp, {"--mode", "ddp"}), launched(4)),
+              HasSubstr("--reduce-dtype --param-dtype with --pp 2 --mode ddp: the stages are not "
+                        "fully_shard units; leave them out"));
+  EXPECT_THAT(check(pp, launched(2)),
+              HasSubstr("--reduce-dtype --param-dtype with --pp 2 --mode none"));
+}
+
 TEST(Flags, CountsAgreeWithTheirNouns) {
   const TrainOptions hsdp = parse_command_line({"--mode", "hsdp", "--mesh", "1x2"}).options;
   EXPECT_THAT(resolve_parallelism(hsdp, launched(2)).describe(),

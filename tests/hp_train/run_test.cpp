@@ -387,6 +387,34 @@ TEST(HpTrain, PipelineShardedStagesTrainInBf16) {
             curve);
 }
 
+// Tensor-parallel stages in mixed precision (P x T = 2x2, bf16 compute,
+// fp32 reduction): --mode tp given fully_shard's flags makes each stage's
+// units over a data-parallel dim of one rank, which only cast (their
+// arithmetic against the TP model cast to bf16, bit for bit:
+// PipelineRanks.TensorParallelStages); here the flags reach them: the mode
+// line says so, it trains, and it gives the losses of --mode fsdp_tp on
+// 1x2x2 (the same units) bit for bit.
+TEST(HpTrain, PipelineTensorParallelStagesTrainInBf16) {
+  TempDir dir;
+  const Args pipeline =
+      concat(kTiny, concat(kNoClip, {"--pp", "2", "--microbatches", "2", "--param-dtype", "bf16",
+                                     "--reduce-dtype", "fp32"}));
+  const std::string log = dir.file("tp_bf16.jsonl");
+  const ProcessResult r =
+      hp_train(4, concat(pipeline, {"--mode", "tp", "--mesh", "2x2", "--log-json", log}));
+  ASSERT_TRUE(r.exited && r.exit_code == 0) << describe(r);
+  EXPECT_THAT(r.out, HasSubstr("x 2 tensor-parallel ranks per stage (fully_shard units over one "
+                               "data-parallel rank: comm fusion on, bf16 compute with fp32 "
+                               "reduction)"));
+  std::vector<double> curve;
+  for (const Step& s : read_log(log)) curve.push_back(s.loss);
+  ASSERT_EQ(curve.size(), 5u);
+  EXPECT_LT(curve[4], curve[0] - 0.5) << "trains";
+  EXPECT_EQ(losses(4, concat(pipeline, {"--mode", "fsdp_tp", "--mesh", "1x2x2"}), dir,
+                   "fsdp_tp_bf16"),
+            curve);
+}
+
 // What the pipeline refuses, on every rank, before any collective.
 TEST(HpTrain, PipelineFlagsAreCheckedBeforeAnyCollective) {
   const Args pipeline = concat(kTiny, {"--pp", "2"});
@@ -407,11 +435,8 @@ TEST(HpTrain, PipelineFlagsAreCheckedBeforeAnyCollective) {
        "the mesh is D x P x T with P = 2 and a product of WORLD_SIZE 8"},
       {4, concat(pipeline, {"--mode", "fsdp", "--no-prefetch"}),
        "--no-prefetch with --pp 2 --mode fsdp: the pipeline gathers each stage once per step"},
-      {8, concat(pipeline, {"--mode", "fsdp_tp", "--mesh", "2x2x2", "--param-dtype", "bf16"}),
-       "--param-dtype with --pp 2 --mode fsdp_tp"},
-      {4, concat(pipeline, {"--mode", "fsdp", "--microbatches", "2", "--param-dtype", "bf16",
-                             "--dry-run"}),
-       "--dry-run with --pp 2 plans stages in fp32; --param-dtype bf16 is not planned"},
+      {4, concat(pipeline, {"--mode", "ddp", "--microbatches", "2", "--param-dtype", "bf16"}),
+       "--param-dtype with --pp 2 --mode ddp: the stages are not fully_shard units"},
       {4, concat(pipeline, {"--mode", "ddp", "--microbatches", "2", "--no-comm-fusion"}),
        "--no-comm-fusion with --pp 2 --mode ddp: the stages are not fully_shard units"},
       {2, concat(pipeline, {"--save-async"}), "--save-async needs --save-dir DIR"},

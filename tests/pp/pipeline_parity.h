@@ -35,7 +35,8 @@ struct Case {
   bool llama = false;
   int data_parallel = 1;  // replicas of the pipeline, each on its slice of the batch
   // The data-parallel ranks shard each stage (fully_shard over their mesh:
-  // every block a unit, then the stage) instead of holding it whole.
+  // every block a unit, then the stage) instead of holding it whole; over
+  // a mesh of one rank the units only cast (with compute_dtype).
   bool fully_shard = false;
   // With fully_shard: mixed precision, parameters and compute in this dtype
   // (the stages' units' param_dtype; the loss casts the logits to fp32),

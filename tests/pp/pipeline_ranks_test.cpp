@@ -135,6 +135,22 @@ TEST(PipelineRanks, TensorParallelStages) {
                              std::make_shared<GroupTransport>(mesh->group_ptr(0)));
     parity::expect_rank_matches(c, pipeline_rank, run, reference);
   }
+  // Mixed precision (bf16 compute, fp32 reduction) in tensor-parallel
+  // stages: fully_shard units over a data-parallel dim of one rank, which
+  // only cast (hp-train's tp stages given --param-dtype). Against the TP
+  // model cast to bf16, its micro-batches' gradients added in fp32 in order.
+  auto cast_mesh = init_device_mesh("cpu", {1, 2, 2}, {"dp", "pp", "tp"});
+  for (ScheduleKind kind : {ScheduleKind::k1F1B, ScheduleKind::kZeroBubble}) {
+    Case c{kind, 2, kind == ScheduleKind::k1F1B ? 1 : 2, 4};
+    c.compute_dtype = at::kBFloat16;
+    c.fully_shard = true;
+    c.tp_mesh = (*cast_mesh)["tp"];
+    const parity::Run reference = parity::reference_run(c);
+    const parity::Run run = parity::pipeline_run(
+        c, parity::build_stages(c, pipeline_rank),
+        std::make_shared<GroupTransport>(cast_mesh->group_ptr(1)), 0, nullptr, (*cast_mesh)["dp"]);
+    parity::expect_rank_matches(c, pipeline_rank, run, reference);
+  }
 }
 
 // 3-D: (dp, pp, tp) = (2, 2, 2) on 8 ranks, each stage tensor-parallel
@@ -145,8 +161,11 @@ TEST(PipelineRanks, ThreeDimensional) {
   auto mesh = init_device_mesh("cpu", {2, 2, 2}, {"dp", "pp", "tp"});
   const int replica = static_cast<int>(mesh->coordinate(0));
   const int pipeline_rank = static_cast<int>(mesh->coordinate(1));
+  Case bf16{ScheduleKind::k1F1B, 2, 1, 2};
+  bf16.compute_dtype = at::kBFloat16;  // as in FullyShardedStages
   for (Case c : std::vector<Case>{{ScheduleKind::k1F1B, 2, 1, 2},
-                                  {ScheduleKind::kZeroBubble, 2, 2, 2}}) {
+                                  {ScheduleKind::kZeroBubble, 2, 2, 2},
+                                  bf16}) {
     c.data_parallel = 2;
     c.fully_shard = true;
     c.tp_mesh = (*mesh)["tp"];

@@ -57,6 +57,7 @@ plan::PipelinePlanOptions pipeline_plan_options(const TrainOptions& options,
     // (B / (R x S), set above), the pipeline planner planning fsdp stages.
     plan::ParallelLayout shards(plan::ParallelMode::kFSDP, {parallelism.shard_size()});
     shards.param_dtype = parallelism.param_dtype;
+    shards.reduce_dtype = parallelism.reduce_dtype;
     p.plan.layout = shards;
     // Its place among the S ranks its stage is sharded over (which rows of
     // an uneven tensor it holds).

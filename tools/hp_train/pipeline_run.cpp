@@ -227,10 +227,12 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
   // every block a unit and the stage the root (the pipeline keeps it
   // gathered through a step and reduces once: docs/pipeline.md); --mode
   // hsdp: the same over the 2-D (dp_replicate, dp_shard) sub-mesh, as the
-  // other modes' hsdp (parallelize.cpp). --mode ddp: the pipeline averages
-  // the replicas' gradients itself.
+  // other modes' hsdp (parallelize.cpp); --mode tp with fully_shard's flags
+  // (tp_units): the same over the dp dim of one rank, which only casts (as
+  // tp's units in the other modes). --mode ddp: the pipeline averages the
+  // replicas' gradients itself.
   const bool sharded = parallelism.mode == plan::ParallelMode::kFSDP || hsdp ||
-                       parallelism.mode == plan::ParallelMode::kFSDPTP;
+                       parallelism.mode == plan::ParallelMode::kFSDPTP || parallelism.tp_units;
   std::vector<FSDPModule> units;  // every unit of this rank's stages, blocks first
   if (sharded) {
     FullyShardOptions shard;
@@ -292,7 +294,13 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
                                    replicas, unit_settings)
                      : fmt::format(" x {} replicas (ddp: gradients averaged after each step)",
                                    replicas)) +
-          (tp > 1 ? fmt::format(" x {} tensor-parallel ranks per stage", tp) : std::string()),
+          (tp > 1 ? fmt::format(" x {} tensor-parallel ranks per stage{}", tp,
+                                parallelism.tp_units
+                                    ? fmt::format(" (fully_shard units over one data-parallel "
+                                                  "rank: {})",
+                                                  unit_settings)
+                                    : std::string())
+                  : std::string()),
       schedule.kind, schedule.microbatches, options.batch / replicas / schedule.microbatches,
       schedule.stages_per_rank, schedule.stages_per_rank > 1 ? "s" : "", pp::describe(plan));
   say(root, header_text(options, parallelism, corpus, parameters,

@@ -441,19 +441,20 @@ std::vector<int64_t> resolve_mesh(plan::ParallelMode mode, const TrainOptions& o
 // once per step and reduced once (docs/pipeline.md), so there is no
 // prefetch or reshard after forward to choose. --comm-fusion and
 // --no-comm-fusion choose how a stage's gathers and reductions travel, and
-// apply where fully_shard shards the stages (fsdp, hsdp, fsdp_tp); mixed
-// precision (--param-dtype, --reduce-dtype) to the stages of fsdp and hsdp
-// (not built with tensor parallelism inside them).
+// apply where fully_shard makes units of the stages (fsdp, hsdp, fsdp_tp,
+// and tp given one of these flags, whose stages become units over a
+// data-parallel dim of one rank, as tp's units in the other modes); mixed
+// precision (--param-dtype, --reduce-dtype) to the same stages.
 std::vector<std::string> flags_refused_under_pp(const TrainOptions& options,
                                                 plan::ParallelMode mode) {
   using plan::ParallelMode;
-  const bool data_parallel = mode == ParallelMode::kFSDP || mode == ParallelMode::kHSDP;
-  const bool sharded = data_parallel || mode == ParallelMode::kFSDPTP;
+  const bool units = mode == ParallelMode::kFSDP || mode == ParallelMode::kHSDP ||
+                     mode == ParallelMode::kFSDPTP || mode == ParallelMode::kTP;
   std::vector<std::string> refused;
   for (const std::string& flag : options.fully_shard_flags) {
     const bool fusion = flag == "--comm-fusion" || flag == "--no-comm-fusion";
     const bool precision = flag == "--param-dtype" || flag == "--reduce-dtype";
-    if (!(fusion && sharded) && !(precision && data_parallel)) refused.push_back(flag);
+    if (!((fusion || precision) && units)) refused.push_back(flag);
   }
   return refused;
 }
@@ -487,10 +488,11 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
     const std::vector<std::string> refused = flags_refused_under_pp(options, mode);
     HP_CHECK_ARG(refused.empty(), fmt::format("{}", fmt::join(refused, " ")), " with --pp ",
                  options.pp, " --mode ", plan::mode_name(mode),
-                 sharded ? ": the pipeline gathers each stage once per step (--comm-fusion, "
-                           "--no-comm-fusion and, under fsdp and hsdp, --param-dtype and "
-                           "--reduce-dtype are the fully_shard flags it takes); leave "
-                         : ": the stages are not fully_shard units; leave ",
+                 sharded || tensor_parallel
+                     ? ": the pipeline gathers each stage once per step (--comm-fusion, "
+                       "--no-comm-fusion, --param-dtype and --reduce-dtype are the fully_shard "
+                       "flags it takes); leave "
+                     : ": the stages are not fully_shard units; leave ",
                  refused.size() == 1 ? "it out" : "them out");
     // The mesh is D x P x T (dp, pp, tp); --mesh names the dims the mode has.
     int64_t dp_size = tensor_parallel ? 1 : world.size / options.pp;
@@ -554,6 +556,9 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
                                                       : std::vector<int64_t>{dp_size, tp_size});
       p.param_dtype = options.param_dtype;
       p.reduce_dtype = options.reduce_dtype;
+      // tp stages with fully_shard's flags: units over a data-parallel dim
+      // of one rank, as tp's units in the other modes.
+      p.tp_units = mode == ParallelMode::kTP && !options.fully_shard_flags.empty();
       return p;
     }
     if (replicas) {
@@ -646,12 +651,6 @@ void validate_options(const TrainOptions& o, const Parallelism& parallelism) {
                  " must be a multiple of the ", schedule.microbatches,
                  " micro-batches of a pipeline step (--microbatches)",
                  dp_size > 1 ? fmt::format(" times the {} replicas", dp_size) : std::string());
-    // The pipeline's memory plan covers fp32 stages (docs/pipeline.md,
-    // "Memory plan").
-    HP_CHECK_ARG(!o.dry_run || parallelism.param_dtype == plan::Dtype::kFloat32,
-                 "--dry-run with --pp ", o.pp, " plans stages in fp32; --param-dtype ",
-                 plan::dtype_name(parallelism.param_dtype),
-                 " is not planned under a pipeline (leave out one of the two)");
   } else {
     HP_CHECK_ARG(o.microbatches == 0 && o.pp_stages_per_rank == 0 && o.pp_split.empty() &&
                      o.pp_schedule == "1f1b",
