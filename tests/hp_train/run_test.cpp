@@ -109,11 +109,13 @@ std::vector<Step> read_log(const std::string& path) {
 }
 
 // Runs and returns the per-step losses (failing the test when the run does).
+// printed: where to put the run's standard output, if anywhere.
 std::vector<double> losses(int ranks, const Args& args, const TempDir& dir,
-                           const std::string& name) {
+                           const std::string& name, std::string* printed = nullptr) {
   const std::string log = dir.file(name + ".jsonl");
   ProcessResult r = hp_train(ranks, concat(args, {"--log-json", log}));
   EXPECT_TRUE(r.exited && r.exit_code == 0) << name << ": " << describe(r);
+  if (printed) *printed = r.out;
   std::vector<double> out;
   for (const Step& s : read_log(log)) out.push_back(s.loss);
   return out;
@@ -363,19 +365,20 @@ TEST(HpTrain, PipelineShardedStagesTrainLikeReplicas) {
 // loss in fp32), within PipelineReplicasTrainTheOneProcessModel's bound;
 // it trains; and hsdp's 1x2x2, the same units over the same shard group,
 // gives fsdp's losses bit for bit.
+// Two stages of 2 micro-batches, bf16 compute and fp32 reduction.
+Args bf16_pipeline() {
+  return concat(kTiny, concat(kNoClip, {"--pp", "2", "--microbatches", "2", "--param-dtype",
+                                        "bf16", "--reduce-dtype", "fp32"}));
+}
+
 TEST(HpTrain, PipelineShardedStagesTrainInBf16) {
   TempDir dir;
-  const Args pipeline =
-      concat(kTiny, concat(kNoClip, {"--pp", "2", "--microbatches", "2", "--param-dtype", "bf16",
-                                     "--reduce-dtype", "fp32"}));
-  const std::string log = dir.file("fsdp_bf16.jsonl");
-  const ProcessResult r =
-      hp_train(4, concat(pipeline, {"--mode", "fsdp", "--mesh", "2x2", "--log-json", log}));
-  ASSERT_TRUE(r.exited && r.exit_code == 0) << describe(r);
-  EXPECT_THAT(r.out, HasSubstr("comm fusion on, bf16 compute with fp32 reduction)"));
-  std::vector<double> curve;
-  for (const Step& s : read_log(log)) curve.push_back(s.loss);
+  const Args pipeline = bf16_pipeline();
+  std::string printed;
+  const std::vector<double> curve =
+      losses(4, concat(pipeline, {"--mode", "fsdp", "--mesh", "2x2"}), dir, "fsdp_bf16", &printed);
   ASSERT_EQ(curve.size(), 5u);
+  EXPECT_THAT(printed, HasSubstr("comm fusion on, bf16 compute with fp32 reduction)"));
   nn::GPT model = tiny_model(kDefaultSeed);
   model->to(torch::kBFloat16);
   const double expected = first_loss(model, 4);
@@ -396,19 +399,14 @@ TEST(HpTrain, PipelineShardedStagesTrainInBf16) {
 // 1x2x2 (the same units) bit for bit.
 TEST(HpTrain, PipelineTensorParallelStagesTrainInBf16) {
   TempDir dir;
-  const Args pipeline =
-      concat(kTiny, concat(kNoClip, {"--pp", "2", "--microbatches", "2", "--param-dtype", "bf16",
-                                     "--reduce-dtype", "fp32"}));
-  const std::string log = dir.file("tp_bf16.jsonl");
-  const ProcessResult r =
-      hp_train(4, concat(pipeline, {"--mode", "tp", "--mesh", "2x2", "--log-json", log}));
-  ASSERT_TRUE(r.exited && r.exit_code == 0) << describe(r);
-  EXPECT_THAT(r.out, HasSubstr("x 2 tensor-parallel ranks per stage (fully_shard units over one "
-                               "data-parallel rank: comm fusion on, bf16 compute with fp32 "
-                               "reduction)"));
-  std::vector<double> curve;
-  for (const Step& s : read_log(log)) curve.push_back(s.loss);
+  const Args pipeline = bf16_pipeline();
+  std::string printed;
+  const std::vector<double> curve =
+      losses(4, concat(pipeline, {"--mode", "tp", "--mesh", "2x2"}), dir, "tp_bf16", &printed);
   ASSERT_EQ(curve.size(), 5u);
+  EXPECT_THAT(printed, HasSubstr("x 2 tensor-parallel ranks per stage (fully_shard units over "
+                                 "one data-parallel rank: comm fusion on, bf16 compute with fp32 "
+                                 "reduction)"));
   EXPECT_LT(curve[4], curve[0] - 0.5) << "trains";
   EXPECT_EQ(losses(4, concat(pipeline, {"--mode", "fsdp_tp", "--mesh", "1x2x2"}), dir,
                    "fsdp_tp_bf16"),
