@@ -69,6 +69,11 @@ struct ParallelLayout {
   // --mode tp given fully_shard's flags: fully_shard units over a
   // data-parallel dim of one rank carry them (mixed precision, fusion).
   bool tp_units = false;
+  // Pipeline stages under --mode ddp stay whole, the pipeline averaging
+  // their gradients over the replicas; given fully_shard's flags they
+  // become units over the (replicate, shard) mesh of this layout, a shard
+  // dim of one rank, as --mode ddp's units outside a pipeline.
+  bool ddp_stage_units = false;
 
   // Sizes, from the mesh's dims (1 where the mode has no such dim): the
   // tensor-parallel size; fully_shard's shard and replicate sizes; the

@@ -348,7 +348,8 @@ TEST(Flags, PipelineHsdpTakesAReplicasShardsPipelineMesh) {
 }
 
 // --pp P: fully_shard's flags apply where the stages are units (fsdp,
-// hsdp, fsdp_tp, and tp given them: units over one data-parallel rank).
+// hsdp, fsdp_tp; tp given them: units over one data-parallel rank; ddp
+// given them: units over the replicas and a shard of one rank).
 TEST(Flags, PipelineTakesMixedPrecisionWhereItsStagesAreUnits) {
   const Args pp = {"--pp", "2", "--layers", "2", "--batch", "8", "--microbatches", "2",
                    "--param-dtype", "bf16", "--reduce-dtype", "fp32"};
@@ -369,9 +370,22 @@ TEST(Flags, PipelineTakesMixedPrecisionWhereItsStagesAreUnits) {
   EXPECT_EQ(check(concat(pp, {"--mode", "tp", "--mesh", "2x2"}), launched(4)), "");
   EXPECT_EQ(check(concat(pp, {"--mode", "fsdp_tp", "--mesh", "2x2x2"}), launched(8)), "");
   EXPECT_EQ(check(concat(pp, {"--mode", "fsdp", "--dry-run"}), launched(4)), "");
-  EXPECT_THAT(check(concat(pp, {"--mode", "ddp"}), launched(4)),
-              HasSubstr("--reduce-dtype --param-dtype with --pp 2 --mode ddp: the stages are not "
-                        "fully_shard units; leave them out"));
+  const Parallelism ddp =
+      resolve_parallelism(parse_command_line(concat(pp, {"--mode", "ddp"})).options, launched(4));
+  EXPECT_TRUE(ddp.ddp_stage_units);
+  EXPECT_EQ(ddp.mesh_shape, (std::vector<int64_t>{2, 1}));
+  EXPECT_EQ(ddp.param_dtype, plan::Dtype::kBFloat16);
+  EXPECT_EQ(ddp.effective_reduce_dtype(), plan::Dtype::kFloat32);
+  EXPECT_FALSE(resolve_parallelism(parse_command_line({"--pp", "2", "--mode", "ddp", "--layers",
+                                                       "2", "--batch", "8"})
+                                       .options,
+                                   launched(4))
+                   .ddp_stage_units);
+  EXPECT_EQ(check(concat(pp, {"--mode", "ddp"}), launched(4)), "");
+  EXPECT_EQ(check(concat(pp, {"--mode", "ddp", "--dry-run"}), launched(4)), "");
+  EXPECT_THAT(check(concat(pp, {"--mode", "ddp", "--no-prefetch"}), launched(4)),
+              HasSubstr("--no-prefetch with --pp 2 --mode ddp: the pipeline gathers each stage "
+                        "once per step"));
   EXPECT_THAT(check(pp, launched(2)),
               HasSubstr("--reduce-dtype --param-dtype with --pp 2 --mode none"));
 }

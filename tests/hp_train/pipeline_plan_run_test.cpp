@@ -20,7 +20,8 @@
 // of the measured peaks (1F1B and zero bubble within 1.6% below, GPipe 3.3%
 // above; tensor-parallel stages, tp on 2 x 2 ranks and fsdp_tp on
 // 2 x 2 x 2, 1.4% below on pipeline rank 0 and 0.3% below on rank 1; in
-// bf16, fsdp 1F1B 3.1% above, zero bubble 5.0% below, tp 1.4% above), so
+// bf16, fsdp 1F1B 3.1% above, zero bubble 5.0% below, tp 1.4% above, ddp's
+// units 2.6% above), so
 // 10% leaves room without hiding a missing micro-batch: one more
 // micro-batch in flight here is 10-20% of a rank's peak.
 //
@@ -169,6 +170,14 @@ TEST(PipelineDryRun, HsdpStagesOnFourRanksWithinTenPercentOfARealRun) {
 
 TEST(PipelineDryRun, ReplicasOnFourRanksWithinTenPercentOfARealRun) {
   check_against_a_run(4, concat(shape(2), {"--mode", "ddp", "--pp-schedule", "gpipe"}));
+}
+
+// Replicas in mixed precision: their stages become units over the replicas
+// and a shard of one rank (hsdp's 2x1x2), planned as stages cast to bf16
+// and gathered through the step.
+TEST(PipelineDryRun, ReplicasInBf16OnFourRanksWithinTenPercentOfARealRun) {
+  check_against_a_run(4, concat(shape(2), {"--mode", "ddp", "--param-dtype", "bf16",
+                                           "--reduce-dtype", "fp32"}));
 }
 
 // Each stage tensor-parallel over 2 ranks (P x T = 2 x 2): the stage's

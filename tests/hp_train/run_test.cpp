@@ -364,7 +364,11 @@ TEST(HpTrain, PipelineShardedStagesTrainLikeReplicas) {
 // runs the reference's ops on the same bf16 weights; the logits go to the
 // loss in fp32), within PipelineReplicasTrainTheOneProcessModel's bound;
 // it trains; and hsdp's 1x2x2, the same units over the same shard group,
-// gives fsdp's losses bit for bit.
+// gives fsdp's losses bit for bit. So do two replicas of the pipeline
+// (--mode ddp) given these flags: their stages become units over the
+// replicas and a shard of one rank (hsdp's 2x1x2), whose two fp32
+// gradients are averaged as fsdp's reduce-scatter averages them (two
+// halved terms: exact, as in PipelineShardedStagesTrainLikeReplicas).
 // Two stages of 2 micro-batches, bf16 compute and fp32 reduction.
 Args bf16_pipeline() {
   return concat(kTiny, concat(kNoClip, {"--pp", "2", "--microbatches", "2", "--param-dtype",
@@ -388,6 +392,10 @@ TEST(HpTrain, PipelineShardedStagesTrainInBf16) {
   EXPECT_LT(curve[4], curve[0] - 0.5) << "trains";
   EXPECT_EQ(losses(4, concat(pipeline, {"--mode", "hsdp", "--mesh", "1x2x2"}), dir, "hsdp_bf16"),
             curve);
+  EXPECT_EQ(losses(4, concat(pipeline, {"--mode", "ddp"}), dir, "ddp_bf16", &printed), curve);
+  EXPECT_THAT(printed, HasSubstr("x 2 replicas (ddp: each stage fully_shard units replicated "
+                                 "over them, a shard of one rank, comm fusion on, bf16 compute "
+                                 "with fp32 reduction)"));
 }
 
 // Tensor-parallel stages in mixed precision (P x T = 2x2, bf16 compute,
@@ -433,10 +441,12 @@ TEST(HpTrain, PipelineFlagsAreCheckedBeforeAnyCollective) {
        "the mesh is D x P x T with P = 2 and a product of WORLD_SIZE 8"},
       {4, concat(pipeline, {"--mode", "fsdp", "--no-prefetch"}),
        "--no-prefetch with --pp 2 --mode fsdp: the pipeline gathers each stage once per step"},
-      {4, concat(pipeline, {"--mode", "ddp", "--microbatches", "2", "--param-dtype", "bf16"}),
-       "--param-dtype with --pp 2 --mode ddp: the stages are not fully_shard units"},
-      {4, concat(pipeline, {"--mode", "ddp", "--microbatches", "2", "--no-comm-fusion"}),
-       "--no-comm-fusion with --pp 2 --mode ddp: the stages are not fully_shard units"},
+      {2, concat(pipeline, {"--param-dtype", "bf16"}),
+       "--param-dtype with --pp 2 --mode none: the stages are not fully_shard units"},
+      {4, concat(pipeline, {"--mode", "ddp", "--microbatches", "2", "--reshard-after-forward",
+                            "false"}),
+       "--reshard-after-forward with --pp 2 --mode ddp: the pipeline gathers each stage once "
+       "per step"},
       {2, concat(pipeline, {"--save-async"}), "--save-async needs --save-dir DIR"},
       {3, concat(pipeline, {"--mode", "ddp"}), "--pp 2 --mode ddp runs on a multiple of 2 ranks"},
       {4, concat(pipeline, {"--mode", "ddp", "--mesh", "4x1"}), "the mesh is D x P = 2x2"},

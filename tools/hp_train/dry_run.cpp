@@ -47,7 +47,7 @@ plan::PipelinePlanOptions pipeline_plan_options(const TrainOptions& options,
   const int replica = static_cast<int>(rank / (schedule.ranks * tp));
   p.plan = plan_options(options, parallelism, vocab_size,
                         static_cast<int>(replica * tp + rank % tp));
-  if (parallelism.mode == plan::ParallelMode::kHSDP) {
+  if (parallelism.mode == plan::ParallelMode::kHSDP || parallelism.ddp_stage_units) {
     // A rank of an hsdp stage holds what a rank of the stage sharded over
     // its S shard ranks holds: 1/S of the parameters, gradients and AdamW
     // state, the whole stage gathered through the step. Its one addition,
@@ -55,6 +55,7 @@ plan::PipelinePlanOptions pipeline_plan_options(const TrainOptions& options,
     // in place (as the plain plan counts hsdp: hp/plan/fsdp_buffers.cpp).
     // So the stage is planned as fsdp over S, with hsdp's batch per rank
     // (B / (R x S), set above), the pipeline planner planning fsdp stages.
+    // ddp's units (ddp_stage_units) are the same over R x 1.
     plan::ParallelLayout shards(plan::ParallelMode::kFSDP, {parallelism.shard_size()});
     shards.param_dtype = parallelism.param_dtype;
     shards.reduce_dtype = parallelism.reduce_dtype;

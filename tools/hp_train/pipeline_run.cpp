@@ -195,9 +195,11 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
                             human_bytes(static_cast<int64_t>(loaded.bytes_read)));
   }
   const bool hsdp = parallelism.mode == plan::ParallelMode::kHSDP;
+  // ddp given fully_shard's flags: its units' (replicate, shard) mesh, R x 1.
+  const bool ddp_units = parallelism.ddp_stage_units;
   std::vector<int64_t> mesh_shape{replicas};
   std::vector<std::string> dp_dims{"dp"};
-  if (hsdp) {
+  if (hsdp || ddp_units) {
     mesh_shape = {parallelism.replicate_size(), parallelism.shard_size()};
     dp_dims = {"dp_replicate", "dp_shard"};
   }
@@ -230,8 +232,10 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
   // other modes' hsdp (parallelize.cpp); --mode tp with fully_shard's flags
   // (tp_units): the same over the dp dim of one rank, which only casts (as
   // tp's units in the other modes). --mode ddp: the pipeline averages the
-  // replicas' gradients itself.
-  const bool sharded = parallelism.mode == plan::ParallelMode::kFSDP || hsdp ||
+  // replicas' gradients itself; given fully_shard's flags (ddp_units), the
+  // stages are units over the replicas and a shard dim of one rank, as
+  // ddp's units in the other modes (hsdp over R x 1).
+  const bool sharded = parallelism.mode == plan::ParallelMode::kFSDP || hsdp || ddp_units ||
                        parallelism.mode == plan::ParallelMode::kFSDPTP || parallelism.tp_units;
   std::vector<FSDPModule> units;  // every unit of this rank's stages, blocks first
   if (sharded) {
@@ -289,6 +293,9 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
                                    "sharded over {}, gathered once per step, {})",
                                    replicas, plural(parallelism.replicate_size(), "replica"),
                                    plural(parallelism.shard_size(), "rank"), unit_settings)
+       : ddp_units   ? fmt::format(" x {} replicas (ddp: each stage fully_shard units "
+                                   "replicated over them, a shard of one rank, {})",
+                                   replicas, unit_settings)
        : sharded     ? fmt::format(" x {} data-parallel ranks (fsdp: each stage sharded over them, "
                                    "gathered once per step, {})",
                                    replicas, unit_settings)

@@ -441,15 +441,14 @@ std::vector<int64_t> resolve_mesh(plan::ParallelMode mode, const TrainOptions& o
 // once per step and reduced once (docs/pipeline.md), so there is no
 // prefetch or reshard after forward to choose. --comm-fusion and
 // --no-comm-fusion choose how a stage's gathers and reductions travel, and
-// apply where fully_shard makes units of the stages (fsdp, hsdp, fsdp_tp,
-// and tp given one of these flags, whose stages become units over a
-// data-parallel dim of one rank, as tp's units in the other modes); mixed
-// precision (--param-dtype, --reduce-dtype) to the same stages.
+// apply where fully_shard makes units of the stages (fsdp, hsdp, fsdp_tp;
+// tp and ddp given one of these flags, whose stages then become units over
+// a data-parallel dim of one rank (tp) or a shard dim of one rank (ddp), as
+// these modes' units outside a pipeline); mixed precision (--param-dtype,
+// --reduce-dtype) to the same stages. Without --mode there are no units.
 std::vector<std::string> flags_refused_under_pp(const TrainOptions& options,
                                                 plan::ParallelMode mode) {
-  using plan::ParallelMode;
-  const bool units = mode == ParallelMode::kFSDP || mode == ParallelMode::kHSDP ||
-                     mode == ParallelMode::kFSDPTP || mode == ParallelMode::kTP;
+  const bool units = mode != plan::ParallelMode::kNone;
   std::vector<std::string> refused;
   for (const std::string& flag : options.fully_shard_flags) {
     const bool fusion = flag == "--comm-fusion" || flag == "--no-comm-fusion";
@@ -488,7 +487,7 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
     const std::vector<std::string> refused = flags_refused_under_pp(options, mode);
     HP_CHECK_ARG(refused.empty(), fmt::format("{}", fmt::join(refused, " ")), " with --pp ",
                  options.pp, " --mode ", plan::mode_name(mode),
-                 sharded || tensor_parallel
+                 mode != ParallelMode::kNone
                      ? ": the pipeline gathers each stage once per step (--comm-fusion, "
                        "--no-comm-fusion, --param-dtype and --reduce-dtype are the fully_shard "
                        "flags it takes); leave "
@@ -562,10 +561,13 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
       return p;
     }
     if (replicas) {
-      // The layout's data-parallel size is the replicas'; each rank's
-      // stages stay whole (no fully_shard units are made).
+      // The layout's data-parallel size is the replicas'. Each rank's
+      // stages stay whole (no fully_shard units are made), unless given
+      // fully_shard's flags: then units over (replicas, a shard of one).
       Parallelism p(ParallelMode::kDDP, {dp_size, 1});
       p.param_dtype = options.param_dtype;
+      p.reduce_dtype = options.reduce_dtype;
+      p.ddp_stage_units = !options.fully_shard_flags.empty();
       return p;
     }
     Parallelism p;
