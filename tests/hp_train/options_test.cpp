@@ -387,7 +387,8 @@ TEST(Flags, PipelineTakesMixedPrecisionWhereItsStagesAreUnits) {
               HasSubstr("--no-prefetch with --pp 2 --mode ddp: the pipeline gathers each stage "
                         "once per step"));
   EXPECT_THAT(check(pp, launched(2)),
-              HasSubstr("--reduce-dtype --param-dtype with --pp 2 --mode none"));
+              HasSubstr("--reduce-dtype --param-dtype with --pp 2 --mode none: the stages are "
+                        "not fully_shard units; leave them out, or add --mode fsdp (on 2 ranks"));
 }
 
 TEST(Flags, CountsAgreeWithTheirNouns) {

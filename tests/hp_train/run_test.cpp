@@ -404,21 +404,23 @@ TEST(HpTrain, PipelineShardedStagesTrainInBf16) {
 // arithmetic against the TP model cast to bf16, bit for bit:
 // PipelineRanks.TensorParallelStages); here the flags reach them: the mode
 // line says so, it trains, and it gives the losses of --mode fsdp_tp on
-// 1x2x2 (the same units) bit for bit.
+// 1x2x2 (the same units) bit for bit, whose mode line names the same units.
 TEST(HpTrain, PipelineTensorParallelStagesTrainInBf16) {
   TempDir dir;
   const Args pipeline = bf16_pipeline();
+  const std::string units =
+      "pipeline over 2 ranks x 2 tensor-parallel ranks per stage (fully_shard units over one "
+      "data-parallel rank: comm fusion on, bf16 compute with fp32 reduction)";
   std::string printed;
   const std::vector<double> curve =
       losses(4, concat(pipeline, {"--mode", "tp", "--mesh", "2x2"}), dir, "tp_bf16", &printed);
   ASSERT_EQ(curve.size(), 5u);
-  EXPECT_THAT(printed, HasSubstr("x 2 tensor-parallel ranks per stage (fully_shard units over "
-                                 "one data-parallel rank: comm fusion on, bf16 compute with fp32 "
-                                 "reduction)"));
+  EXPECT_THAT(printed, HasSubstr(units));
   EXPECT_LT(curve[4], curve[0] - 0.5) << "trains";
   EXPECT_EQ(losses(4, concat(pipeline, {"--mode", "fsdp_tp", "--mesh", "1x2x2"}), dir,
-                   "fsdp_tp_bf16"),
+                   "fsdp_tp_bf16", &printed),
             curve);
+  EXPECT_THAT(printed, HasSubstr(units)) << "--mode fsdp_tp over one data-parallel rank";
 }
 
 // What the pipeline refuses, on every rank, before any collective.
@@ -442,7 +444,9 @@ TEST(HpTrain, PipelineFlagsAreCheckedBeforeAnyCollective) {
       {4, concat(pipeline, {"--mode", "fsdp", "--no-prefetch"}),
        "--no-prefetch with --pp 2 --mode fsdp: the pipeline gathers each stage once per step"},
       {2, concat(pipeline, {"--param-dtype", "bf16"}),
-       "--param-dtype with --pp 2 --mode none: the stages are not fully_shard units"},
+       "--param-dtype with --pp 2 --mode none: the stages are not fully_shard units; leave it "
+       "out, or add --mode fsdp (on 2 ranks each stage's units are over one data-parallel rank, "
+       "which only cast)"},
       {4, concat(pipeline, {"--mode", "ddp", "--microbatches", "2", "--reshard-after-forward",
                             "false"}),
        "--reshard-after-forward with --pp 2 --mode ddp: the pipeline gathers each stage once "

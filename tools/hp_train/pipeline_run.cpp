@@ -301,13 +301,13 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
                                    replicas, unit_settings)
                      : fmt::format(" x {} replicas (ddp: gradients averaged after each step)",
                                    replicas)) +
-          (tp > 1 ? fmt::format(" x {} tensor-parallel ranks per stage{}", tp,
-                                parallelism.tp_units
-                                    ? fmt::format(" (fully_shard units over one data-parallel "
-                                                  "rank: {})",
-                                                  unit_settings)
-                                    : std::string())
-                  : std::string()),
+          (tp > 1 ? fmt::format(" x {} tensor-parallel ranks per stage", tp) : std::string()) +
+          // Units over one data-parallel rank (tp_units, or fsdp, hsdp and
+          // fsdp_tp with D = 1) only cast: their settings still show.
+          (sharded && replicas <= 1
+               ? fmt::format(" (fully_shard units over one data-parallel rank: {})",
+                             unit_settings)
+               : std::string()),
       schedule.kind, schedule.microbatches, options.batch / replicas / schedule.microbatches,
       schedule.stages_per_rank, schedule.stages_per_rank > 1 ? "s" : "", pp::describe(plan));
   say(root, header_text(options, parallelism, corpus, parameters,

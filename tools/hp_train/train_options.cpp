@@ -492,7 +492,12 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
                        "--no-comm-fusion, --param-dtype and --reduce-dtype are the fully_shard "
                        "flags it takes); leave "
                      : ": the stages are not fully_shard units; leave ",
-                 refused.size() == 1 ? "it out" : "them out");
+                 refused.size() == 1 ? "it out" : "them out",
+                 mode == ParallelMode::kNone
+                     ? hp::cat(", or add --mode fsdp (on ", options.pp,
+                               " ranks each stage's units are over one data-parallel rank, "
+                               "which only cast)")
+                     : std::string());
     // The mesh is D x P x T (dp, pp, tp); --mesh names the dims the mode has.
     int64_t dp_size = tensor_parallel ? 1 : world.size / options.pp;
     int64_t tp_size = tensor_parallel ? world.size / options.pp : 1;
