@@ -391,6 +391,24 @@ TEST(Flags, PipelineTakesMixedPrecisionWhereItsStagesAreUnits) {
                         "not fully_shard units; leave them out, or add --mode fsdp (on 2 ranks"));
 }
 
+// The batch is cut into micro-batches per data-parallel rank: the
+// message names them as the mode has them (replicas of the pipeline under
+// ddp, data-parallel ranks of sharded stages under fsdp).
+TEST(Flags, PipelineBatchNamesWhatItIsCutInto) {
+  const Args pp = {"--pp", "2", "--layers", "2", "--batch", "8", "--microbatches", "8"};
+  auto with = [&](const char* mode) {
+    Args a = pp;
+    a.insert(a.end(), {"--mode", mode});
+    return a;
+  };
+  EXPECT_THAT(check(with("ddp"), launched(4)),
+              HasSubstr("--batch 8 must be a multiple of the 8 micro-batches of a pipeline step "
+                        "(--microbatches) times the 2 replicas"));
+  EXPECT_THAT(check(with("fsdp"), launched(4)),
+              HasSubstr("(--microbatches) times the 2 data-parallel ranks"));
+  EXPECT_EQ(check(pp, launched(2)), "");
+}
+
 TEST(Flags, CountsAgreeWithTheirNouns) {
   const TrainOptions hsdp = parse_command_line({"--mode", "hsdp", "--mesh", "1x2"}).options;
   EXPECT_THAT(resolve_parallelism(hsdp, launched(2)).describe(),

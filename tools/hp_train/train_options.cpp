@@ -657,7 +657,11 @@ void validate_options(const TrainOptions& o, const Parallelism& parallelism) {
     HP_CHECK_ARG(o.batch % (dp_size * schedule.microbatches) == 0, "--batch ", o.batch,
                  " must be a multiple of the ", schedule.microbatches,
                  " micro-batches of a pipeline step (--microbatches)",
-                 dp_size > 1 ? fmt::format(" times the {} replicas", dp_size) : std::string());
+                 dp_size > 1
+                     ? fmt::format(" times the {} {}", dp_size,
+                                   parallelism.mode == ParallelMode::kDDP ? "replicas"
+                                                                          : "data-parallel ranks")
+                     : std::string());
   } else {
     HP_CHECK_ARG(o.microbatches == 0 && o.pp_stages_per_rank == 0 && o.pp_split.empty() &&
                      o.pp_schedule == "1f1b",
