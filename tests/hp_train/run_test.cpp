@@ -275,8 +275,9 @@ TEST(HpTrain, PipelineSchedulesTrainTheOneProcessModel) {
   EXPECT_LT(one_f_one_b[4], one_f_one_b[0] - 0.5) << "trains";
   EXPECT_EQ(losses(2, concat(pipeline, {"--pp-schedule", "gpipe"}), dir, "gpipe"), one_f_one_b);
 
-  // Four blocks: two stages per rank for the looped schedules.
-  const Args deeper = concat(pipeline, {"--layers", "4", "--trace", dir.file("pp.json")});
+  // Four blocks: two stages per rank for the looped schedules; the traces
+  // in a folder the run creates, as in the other modes.
+  const Args deeper = concat(pipeline, {"--layers", "4", "--trace", dir.file("traces/pp.json")});
   const std::vector<double> plain = losses(2, deeper, dir, "1f1b_4");
   ASSERT_EQ(plain.size(), 5u);
   for (const char* schedule : {"interleaved", "zero-bubble"}) {
@@ -284,7 +285,7 @@ TEST(HpTrain, PipelineSchedulesTrainTheOneProcessModel) {
         << schedule;
   }
   // Each rank's trace shows its stages' forwards, backwards and transfers.
-  std::ifstream trace(dir.file("pp.rank1.json"));
+  std::ifstream trace(dir.file("traces/pp.rank1.json"));
   const std::string text((std::istreambuf_iterator<char>(trace)), std::istreambuf_iterator<char>());
   for (const char* span : {"\"3I1\"", "\"3W1\"", "\"1F0\"", "\"1SEND_F0\"", "\"3RECV_F1\"",
                            "pipeline compute", "pipeline p2p", "pipeline wait"}) {

@@ -176,6 +176,9 @@ int run_pipeline(const TrainOptions& options, const Parallelism& parallelism, co
   }
   const std::string trace_file =
       options.trace.empty() ? std::string() : trace_path(options.trace, world.rank);
+  // As in the other modes: its folder made and the file opened before any
+  // collective, so a bad path ends the run now rather than after its steps.
+  if (!trace_file.empty()) open_output_file("--trace", trace_file);
   dist::init_process_group();
   dist::GroupPtr group = dist::world_group();
   // As in the other modes: one checkpoint for every rank or none, and
