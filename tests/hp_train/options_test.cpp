@@ -351,36 +351,31 @@ TEST(Flags, PipelineHsdpTakesAReplicasShardsPipelineMesh) {
 // hsdp, fsdp_tp; tp given them: units over one data-parallel rank; ddp
 // given them: units over the replicas and a shard of one rank).
 TEST(Flags, PipelineTakesMixedPrecisionWhereItsStagesAreUnits) {
-  const Args pp = {"--pp", "2", "--layers", "2", "--batch", "8", "--microbatches", "2",
-                   "--param-dtype", "bf16", "--reduce-dtype", "fp32"};
+  const Args plain = {"--pp", "2", "--layers", "2", "--batch", "8", "--microbatches", "2"};
   auto concat = [](Args a, const Args& b) {
     a.insert(a.end(), b.begin(), b.end());
     return a;
   };
-  const Parallelism tp = resolve_parallelism(
-      parse_command_line(concat(pp, {"--mode", "tp", "--mesh", "2x2"})).options, launched(4));
+  const Args pp = concat(plain, {"--param-dtype", "bf16", "--reduce-dtype", "fp32"});
+  // The layout of `base` and then `mode` on 4 ranks.
+  auto layout = [&](const Args& base, const Args& mode) {
+    return resolve_parallelism(parse_command_line(concat(base, mode)).options, launched(4));
+  };
+  const Args tp_mode = {"--mode", "tp", "--mesh", "2x2"};
+  const Parallelism tp = layout(pp, tp_mode);
   EXPECT_TRUE(tp.tp_units);
   EXPECT_EQ(tp.param_dtype, plan::Dtype::kBFloat16);
   EXPECT_EQ(tp.effective_reduce_dtype(), plan::Dtype::kFloat32);
-  EXPECT_FALSE(resolve_parallelism(parse_command_line({"--pp", "2", "--mode", "tp", "--mesh",
-                                                       "2x2", "--layers", "2"})
-                                       .options,
-                                   launched(4))
-                   .tp_units);
-  EXPECT_EQ(check(concat(pp, {"--mode", "tp", "--mesh", "2x2"}), launched(4)), "");
+  EXPECT_FALSE(layout(plain, tp_mode).tp_units);
+  EXPECT_EQ(check(concat(pp, tp_mode), launched(4)), "");
   EXPECT_EQ(check(concat(pp, {"--mode", "fsdp_tp", "--mesh", "2x2x2"}), launched(8)), "");
   EXPECT_EQ(check(concat(pp, {"--mode", "fsdp", "--dry-run"}), launched(4)), "");
-  const Parallelism ddp =
-      resolve_parallelism(parse_command_line(concat(pp, {"--mode", "ddp"})).options, launched(4));
+  const Parallelism ddp = layout(pp, {"--mode", "ddp"});
   EXPECT_TRUE(ddp.ddp_stage_units);
   EXPECT_EQ(ddp.mesh_shape, (std::vector<int64_t>{2, 1}));
   EXPECT_EQ(ddp.param_dtype, plan::Dtype::kBFloat16);
   EXPECT_EQ(ddp.effective_reduce_dtype(), plan::Dtype::kFloat32);
-  EXPECT_FALSE(resolve_parallelism(parse_command_line({"--pp", "2", "--mode", "ddp", "--layers",
-                                                       "2", "--batch", "8"})
-                                       .options,
-                                   launched(4))
-                   .ddp_stage_units);
+  EXPECT_FALSE(layout(plain, {"--mode", "ddp"}).ddp_stage_units);
   EXPECT_EQ(check(concat(pp, {"--mode", "ddp"}), launched(4)), "");
   EXPECT_EQ(check(concat(pp, {"--mode", "ddp", "--dry-run"}), launched(4)), "");
   EXPECT_THAT(check(concat(pp, {"--mode", "ddp", "--no-prefetch"}), launched(4)),
