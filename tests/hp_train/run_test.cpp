@@ -359,6 +359,12 @@ TEST(HpTrain, PipelineShardedStagesTrainLikeReplicas) {
             losses(4, concat(split, {"--mode", "ddp"}), dir, "ddp_zb"));
 }
 
+// Two stages of 2 micro-batches, bf16 compute and fp32 reduction.
+Args bf16_pipeline() {
+  return concat(kTiny, concat(kNoClip, {"--pp", "2", "--microbatches", "2", "--param-dtype",
+                                        "bf16", "--reduce-dtype", "fp32"}));
+}
+
 // Sharded stages in mixed precision (bf16 parameters and compute, fp32
 // reduction), dp 2 x pp 2: step 0 against the model cast to bf16 here, on
 // the four 1-sample slices first_loss takes for 4 ranks (each micro-batch
@@ -370,12 +376,6 @@ TEST(HpTrain, PipelineShardedStagesTrainLikeReplicas) {
 // replicas and a shard of one rank (hsdp's 2x1x2), whose two fp32
 // gradients are averaged as fsdp's reduce-scatter averages them (two
 // halved terms: exact, as in PipelineShardedStagesTrainLikeReplicas).
-// Two stages of 2 micro-batches, bf16 compute and fp32 reduction.
-Args bf16_pipeline() {
-  return concat(kTiny, concat(kNoClip, {"--pp", "2", "--microbatches", "2", "--param-dtype",
-                                        "bf16", "--reduce-dtype", "fp32"}));
-}
-
 TEST(HpTrain, PipelineShardedStagesTrainInBf16) {
   TempDir dir;
   const Args pipeline = bf16_pipeline();

@@ -485,19 +485,17 @@ Parallelism resolve_parallelism(const TrainOptions& options, const World& world)
                  options.pp, " ranks (", mode != ParallelMode::kNone ? "a multiple of " : "one per ",
                  "pipeline rank), but WORLD_SIZE is ", world.size);
     const std::vector<std::string> refused = flags_refused_under_pp(options, mode);
+    const char* it_or_them = refused.size() == 1 ? "it" : "them";
     HP_CHECK_ARG(refused.empty(), fmt::format("{}", fmt::join(refused, " ")), " with --pp ",
                  options.pp, " --mode ", plan::mode_name(mode),
                  mode != ParallelMode::kNone
-                     ? ": the pipeline gathers each stage once per step (--comm-fusion, "
-                       "--no-comm-fusion, --param-dtype and --reduce-dtype are the fully_shard "
-                       "flags it takes); leave "
-                     : ": the stages are not fully_shard units; leave ",
-                 refused.size() == 1 ? "it out" : "them out",
-                 mode == ParallelMode::kNone
-                     ? hp::cat(", or add --mode fsdp (on ", options.pp,
+                     ? hp::cat(": the pipeline gathers each stage once per step (--comm-fusion, "
+                               "--no-comm-fusion, --param-dtype and --reduce-dtype are the "
+                               "fully_shard flags it takes); leave ", it_or_them, " out")
+                     : hp::cat(": the stages are not fully_shard units; leave ", it_or_them,
+                               " out, or add --mode fsdp (on ", options.pp,
                                " ranks each stage's units are over one data-parallel rank, "
-                               "which only cast)")
-                     : std::string());
+                               "which only cast)"));
     // The mesh is D x P x T (dp, pp, tp); --mesh names the dims the mode has.
     int64_t dp_size = tensor_parallel ? 1 : world.size / options.pp;
     int64_t tp_size = tensor_parallel ? world.size / options.pp : 1;
